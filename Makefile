@@ -1,0 +1,51 @@
+# The two commands of the README:
+#   make run   - set up .venv and analyze the embedded example model in data/
+#   make test  - set up .venv and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= out
+# TensorFlow logs its CUDA probing on CPU-only machines; keep the console readable.
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: help venv install run test test-fast lint bench clean
+
+help:
+	@echo "make run    analyze the example checkpoint in data/ (writes $(OUT)/)"
+	@echo "make test   run the test suite"
+	@echo "make bench  run the benchmarks (ratios to a compiled gradient)"
+	@echo "make lint   ruff"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Re-install when the package metadata changes.
+$(VENV)/.installed: setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+venv install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/python -m spectra analyze data/digits_mlp.keras --data data/digits.npz \
+		--loss sparse_categorical_crossentropy --top-k 5 --trace --density --out $(OUT)/analyze
+	$(BIN)/python -m spectra sharpness data/gd_trajectory --data data/digits.npz \
+		--loss sparse_categorical_crossentropy --lr-from-notes --out $(OUT)/sharpness
+	@echo "Results and figures: $(OUT)/analyze and $(OUT)/sharpness"
+
+test: $(VENV)/.installed
+	$(BIN)/ruff check spectra tests benchmarks
+	$(BIN)/python -m pytest -q --timeout=900
+
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check spectra tests benchmarks notebooks
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/hvp_speed.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache
