@@ -1,0 +1,216 @@
+"""Turning a Keras model, a loss and its data into ``loss_fn(batch) -> scalar``.
+
+Private to :mod:`spectra.operator`. Conventions (see the operator's docstring):
+
+* the model runs through ``Layer.stateless_call``: the variables' current values are
+  read, and every state update (BatchNorm moving statistics in training mode, dropout
+  seed counters) is discarded, so computing Hessians never changes the user's model;
+* the batch loss is Keras' ``sum_over_batch_size`` reduction, Σ_i w_i l_i / n_b, plus the
+  model's regularization losses when asked for;
+* float64 runs on a float64 clone of the model and a float64 copy of the loss, leaving
+  the user's model as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+LossCallable = Callable[..., Any]
+
+
+def check_model(model: Any) -> None:
+    """Raise a clear error for objects that are not built Keras models."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"model must be a keras.Model (Keras 3); got {type(model).__name__}. For other "
+            "callables use HessianOperator(loss_fn, variables, data)."
+        )
+    if not model.built or not model.weights:
+        raise ValueError(
+            f"model {model.name!r} is not built: it has no weights yet. Build it first, "
+            "e.g. model.build(input_shape) or call it once on a batch of inputs."
+        )
+
+
+def _loss_from_name(name: str) -> Any:
+    try:
+        found = keras.losses.get(name)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"unknown Keras loss {name!r}. Use a name such as 'sparse_categorical_crossentropy', "
+            "'categorical_crossentropy', 'binary_crossentropy' or 'mse', a keras.losses.Loss "
+            "object, or a callable (y_true, y_pred) -> scalar."
+        ) from err
+    if found is None:
+        raise ValueError(f"unknown Keras loss {name!r}.")
+    return found
+
+
+def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
+    """Return ``(loss_callable, takes_sample_weight)`` computing the mean loss in ``dtype``.
+
+    ``loss`` is a Keras loss name, a ``keras.losses.Loss`` object, a Keras per-example loss
+    function, or a callable ``(y_true, y_pred) -> scalar``. Keras loss objects cast
+    predictions to their own dtype (float32 by default); they are rebuilt with ``dtype``
+    so that float64 products are not rounded to float32.
+    """
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    if isinstance(loss, str):
+        loss = _loss_from_name(loss)
+    if isinstance(loss, keras.losses.Loss):
+        config = loss.get_config()
+        try:
+            rebuilt = type(loss).from_config({**config, "dtype": dtype.name})
+        except (TypeError, ValueError):
+            rebuilt = loss
+        if rebuilt.dtype != dtype.name:
+            if dtype != tf.float32:
+                raise TypeError(
+                    f"the loss object {type(loss).__name__} cannot be rebuilt to compute in "
+                    f"{dtype.name}; pass its name, or a callable (y_true, y_pred) -> scalar."
+                )
+        return rebuilt, True
+    if callable(loss):
+        module = getattr(loss, "__module__", "") or ""
+        if module.startswith("keras"):
+            # A Keras per-example loss function (e.g. keras.losses.mean_squared_error).
+            return LossFunctionWrapper(loss, dtype=dtype.name), True
+        return loss, False
+    raise TypeError(
+        f"loss must be a Keras loss name, a keras.losses.Loss, or a callable "
+        f"(y_true, y_pred) -> scalar; got {type(loss).__name__}."
+    )
+
+
+def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
+    """Split a batch into ``(x, y, sample_weight)``."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
+        x, y = batch[0], batch[1]
+        sample_weight = batch[2] if len(batch) == 3 else None
+        return x, y, sample_weight
+    raise ValueError(
+        "data for a Keras model must be (x, y) or (x, y, sample_weight), as arrays or as "
+        "the elements of a tf.data.Dataset; got a "
+        f"{type(batch).__name__} with {len(batch) if hasattr(batch, '__len__') else '?'} parts."
+    )
+
+
+def keras_loss_fn(
+    model: keras.Model,
+    loss: Any,
+    *,
+    dtype: tf.DType,
+    training: bool,
+    include_regularization: bool,
+) -> Callable[[Any], tf.Tensor]:
+    """``loss_fn(batch)``: the mean loss of ``model`` on ``(x, y[, sample_weight])``."""
+    loss_callable, takes_sample_weight = resolve_loss(loss, dtype)
+
+    def loss_fn(batch: Any) -> tf.Tensor:
+        x, y, sample_weight = unpack_batch(batch)
+        y_pred, _, extra_losses = model.stateless_call(
+            model.trainable_variables,
+            model.non_trainable_variables,
+            x,
+            training=training,
+            return_losses=True,
+        )
+        if isinstance(y_pred, (list, tuple, dict)):
+            raise ValueError(
+                "models with several outputs need a loss_fn: use "
+                "HessianOperator(loss_fn, variables, data) with your own combination of losses."
+            )
+        if y_pred.dtype != dtype:
+            y_pred = tf.cast(y_pred, dtype)
+        if takes_sample_weight:
+            value = loss_callable(y, y_pred, sample_weight=sample_weight)
+        else:
+            if sample_weight is not None:
+                raise ValueError(
+                    "sample weights need a Keras loss (a name or a keras.losses.Loss): a "
+                    "plain callable (y_true, y_pred) -> scalar cannot weight examples."
+                )
+            value = loss_callable(y, y_pred)
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank != 0:
+            raise ValueError(
+                f"the loss returned shape {value.shape}, not a scalar. A callable loss must "
+                "return the mean over the batch; for per-example losses pass a Keras loss."
+            )
+        value = tf.cast(value, dtype)
+        if include_regularization and extra_losses:
+            value = value + tf.add_n([tf.cast(term, dtype) for term in extra_losses])
+        return value
+
+    return loss_fn
+
+
+_FLOAT_POLICIES = frozenset(
+    {"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"}
+)
+
+
+def _with_float64_dtypes(config: Any) -> Any:
+    """Copy of a serialized Keras config with every floating dtype (policy) set to float64."""
+    if isinstance(config, list):
+        return [_with_float64_dtypes(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    out = {}
+    for key, value in config.items():
+        if key == "dtype" and isinstance(value, str) and value in _FLOAT_POLICIES:
+            out[key] = "float64"
+        elif (
+            key == "dtype"
+            and isinstance(value, dict)
+            and value.get("config", {}).get("name") in _FLOAT_POLICIES
+        ):
+            out[key] = {**value, "class_name": "DTypePolicy", "config": {"name": "float64"}}
+        else:
+            out[key] = _with_float64_dtypes(value)
+    return out
+
+
+def float64_clone(model: keras.Model) -> keras.Model:
+    """A float64 copy of ``model`` (same architecture, weights cast to float64).
+
+    Rebuilt from the model's serialized config with every floating dtype policy set to
+    float64 (nested models included); the user's model is not touched.
+    """
+    try:
+        config = _with_float64_dtypes(keras.saving.serialize_keras_object(model))
+        clone = keras.saving.deserialize_keras_object(config)
+    except (TypeError, ValueError, NotImplementedError, KeyError) as err:
+        raise TypeError(
+            f"dtype=float64 needs a model that can be rebuilt from its config (Sequential, "
+            f"functional, or a registered subclass with get_config); rebuilding "
+            f"{model.name!r} failed: {err}. Build the model in float64 yourself and pass "
+            "it with dtype=None."
+        ) from err
+    if not clone.built:
+        build_config = model.get_build_config()
+        if build_config:
+            clone.build_from_config(build_config)
+    if len(clone.weights) != len(model.weights):
+        raise TypeError(
+            f"the float64 clone of {model.name!r} has {len(clone.weights)} weights, the "
+            f"model {len(model.weights)}; build the model in float64 yourself instead."
+        )
+    copy_weights(model, clone)
+    return clone
+
+
+def copy_weights(source: keras.Model, target: keras.Model) -> None:
+    """Assign the current weights of ``source`` to ``target`` (casting dtypes)."""
+    for src, dst in zip(source.weights, target.weights):
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(
+                f"weight {src.path} has shape {tuple(src.shape)} but its clone "
+                f"{tuple(dst.shape)}."
+            )
+        dst.assign(tf.cast(src.value, dst.dtype))

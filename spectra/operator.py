@@ -1,0 +1,414 @@
+"""The loss Hessian of a TensorFlow/Keras model as a SciPy ``LinearOperator``.
+
+The operator is the exact Hessian of the dataset loss
+``L(θ) = Σ_b (n_b/N) L_b(θ)`` with respect to the flattened parameters θ (the given
+variables, concatenated in order, each flattened row-major). It is never formed: each
+product is computed by automatic differentiation (:mod:`spectra.hvp`), and
+
+* **cached**: per batch, the forward pass, the gradient and the vector-independent part
+  of the second backward are computed once and kept (within a memory budget), so each
+  further product costs only its vector-dependent arithmetic;
+* **blocked**: ``matmat`` multiplies k vectors in one pass over the data, vectorized in
+  one compiled graph per batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from scipy.sparse.linalg import LinearOperator
+
+from spectra import _keras
+from spectra.data import Batches
+from spectra.hvp import BatchCache, HVPEngine, cached_engine, spec_key
+
+__all__ = ["HessianOperator"]
+
+_DEFAULT_MAX_BLOCK = 64
+
+
+def _default_cache_bytes() -> int:
+    """2 GiB, or a quarter of physical memory if that is less."""
+    limit = 2 * 1024**3
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return limit
+    return int(min(limit, physical // 4))
+
+
+class HessianOperator(LinearOperator):
+    """Hessian of a loss with respect to ``variables``, as a symmetric ``LinearOperator``.
+
+    ``H v = Σ_b (n_b/N) ∇²L_b(θ) v`` computed by reverse-over-reverse autodiff.
+
+    Parameters
+    ----------
+    loss_fn:
+        ``loss_fn(batch) -> scalar``: the mean loss of one batch, where ``batch`` has the
+        structure of ``data`` (e.g. ``(x, y)``) with tensors as leaves; ``loss_fn()`` with
+        no argument when ``data`` is None. It is traced into a graph once.
+    variables:
+        ``tf.Variable`` or ``keras.Variable`` objects, all of one floating dtype. The
+        operator has shape (n, n) with n their total number of entries.
+    data:
+        None, a nested structure of arrays/tensors sharing a leading example dimension,
+        or a ``tf.data.Dataset`` of such batches (see :class:`spectra.data.Batches`).
+    batch_size:
+        Batch size for array data (default: one batch of everything).
+    cache:
+        ``"auto"`` (default): keep each batch's vector-independent state if all of it fits
+        in ``cache_bytes``, else stream the batches (recomputing the forward pass and the
+        gradient once per batch per ``matmat``). ``True``/``False`` force either.
+    cache_bytes:
+        Memory budget for the cache (default: 2 GiB or a quarter of physical memory).
+    max_block_size:
+        At most this many vectors go through one compiled product (larger ``matmat``
+        blocks are split; all splits share one data pass).
+    allow_unused:
+        Keep variables that do not affect the loss as zero rows (warned) instead of
+        raising a ``ValueError``.
+
+    The operator represents the Hessian at the parameter values of the first product
+    (or ``gradient()``/``loss()``) call. If the variables change afterwards, call
+    :meth:`reset_cache` (a new operator on the same model reuses the compiled functions,
+    so building one per training step is cheap).
+
+    Counters: ``num_hvps`` (vectors multiplied) and ``num_data_passes`` (passes over the
+    batches or their caches; the first pass that fills the cache counts too).
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        variables: Sequence[Any],
+        data: Any = None,
+        *,
+        batch_size: int | None = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int = _DEFAULT_MAX_BLOCK,
+        allow_unused: bool = False,
+    ) -> None:
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable; got {type(loss_fn).__name__}.")
+        variables = list(variables)
+        batches = Batches(data, batch_size)
+        spec = batches.element_spec
+        key = ("loss_fn", id(loss_fn), tuple(id(v) for v in variables), spec_key(spec),
+               allow_unused)
+        engine = cached_engine(
+            key,
+            (loss_fn, *variables),
+            lambda: HVPEngine(loss_fn, variables, spec, allow_unused=allow_unused),
+        )
+        self._setup(engine, batches, variables, cache, cache_bytes, max_block_size)
+
+    def _setup(
+        self,
+        engine: HVPEngine,
+        batches: Batches,
+        variables: list[Any],
+        cache: bool | str,
+        cache_bytes: int | None,
+        max_block_size: int,
+    ) -> None:
+        if cache not in ("auto", True, False):
+            raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
+        if int(max_block_size) < 1:
+            raise ValueError(f"max_block_size must be >= 1; got {max_block_size}.")
+        self._engine = engine
+        self._batches = batches
+        self.variables = variables
+        self._cache_policy = cache
+        self.cache_bytes = _default_cache_bytes() if cache_bytes is None else int(cache_bytes)
+        self.max_block_size = int(max_block_size)
+        self.num_hvps = 0
+        self.num_data_passes = 0
+        self._caches: list[tuple[BatchCache, float]] | None = None
+        self._streaming = False
+        self._loss: float | None = None
+        self._gradient: np.ndarray | None = None
+        n = engine.size
+        super().__init__(dtype=np.dtype(engine.dtype.as_numpy_dtype), shape=(n, n))
+
+    # -- construction from Keras --------------------------------------------------
+    @classmethod
+    def from_keras(
+        cls,
+        model: Any,
+        loss: Any,
+        data: Any,
+        *,
+        variables: Sequence[Any] | None = None,
+        batch_size: int | None = None,
+        training: bool = False,
+        include_regularization: bool = True,
+        dtype: Any = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int = _DEFAULT_MAX_BLOCK,
+        allow_unused: bool = False,
+    ) -> HessianOperator:
+        """The Hessian of a Keras model's dataset loss.
+
+        ``loss``: a Keras loss name (``"sparse_categorical_crossentropy"``), a
+        ``keras.losses.Loss`` object, or a callable ``(y_true, y_pred) -> scalar`` mean
+        loss. ``data``: ``(x, y)`` or ``(x, y, sample_weight)`` arrays (``x`` may be a
+        dict or list for multi-input models) or a ``tf.data.Dataset`` of such batches.
+        ``variables`` defaults to ``model.trainable_variables``; a subset gives the
+        Hessian block of those variables (e.g. one layer's kernel).
+
+        ``training=False`` (default) runs layers in inference mode: BatchNorm uses its
+        moving statistics, Dropout is off. With ``training=True`` BatchNorm uses batch
+        statistics and Dropout draws one fixed mask per batch; either way the model's
+        state is never updated. ``include_regularization`` adds ``model.losses``
+        (weight and activity regularizers) to each batch loss.
+
+        ``dtype=np.float64`` computes the products in float64 on a float64 clone of the
+        model (the model itself is not changed); the default is the variables' dtype.
+        """
+        _keras.check_model(model)
+        all_weights = list(model.weights)
+        if variables is None:
+            variables = list(model.trainable_variables)
+        variables = list(variables)
+        if not variables:
+            raise ValueError(f"model {model.name!r} has no trainable variables.")
+        positions = []
+        for v in variables:
+            matches = [i for i, w in enumerate(all_weights) if w is v]
+            if not matches:
+                raise ValueError(
+                    f"variable {getattr(v, 'path', v)!r} is not a weight of model "
+                    f"{model.name!r}."
+                )
+            positions.append(matches[0])
+        model_dtype = tf.as_dtype(variables[0].dtype)
+        target = model_dtype if dtype is None else tf.as_dtype(dtype)
+        if not target.is_floating:
+            raise TypeError(f"dtype must be a floating dtype; got {target.name}.")
+        batches = Batches(data, batch_size, cast_floats_to=target)
+        spec = batches.element_spec
+        loss_key = loss if isinstance(loss, str) else id(loss)
+        key = ("keras", id(model), loss_key, bool(training), bool(include_regularization),
+               target.name, tuple(positions), spec_key(spec), allow_unused)
+        owners = (model, loss)
+
+        def build() -> HVPEngine:
+            run_model = model
+            if target != model_dtype:
+                run_model = _keras.float64_clone(model) if target == tf.float64 else None
+                if run_model is None:
+                    raise TypeError(
+                        f"dtype={target.name} is not supported for a {model_dtype.name} "
+                        "model; use float64 or the model's own dtype."
+                    )
+            loss_fn = _keras.keras_loss_fn(
+                run_model, loss, dtype=target, training=training,
+                include_regularization=include_regularization,
+            )
+            engine_vars = [run_model.weights[i] for i in positions]
+            engine = HVPEngine(loss_fn, engine_vars, spec, allow_unused=allow_unused)
+            engine.keras_model = run_model  # type: ignore[attr-defined]
+            return engine
+
+        engine = cached_engine(key, owners, build)
+        run_model = engine.keras_model  # type: ignore[attr-defined]
+        if run_model is not model:
+            _keras.copy_weights(model, run_model)
+        operator = cls.__new__(cls)
+        operator._setup(engine, batches, variables, cache, cache_bytes, max_block_size)
+        return operator
+
+    # -- flat vectors and variables -------------------------------------------------
+    @property
+    def num_examples(self) -> int:
+        """Number of examples N the loss is averaged over."""
+        return self._batches.num_examples
+
+    @property
+    def variable_shapes(self) -> list[tuple[int, ...]]:
+        return list(self._engine.shapes)
+
+    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
+        """Concatenate per-variable arrays (row-major) into one vector of length n."""
+        tensors = list(tensors)
+        if len(tensors) != len(self._engine.shapes):
+            raise ValueError(
+                f"expected {len(self._engine.shapes)} arrays (one per variable), got "
+                f"{len(tensors)}."
+            )
+        parts = []
+        for i, (t, shape) in enumerate(zip(tensors, self._engine.shapes)):
+            a = np.asarray(t)
+            if a.shape != shape:
+                raise ValueError(f"array {i} has shape {a.shape}; variable {i} has {shape}.")
+            parts.append(a.reshape(-1))
+        return np.concatenate(parts).astype(self.dtype, copy=False)
+
+    def unflatten(self, vector: Any) -> list[np.ndarray]:
+        """Split a vector of length n into arrays shaped like the variables."""
+        v = np.asarray(vector)
+        if v.shape != (self.shape[0],):
+            raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {v.shape}.")
+        pieces = np.split(v, np.cumsum(self._engine.sizes)[:-1])
+        return [p.reshape(s) for p, s in zip(pieces, self._engine.shapes)]
+
+    # -- loss, gradient, caching ----------------------------------------------------
+    def reset_cache(self) -> None:
+        """Drop cached batch state (call after the variables changed)."""
+        self._caches = None
+        self._streaming = False
+        self._loss = None
+        self._gradient = None
+
+    @property
+    def is_cached(self) -> bool:
+        """True when every batch's vector-independent state is held in memory."""
+        return self._caches is not None
+
+    @property
+    def cache_nbytes(self) -> int:
+        """Bytes held by the batch caches (0 when streaming)."""
+        return sum(c.nbytes for c, _ in self._caches or [])
+
+    def _prepare(self) -> None:
+        """First pass over the data: loss, gradient, and the caches when they fit."""
+        if self._loss is not None:
+            return
+        keep = self._cache_policy is not False
+        caches: list[tuple[BatchCache, float]] = []
+        used = 0
+        loss = None
+        grad = None
+        for batch, weight in self._batches:
+            if keep:
+                cache = self._engine.cache(batch)
+                batch_loss, batch_grad = cache.loss, cache.gradient
+                used += cache.nbytes
+                if self._cache_policy == "auto" and used > self.cache_bytes:
+                    keep = False
+                    caches = []
+                else:
+                    caches.append((cache, weight))
+            else:
+                batch_loss, batch_grad = self._engine.loss_and_gradient(batch)
+            w = tf.constant(weight, self._engine.dtype)
+            loss = batch_loss * w if loss is None else loss + batch_loss * w
+            grad = batch_grad * w if grad is None else grad + batch_grad * w
+        self.num_data_passes += 1
+        assert loss is not None and grad is not None
+        self._loss = float(loss.numpy())
+        self._gradient = grad.numpy()
+        self._caches = caches if keep else None
+        self._streaming = not keep
+
+    def loss(self) -> float:
+        """The dataset loss L(θ) at the operator's parameters."""
+        self._prepare()
+        assert self._loss is not None
+        return self._loss
+
+    def gradient(self) -> np.ndarray:
+        """The flat gradient ∇L(θ), shape (n,), in the operator's dtype."""
+        self._prepare()
+        assert self._gradient is not None
+        return self._gradient.copy()
+
+    # -- products -------------------------------------------------------------------
+    def _validated_block(self, x: Any, name: str) -> np.ndarray:
+        a = np.asarray(x)
+        n = self.shape[0]
+        if a.ndim == 1:
+            if a.shape[0] != n:
+                raise ValueError(
+                    f"{name}: expected a vector of length {n}, got length {a.shape[0]}."
+                )
+        elif a.ndim == 2:
+            if a.shape[0] != n:
+                raise ValueError(
+                    f"{name}: expected an array of shape ({n}, k), got {a.shape}."
+                )
+        else:
+            raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
+        if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
+            raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name}: the input contains NaN or Inf.")
+        return a
+
+    def matvec(self, x: Any) -> np.ndarray:
+        """H x for a vector x of shape (n,) (or (n, 1))."""
+        return super().matvec(self._validated_block(x, "matvec"))
+
+    def matmat(self, X: Any) -> np.ndarray:
+        """H X for X of shape (n, k): k products in one pass over the data."""
+        X = self._validated_block(X, "matmat")
+        if X.ndim != 2:
+            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[0]}, k).")
+        return super().matmat(X)
+
+    def rmatvec(self, x: Any) -> np.ndarray:
+        """Hᵀ x = H x (the Hessian is symmetric)."""
+        return self.matvec(x)
+
+    def rmatmat(self, X: Any) -> np.ndarray:
+        """Hᵀ X = H X (the Hessian is symmetric)."""
+        return self.matmat(X)
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matvec(x)
+
+    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
+        return self._matmat(X)
+
+    def _adjoint(self) -> HessianOperator:
+        return self
+
+    def _transpose(self) -> HessianOperator:
+        return self
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        k = X.shape[1]
+        if k == 0:
+            return np.zeros((self.shape[0], 0), self.dtype)
+        self._prepare()
+        rows = np.ascontiguousarray(np.asarray(X, dtype=self.dtype).T)
+        blocks = [
+            tf.constant(rows[i : i + self.max_block_size])
+            for i in range(0, k, self.max_block_size)
+        ]
+        sums: list[tf.Tensor | None] = [None] * len(blocks)
+        for cache, weight in self._iterate_caches():
+            w = tf.constant(weight, self._engine.dtype)
+            for j, block in enumerate(blocks):
+                product = self._engine.apply(cache, block) * w
+                sums[j] = product if sums[j] is None else sums[j] + product
+        self.num_hvps += k
+        self.num_data_passes += 1
+        out = np.concatenate([s.numpy() for s in sums if s is not None], axis=0)
+        return np.ascontiguousarray(out.T)
+
+    def _iterate_caches(self):
+        if self._caches is not None:
+            yield from self._caches
+            return
+        for batch, weight in self._batches:
+            yield self._engine.cache(batch), weight
+
+    def __repr__(self) -> str:
+        mode = "cached" if self._caches is not None else (
+            "streaming" if self._streaming else "not yet evaluated")
+        return (
+            f"<HessianOperator n={self.shape[0]} dtype={self.dtype} "
+            f"variables={len(self._engine.shapes)} examples={self._batches.num_examples} "
+            f"{mode}; {self.num_hvps} products, {self.num_data_passes} data passes>"
+        )
