@@ -1,3 +1,53 @@
-"""spectra: Hessian spectrum analysis for TensorFlow/Keras models."""
+"""spectra: Hessian spectrum analysis for TensorFlow/Keras models.
+
+The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
+(:class:`HessianOperator`), and estimators that read its spectrum through products:
+:func:`eigenvalues`, :func:`lanczos`, :func:`trace`, :func:`diagonal`,
+:func:`spectral_density`, :func:`frobenius_norm`. Estimators accept any symmetric
+``LinearOperator`` (or a dense array), so they run on plain matrices too.
+"""
+
+from spectra.density import negative_mass_fraction, spectral_density
+from spectra.diagonal import diagonal
+from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
+from spectra.lanczos import lanczos, tridiagonal_eigh
+from spectra.operator import HessianOperator
+from spectra.results import (
+    DensityCurve,
+    DiagonalResult,
+    EigenResult,
+    FrobeniusResult,
+    LanczosResult,
+    Result,
+    SpectralDensity,
+    SpectralMoments,
+    TraceResult,
+)
+from spectra.trace import frobenius_norm, hutchinson_trace, hutchpp_trace, trace, xtrace
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DensityCurve",
+    "DiagonalResult",
+    "EigenResult",
+    "FrobeniusResult",
+    "HessianOperator",
+    "LanczosResult",
+    "Result",
+    "SpectralDensity",
+    "SpectralMoments",
+    "TraceResult",
+    "diagonal",
+    "eigenvalue_ratio",
+    "eigenvalues",
+    "frobenius_norm",
+    "hutchinson_trace",
+    "hutchpp_trace",
+    "lanczos",
+    "negative_mass_fraction",
+    "spectral_density",
+    "trace",
+    "tridiagonal_eigh",
+    "xtrace",
+]

@@ -210,7 +210,6 @@ def copy_weights(source: keras.Model, target: keras.Model) -> None:
     for src, dst in zip(source.weights, target.weights):
         if tuple(src.shape) != tuple(dst.shape):
             raise ValueError(
-                f"weight {src.path} has shape {tuple(src.shape)} but its clone "
-                f"{tuple(dst.shape)}."
+                f"weight {src.path} has shape {tuple(src.shape)} but its clone {tuple(dst.shape)}."
             )
         dst.assign(tf.cast(src.value, dst.dtype))

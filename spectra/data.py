@@ -113,9 +113,7 @@ class Batches:
         if not dims:
             raise ValueError("data is empty: it holds no arrays.")
         if any(d is None for d in dims):
-            raise ValueError(
-                "every array in data needs a leading example dimension; got a scalar."
-            )
+            raise ValueError("every array in data needs a leading example dimension; got a scalar.")
         if len(set(dims)) != 1:
             raise ValueError(
                 "all arrays in data must have the same number of examples (leading "

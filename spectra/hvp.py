@@ -1,33 +1,37 @@
 """The Hessian-vector-product engine: compiled, cached, blocked products in TensorFlow.
 
-For a scalar batch loss L(θ) the product with a block of k vectors V = [v_1 … v_k] is
-reverse-over-reverse automatic differentiation:
+For a scalar batch loss L(θ) the product with a vector v is reverse-over-reverse
+automatic differentiation:
 
     g = ∇L(θ)                       (first backward, recorded by an outer tape)
-    H v_i = ∇_θ (g · v_i)           (second backward, one per vector)
+    H v = ∇_θ (g · v)               (second backward)
 
 A naive implementation redoes the forward pass and the gradient for every vector. This
-engine traces the whole computation once into a graph (forward pass, gradient and the
-second backward vectorized over the k vectors with ``tf.vectorized_map``), then splits
-the graph in two by a dependency analysis:
+engine traces the whole computation once into one graph — the forward pass, the gradient,
+the product with a single vector v, and the products with a block V = [v_1 … v_k] (a
+``tf.map_fn`` loop over the rows, whose iterations TensorFlow runs concurrently) — and
+splits it by a dependency analysis:
 
-* the **cache** part: every op that does not depend on V — the forward pass, the
+* the **cache** part: every op that depends on neither v nor V — the forward pass, the
   gradient, and whatever of the second backward is vector independent. Its results at
-  the boundary with the V-dependent part (activations, masks, back-propagated signals,
-  weights as read) are the *frontier*: what a persistent ``GradientTape`` would keep.
-* the **apply** part: the ops that depend on V, fed by the frontier.
+  the boundary with the vector-dependent part (activations, masks, back-propagated
+  signals, weights as read) are the *frontier*: what a persistent ``GradientTape`` would
+  keep alive.
+* the **apply** parts: the ops that depend on v (or V), fed by the frontier.
 
-Both are pruned from the one traced graph (``tf.compat.v1.wrap_function(...).prune``),
-so each is a compiled function with a fixed signature that never retraces. A product
-with a cached frontier then costs only the V-dependent arithmetic (about 2 gradients
-per vector on an MLP, against 3 for a recomputed product); a batch that is not cached
-costs one cache pass plus the apply. Cheap ops whose inputs are already at the frontier
-(zeros, shapes, reshapes) are recomputed in the apply part instead of being stored.
+All parts are pruned from the one traced graph (``tf.compat.v1.wrap_function(...).prune``),
+so each is a compiled function with a fixed signature that never retraces, and the user's
+loss is traced once. A product with a cached frontier costs only the vector-dependent
+arithmetic (about 2 gradients per vector on an MLP, against 3 for a recomputed product);
+a batch that is not cached costs one cache pass plus the apply. Cheap ops whose inputs are
+already at the frontier (zeros, shapes, reshapes) are recomputed in the apply part instead
+of being stored.
 
 This is the public-API version of keeping persistent tapes around (the "seed trick":
-reusing the inner gradient of nested tapes) with none of the tape's memory growth: a
-frontier is a fixed set of tensors per batch, and products allocate nothing that lives
-beyond the call.
+reusing the inner gradient of nested tapes) without the tape's memory growth: a frontier
+is a fixed set of tensors per batch, and products allocate nothing that outlives the call.
+Vectorizing the block with ``tf.vectorized_map`` instead of a loop was measured slower on
+CPU for MLPs and CNNs (and convolutions with a varying filter have no vectorization rule).
 """
 
 from __future__ import annotations
@@ -71,23 +75,23 @@ _SMALL_INTEGER_ELEMENTS = 64
 
 @dataclass
 class BatchCache:
-    """The vector-independent state of one batch: the frontier tensors, loss and gradient."""
+    """The vector-independent state of one batch: frontier tensors, loss and gradient."""
 
-    frontier: tuple[tf.Tensor, ...]
+    tensors: tuple[tf.Tensor, ...]
     loss: tf.Tensor
     gradient: tf.Tensor
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the frontier, in bytes."""
-        return int(sum(t.shape.num_elements() * t.dtype.size for t in self.frontier))
+        """Memory held by the frontier tensors, in bytes."""
+        return int(sum(t.shape.num_elements() * t.dtype.size for t in self.tensors))
 
 
 def _as_tf_variable(variable: Any) -> tf.Variable:
     """The ``tf.Variable`` behind a Keras 3 variable (or the variable itself)."""
-    inner = getattr(variable, "value", None)
     if isinstance(variable, tf.Variable):
         return variable
+    inner = getattr(variable, "value", None)
     if isinstance(inner, tf.Variable):
         return inner
     raise TypeError(
@@ -106,18 +110,14 @@ class HVPEngine:
     ----------
     loss_fn:
         ``loss_fn(batch) -> scalar`` (the mean loss of the batch), or ``loss_fn()`` when
-        ``batch_spec`` is ``()`` (no data). Called only while tracing, once.
+        ``batch_spec`` is ``()`` (no data). Called once, while tracing.
     variables:
         The parameters θ, flattened and concatenated in this order (row-major each).
     batch_spec:
-        Nested ``tf.TensorSpec`` of one batch (unknown batch dimension allowed).
+        Nested ``tf.TensorSpec`` of one batch (an unknown batch dimension is allowed).
     allow_unused:
         If False (default), a variable that does not affect the loss raises a
         ``ValueError`` naming it; if True its rows and columns of H are zero (warned).
-    vectorize:
-        Vectorize the second backward over the k vectors with ``tf.vectorized_map``
-        (default). If an op has no vectorization rule, the engine falls back to a
-        ``tf.map_fn`` loop over the vectors (correct, slower) with a warning.
 
     Cost: building traces and prunes the graph once (about a second for an MLP).
     ``cache(batch)`` costs a forward pass, a gradient and the vector-independent part of
@@ -131,21 +131,20 @@ class HVPEngine:
         batch_spec: Any = (),
         *,
         allow_unused: bool = False,
-        vectorize: bool = True,
     ) -> None:
         if len(variables) == 0:
             raise ValueError("variables is empty: there are no parameters to differentiate.")
         self._user_variables = list(variables)
         self.variables = [_as_tf_variable(v) for v in variables]
-        dtypes = {v.dtype.base_dtype for v in self.variables}
         for user_var, var in zip(self._user_variables, self.variables):
             if not var.dtype.is_floating:
                 raise TypeError(
                     f"variable {_variable_name(user_var)!r} has dtype {var.dtype.name}; "
                     "Hessians need floating-point variables."
                 )
+        dtypes = {v.dtype.base_dtype for v in self.variables}
         if len(dtypes) != 1:
-            names = {d.name for d in dtypes}
+            names = sorted(d.name for d in dtypes)
             raise TypeError(
                 f"all variables must share one dtype to form one parameter vector; got {names}."
             )
@@ -162,51 +161,37 @@ class HVPEngine:
         self._loss_fn = loss_fn
         self._allow_unused = allow_unused
         self.num_traces = 0
-        self.vectorized = vectorize
         self._build()
 
     # -- graph construction ---------------------------------------------------------
-    def _flat_signature(self) -> list[tf.TensorSpec]:
-        batch = list(tf.nest.flatten(self.batch_spec))
-        return [*batch, tf.TensorSpec([None, self.size], self.dtype, name="vectors")]
+    def _traced(self, *flat: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        self.num_traces += 1
+        num_batch = len(flat) - 2
+        batch = tf.nest.pack_sequence_as(self.batch_spec, list(flat[:num_batch]))
+        vector, block = flat[num_batch], flat[num_batch + 1]
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
+            outer.watch(self.variables)
+            with tf.GradientTape(watch_accessed_variables=False) as inner:
+                inner.watch(self.variables)
+                loss = self._loss_fn(batch) if num_batch else self._loss_fn()
+            loss = self._check_loss(loss)
+            grads = self._check_gradients(inner.gradient(loss, self.variables))
+        flat_grad = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
 
-    def _traced_function(self, vectorize: bool) -> Callable[..., Any]:
-        num_batch = len(tf.nest.flatten(self.batch_spec))
+        def product(v: tf.Tensor) -> tf.Tensor:
+            parts = tf.split(v, self.sizes)
+            tangents = [tf.reshape(p, s) for p, s in zip(parts, self.shapes)]
+            hv = outer.gradient(
+                grads,
+                self.variables,
+                output_gradients=tangents,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            return tf.concat([tf.reshape(tf.convert_to_tensor(h), [-1]) for h in hv], 0)
 
-        def hessian_block(*flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            self.num_traces += 1
-            batch = tf.nest.pack_sequence_as(self.batch_spec, list(flat[:num_batch]))
-            vectors = flat[num_batch]
-            with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
-                outer.watch(self.variables)
-                with tf.GradientTape(watch_accessed_variables=False) as inner:
-                    inner.watch(self.variables)
-                    loss = self._loss_fn(batch) if num_batch else self._loss_fn()
-                loss = self._check_loss(loss)
-                grads = inner.gradient(loss, self.variables)
-                grads = self._check_gradients(grads)
-            flat_grad = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-
-            def product(v: tf.Tensor) -> tf.Tensor:
-                parts = tf.split(v, self.sizes)
-                tangents = [tf.reshape(p, s) for p, s in zip(parts, self.shapes)]
-                hv = outer.gradient(
-                    grads,
-                    self.variables,
-                    output_gradients=tangents,
-                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
-                )
-                return tf.concat([tf.reshape(tf.convert_to_tensor(h), [-1]) for h in hv], 0)
-
-            if vectorize:
-                # Ops without a vectorization rule (e.g. a convolution with a varying
-                # filter) run in a loop inside the otherwise vectorized graph.
-                products = tf.vectorized_map(product, vectors, fallback_to_while_loop=True)
-            else:
-                products = tf.map_fn(product, vectors, fn_output_signature=self.dtype)
-            return loss, flat_grad, products
-
-        return hessian_block
+        single = product(vector)
+        products = tf.map_fn(product, block, fn_output_signature=self.dtype)
+        return loss, flat_grad, single, products
 
     def _check_loss(self, loss: Any) -> tf.Tensor:
         if loss is None:
@@ -222,15 +207,12 @@ class HVPEngine:
         if loss.dtype != self.dtype:
             raise TypeError(
                 f"loss_fn returned a {loss.dtype.name} loss but the variables are "
-                f"{self.dtype.name}; compute the loss in {self.dtype.name} so that the "
-                "Hessian products are not rounded to a lower precision."
+                f"{self.dtype.name}; compute the loss in {self.dtype.name}."
             )
         return loss
 
     def _check_gradients(self, grads: list[Any]) -> list[tf.Tensor]:
-        unused = [
-            _variable_name(v) for v, g in zip(self._user_variables, grads) if g is None
-        ]
+        unused = [_variable_name(v) for v, g in zip(self._user_variables, grads) if g is None]
         if unused and not self._allow_unused:
             raise ValueError(
                 f"these variables do not affect the loss: {unused}. Pass variables without "
@@ -241,7 +223,7 @@ class HVPEngine:
             warnings.warn(
                 f"variables {unused} do not affect the loss; their Hessian rows and "
                 "columns are zero.",
-                stacklevel=4,
+                stacklevel=5,
             )
         return [
             tf.zeros(s, self.dtype) if g is None else tf.convert_to_tensor(g)
@@ -249,31 +231,29 @@ class HVPEngine:
         ]
 
     def _build(self) -> None:
-        signature = self._flat_signature()
-        logger = tf.get_logger()
-        level = logger.level
-        logger.setLevel("ERROR")  # pfor logs every op it runs in a loop instead
-        try:
-            wrapped = tf.compat.v1.wrap_function(self._traced_function(self.vectorized), signature)
-        except (ValueError, NotImplementedError, tf.errors.OpError) as err:
-            if not self.vectorized or not _is_vectorization_error(err):
-                raise
-            warnings.warn(
-                "Hessian products of this model cannot be vectorized over a block of "
-                f"vectors ({_first_line(err)}); blocks are computed in a loop instead.",
-                stacklevel=3,
-            )
-            self.vectorized = False
-            wrapped = tf.compat.v1.wrap_function(self._traced_function(False), signature)
-        finally:
-            logger.setLevel(level)
-        graph_inputs = list(wrapped.inputs[: len(signature)])
-        batch_inputs, vectors_input = graph_inputs[:-1], graph_inputs[-1]
-        loss, flat_grad, products = wrapped.outputs[:3]
-        frontier = _frontier(vectors_input, products)
-        self.num_frontier_tensors = len(frontier)
-        self._cache_fn = wrapped.prune(feeds=batch_inputs, fetches=[*frontier, loss, flat_grad])
-        self._apply_fn = wrapped.prune(feeds=[*frontier, vectors_input], fetches=products)
+        signature = [
+            *tf.nest.flatten(self.batch_spec),
+            tf.TensorSpec([self.size], self.dtype, name="vector"),
+            tf.TensorSpec([None, self.size], self.dtype, name="vectors"),
+        ]
+        wrapped = tf.compat.v1.wrap_function(self._traced, signature)
+        inputs = list(wrapped.inputs[: len(signature)])
+        batch_inputs, vector_input, block_input = inputs[:-2], inputs[-2], inputs[-1]
+        loss, flat_grad, single, products = wrapped.outputs[:4]
+        single_frontier = _frontier(vector_input, single)
+        block_frontier = _frontier(block_input, products)
+        tensors: list[tf.Tensor] = []
+        index: dict[Any, int] = {}
+        for t in [*single_frontier, *block_frontier]:
+            if t.ref() not in index:
+                index[t.ref()] = len(tensors)
+                tensors.append(t)
+        self._single_positions = [index[t.ref()] for t in single_frontier]
+        self._block_positions = [index[t.ref()] for t in block_frontier]
+        self.num_frontier_tensors = len(tensors)
+        self._cache_fn = wrapped.prune(feeds=batch_inputs, fetches=[*tensors, loss, flat_grad])
+        self._single_fn = wrapped.prune(feeds=[*single_frontier, vector_input], fetches=single)
+        self._block_fn = wrapped.prune(feeds=[*block_frontier, block_input], fetches=products)
         self._loss_and_gradient_fn = wrapped.prune(feeds=batch_inputs, fetches=[loss, flat_grad])
 
     # -- running ------------------------------------------------------------------
@@ -287,29 +267,37 @@ class HVPEngine:
         return [tf.convert_to_tensor(t, dtype=s.dtype) for t, s in zip(flat, specs)]
 
     def cache(self, batch: Any) -> BatchCache:
-        """Compute the vector-independent state of ``batch`` (one forward and backward)."""
-        outputs = self._cache_fn(*self._flat_batch(batch))
-        *frontier, loss, gradient = outputs
-        return BatchCache(tuple(frontier), loss, gradient)
+        """The vector-independent state of ``batch`` (one forward and backward pass)."""
+        *tensors, loss, gradient = _call(self._cache_fn, self._flat_batch(batch))
+        return BatchCache(tuple(tensors), loss, gradient)
 
     def apply(self, cache: BatchCache, vectors: tf.Tensor) -> tf.Tensor:
-        """``H_b V`` for a cached batch, ``vectors`` of shape ``(k, n)``; returns ``(k, n)``."""
-        return self._apply_fn(*cache.frontier, vectors)
+        """``H_b V`` for a cached batch; ``vectors`` and the result have shape ``(k, n)``."""
+        if vectors.shape[0] == 1:
+            args = [cache.tensors[i] for i in self._single_positions]
+            return _call(self._single_fn, [*args, vectors[0]])[None]
+        args = [cache.tensors[i] for i in self._block_positions]
+        return _call(self._block_fn, [*args, vectors])
 
     def loss_and_gradient(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
         """The batch loss and its flat gradient, without keeping a cache."""
-        loss, gradient = self._loss_and_gradient_fn(*self._flat_batch(batch))
+        loss, gradient = _call(self._loss_and_gradient_fn, self._flat_batch(batch))
         return loss, gradient
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__
+def _call(function: Any, args: list[tf.Tensor]) -> Any:
+    """Call a pruned function with its flat list of tensors.
 
-
-def _is_vectorization_error(err: BaseException) -> bool:
-    text = str(err)
-    return any(word in text for word in ("pfor", "vectoriz", "converter", "PFor"))
+    The ordinary call path first tries to bind the arguments to a structured signature,
+    which pruned functions do not have; the failed attempt formats every argument into
+    an error message (tens of milliseconds per call for large tensors) before falling
+    back to the flat signature. Calling the flat signature directly skips that.
+    """
+    call_flat = getattr(function, "_call_flat", None)
+    if call_flat is None:  # a TensorFlow without the flat call path
+        return function(*args)
+    result = call_flat(args, function.captured_inputs)
+    return result
 
 
 def _frontier(source: tf.Tensor, target: tf.Tensor) -> list[tf.Tensor]:
@@ -405,8 +393,10 @@ def cached_engine(
     """
     with _engine_cache_lock:
         entry = _engine_cache.get(key)
-        if entry is not None and len(entry[0]) == len(owners) and all(
-            a is b for a, b in zip(entry[0], owners)
+        if (
+            entry is not None
+            and len(entry[0]) == len(owners)
+            and all(a is b for a, b in zip(entry[0], owners))
         ):
             _engine_cache.move_to_end(key)
             return entry[1]

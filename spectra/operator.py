@@ -99,8 +99,13 @@ class HessianOperator(LinearOperator):
         variables = list(variables)
         batches = Batches(data, batch_size)
         spec = batches.element_spec
-        key = ("loss_fn", id(loss_fn), tuple(id(v) for v in variables), spec_key(spec),
-               allow_unused)
+        key = (
+            "loss_fn",
+            id(loss_fn),
+            tuple(id(v) for v in variables),
+            spec_key(spec),
+            allow_unused,
+        )
         engine = cached_engine(
             key,
             (loss_fn, *variables),
@@ -184,8 +189,7 @@ class HessianOperator(LinearOperator):
             matches = [i for i, w in enumerate(all_weights) if w is v]
             if not matches:
                 raise ValueError(
-                    f"variable {getattr(v, 'path', v)!r} is not a weight of model "
-                    f"{model.name!r}."
+                    f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
                 )
             positions.append(matches[0])
         model_dtype = tf.as_dtype(variables[0].dtype)
@@ -195,8 +199,17 @@ class HessianOperator(LinearOperator):
         batches = Batches(data, batch_size, cast_floats_to=target)
         spec = batches.element_spec
         loss_key = loss if isinstance(loss, str) else id(loss)
-        key = ("keras", id(model), loss_key, bool(training), bool(include_regularization),
-               target.name, tuple(positions), spec_key(spec), allow_unused)
+        key = (
+            "keras",
+            id(model),
+            loss_key,
+            bool(training),
+            bool(include_regularization),
+            target.name,
+            tuple(positions),
+            spec_key(spec),
+            allow_unused,
+        )
         owners = (model, loss)
 
         def build() -> HVPEngine:
@@ -209,7 +222,10 @@ class HessianOperator(LinearOperator):
                         "model; use float64 or the model's own dtype."
                     )
             loss_fn = _keras.keras_loss_fn(
-                run_model, loss, dtype=target, training=training,
+                run_model,
+                loss,
+                dtype=target,
+                training=training,
                 include_regularization=include_regularization,
             )
             engine_vars = [run_model.weights[i] for i in positions]
@@ -331,9 +347,7 @@ class HessianOperator(LinearOperator):
                 )
         elif a.ndim == 2:
             if a.shape[0] != n:
-                raise ValueError(
-                    f"{name}: expected an array of shape ({n}, k), got {a.shape}."
-                )
+                raise ValueError(f"{name}: expected an array of shape ({n}, k), got {a.shape}.")
         else:
             raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
         if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
@@ -383,8 +397,7 @@ class HessianOperator(LinearOperator):
         self._prepare()
         rows = np.ascontiguousarray(np.asarray(X, dtype=self.dtype).T)
         blocks = [
-            tf.constant(rows[i : i + self.max_block_size])
-            for i in range(0, k, self.max_block_size)
+            tf.constant(rows[i : i + self.max_block_size]) for i in range(0, k, self.max_block_size)
         ]
         sums: list[tf.Tensor | None] = [None] * len(blocks)
         for cache, weight in self._iterate_caches():
@@ -405,8 +418,11 @@ class HessianOperator(LinearOperator):
             yield self._engine.cache(batch), weight
 
     def __repr__(self) -> str:
-        mode = "cached" if self._caches is not None else (
-            "streaming" if self._streaming else "not yet evaluated")
+        mode = (
+            "cached"
+            if self._caches is not None
+            else ("streaming" if self._streaming else "not yet evaluated")
+        )
         return (
             f"<HessianOperator n={self.shape[0]} dtype={self.dtype} "
             f"variables={len(self._engine.shapes)} examples={self._batches.num_examples} "

@@ -20,8 +20,9 @@ def dense_hessian(loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable
             value = loss()
         grads = inner.gradient(value, variables, unconnected_gradients="zero")
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-    blocks = outer.jacobian(flat, variables, unconnected_gradients="zero",
-                            experimental_use_pfor=False)
+    blocks = outer.jacobian(
+        flat, variables, unconnected_gradients="zero", experimental_use_pfor=False
+    )
     n = int(flat.shape[0])
     return np.concatenate([tf.reshape(b, [n, -1]).numpy() for b in blocks], axis=1).astype(
         np.float64

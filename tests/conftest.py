@@ -1,12 +1,13 @@
-"""Shared test setup: quiet TensorFlow, deterministic seeds."""
+"""Shared test setup: quiet TensorFlow, a non-interactive matplotlib, deterministic seeds."""
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 
 @pytest.fixture
@@ -16,7 +17,8 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(autouse=True)
 def _keras_seed():
-    import keras
-
-    keras.utils.set_random_seed(1234)
+    """Seed Keras (initializers, dropout) before each test that has imported it."""
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        keras.utils.set_random_seed(1234)
     yield

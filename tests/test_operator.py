@@ -19,8 +19,9 @@ def mlp(dtype="float64", activation="tanh", regularizer=None):
     return keras.Sequential(
         [
             keras.Input((5,), dtype=dtype),
-            keras.layers.Dense(6, activation=activation, dtype=dtype,
-                               kernel_regularizer=regularizer),
+            keras.layers.Dense(
+                6, activation=activation, dtype=dtype, kernel_regularizer=regularizer
+            ),
             keras.layers.Dense(3, dtype=dtype),
         ]
     )
@@ -86,8 +87,12 @@ class Log1pExp(keras.layers.Layer):
 def custom_gradient_model(dtype="float64", use_custom=True):
     act = Log1pExp(dtype=dtype) if use_custom else keras.layers.Activation("softplus", dtype=dtype)
     return keras.Sequential(
-        [keras.Input((5,), dtype=dtype), keras.layers.Dense(4, dtype=dtype), act,
-         keras.layers.Dense(3, dtype=dtype)]
+        [
+            keras.Input((5,), dtype=dtype),
+            keras.layers.Dense(4, dtype=dtype),
+            act,
+            keras.layers.Dense(3, dtype=dtype),
+        ]
     )
 
 
@@ -107,12 +112,16 @@ def keras_dense_reference(model, loss, data, batch_size=None, training=False):
     bs = n if batch_size is None else batch_size
     terms = []
     for s in range(0, n, bs):
+
         def take(a, s=s):
             return tf.nest.map_structure(lambda t: t[s : s + bs], a)
 
         def batch_loss(s=s, take=take):
-            value = loss(take(y), model(take(x), training=training),
-                         sample_weight=None if sw is None else take(sw))
+            value = loss(
+                take(y),
+                model(take(x), training=training),
+                sample_weight=None if sw is None else take(sw),
+            )
             return value + (tf.add_n(model.losses) if model.losses else 0.0)
 
         terms.append((batch_loss, min(bs, n - s) / n))
@@ -182,7 +191,7 @@ def test_sample_weights_and_regularization(rng):
     x, y = classification_data(rng, n=10)
     sw = rng.uniform(0.1, 2.0, 10)
     op = HessianOperator.from_keras(model, SCE, (x, y, sw), batch_size=3)
-    H, g, loss = keras_dense_reference(model, SCE, (x, y, sw), batch_size=3)
+    H, _g, loss = keras_dense_reference(model, SCE, (x, y, sw), batch_size=3)
     check_against_dense(op, H, rng)
     assert op.loss() == pytest.approx(loss, rel=1e-12)
     without = HessianOperator.from_keras(model, SCE, (x, y, sw), include_regularization=False)
@@ -239,8 +248,9 @@ def test_float64_products_on_a_float32_model(rng):
     model64.set_weights([w.astype(np.float64) for w in model32.get_weights()])
     x, y = classification_data(rng, dtype="float64")
     before = [w.copy() for w in model32.get_weights()]
-    op = HessianOperator.from_keras(model32, "sparse_categorical_crossentropy",
-                                    (x.astype("float32"), y), dtype=np.float64)
+    op = HessianOperator.from_keras(
+        model32, "sparse_categorical_crossentropy", (x.astype("float32"), y), dtype=np.float64
+    )
     # The float32 model's inputs are float32; the reference uses the same values in float64.
     x64 = x.astype("float32").astype("float64")
     loss = keras.losses.SparseCategoricalCrossentropy(dtype="float64")
@@ -251,7 +261,10 @@ def test_float64_products_on_a_float32_model(rng):
     assert op.shape == H.shape
     op_probs = HessianOperator.from_keras(
         keras.Sequential([model32, keras.layers.Softmax()]),
-        "sparse_categorical_crossentropy", (x.astype("float32"), y), dtype=np.float64)
+        "sparse_categorical_crossentropy",
+        (x.astype("float32"), y),
+        dtype=np.float64,
+    )
     check_against_dense(op_probs, H, rng)
     for a, b in zip(before, model32.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -275,8 +288,9 @@ def test_float32_products_agree_with_float64_dense(rng):
 
 def test_symmetry_of_products(rng):
     model = cnn("float32")
-    op = HessianOperator.from_keras(model, SCE, classification_data(rng, shape=(6, 6, 2),
-                                                                    dtype="float32"))
+    op = HessianOperator.from_keras(
+        model, SCE, classification_data(rng, shape=(6, 6, 2), dtype="float32")
+    )
     u, v = rng.standard_normal((2, op.shape[0]))
     a, b = u @ op.matvec(v), v @ op.matvec(u)
     assert abs(a - b) <= 1e-5 * (abs(a) + abs(b))
@@ -341,11 +355,18 @@ def test_training_mode_uses_batch_statistics_and_leaves_the_model_unchanged(rng)
 
 
 def test_dropout_in_training_mode_is_a_fixed_symmetric_operator(rng):
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
-                              keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(8, activation="tanh"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(3),
+        ]
+    )
     before = [w.copy() for w in model.get_weights()]
-    op = HessianOperator.from_keras(model, SCE, classification_data(rng, dtype="float32"),
-                                    training=True)
+    op = HessianOperator.from_keras(
+        model, SCE, classification_data(rng, dtype="float32"), training=True
+    )
     u, v = rng.standard_normal((2, op.shape[0]))
     np.testing.assert_allclose(op.matvec(v), op.matvec(v))
     a, b = u @ op.matvec(v), v @ op.matvec(u)
@@ -396,8 +417,9 @@ def test_reusing_traced_functions_across_operators(rng):
             calls.append(1)
             return tf.tanh(x)
 
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), Counting(),
-                              keras.layers.Dense(3)])
+    model = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(4), Counting(), keras.layers.Dense(3)]
+    )
     data = classification_data(rng, dtype="float32")
     first = HessianOperator.from_keras(model, SCE, data, batch_size=4)
     traced = len(calls)
@@ -414,10 +436,14 @@ def test_reusing_traced_functions_across_operators(rng):
     assert len(calls) == traced
     assert second._engine is first._engine
     # ... and sees the new weights.
-    model64 = keras.Sequential([keras.Input((5,), dtype="float64"),
-                                keras.layers.Dense(4, dtype="float64"),
-                                keras.layers.Activation("tanh", dtype="float64"),
-                                keras.layers.Dense(3, dtype="float64")])
+    model64 = keras.Sequential(
+        [
+            keras.Input((5,), dtype="float64"),
+            keras.layers.Dense(4, dtype="float64"),
+            keras.layers.Activation("tanh", dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
     model64.set_weights([w.astype(np.float64) for w in model.get_weights()])
     H, _, _ = keras_dense_reference(model64, SCE, (data2[0].astype("float64"), data2[1]))
     v = rng.standard_normal(second.shape[0])
@@ -427,8 +453,9 @@ def test_reusing_traced_functions_across_operators(rng):
 def test_memory_does_not_grow_over_many_products(rng):
     import resource
 
-    op = HessianOperator.from_keras(mlp("float32"), SCE,
-                                    classification_data(rng, n=64, dtype="float32"))
+    op = HessianOperator.from_keras(
+        mlp("float32"), SCE, classification_data(rng, n=64, dtype="float32")
+    )
     v = rng.standard_normal(op.shape[0]).astype(np.float32)
     for _ in range(200):
         op.matvec(v)
@@ -473,8 +500,9 @@ def test_loss_that_is_not_a_scalar(rng):
         HessianOperator(lambda: w**2, [w])
     model = mlp()
     with pytest.raises(ValueError, match="not a scalar"):
-        HessianOperator.from_keras(model, lambda y, p: tf.reduce_sum(p, axis=1),
-                                   classification_data(rng))
+        HessianOperator.from_keras(
+            model, lambda y, p: tf.reduce_sum(p, axis=1), classification_data(rng)
+        )
 
 
 def test_empty_dataset(rng):
