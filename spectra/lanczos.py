@@ -1,0 +1,213 @@
+"""Lanczos tridiagonalization of a symmetric operator.
+
+Lanczos (1950) builds an orthonormal basis Q of the Krylov space
+span{q₁, A q₁, …, A^{m−1} q₁} and the tridiagonal T = Qᵀ A Q with
+``A Q = Q T + β_m q_{m+1} e_mᵀ``. In floating point the basis loses
+orthogonality as Ritz values converge (Paige 1971); full reorthogonalization
+(two passes of classical Gram–Schmidt against the stored basis) keeps it at
+working precision for O(n m) extra work per step and n m stored numbers.
+See Parlett, "The Symmetric Eigenvalue Problem" (1998), ch. 13, and
+Golub & Van Loan, "Matrix Computations", §10.1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from scipy.linalg import eigh_tridiagonal
+
+from spectra._operators import (
+    SeedLike,
+    _as_symmetric_operator,
+    _check_int,
+    _ProductCounter,
+    _rng,
+)
+from spectra.results import LanczosResult
+
+__all__ = ["lanczos", "tridiagonal_eigh"]
+
+# Breakdown (invariant subspace) when β_j <= _BREAKDOWN_FACTOR · eps · ‖T‖.
+_BREAKDOWN_FACTOR = 100.0
+
+
+def tridiagonal_eigh(
+    alpha: np.ndarray, beta: np.ndarray, eigenvectors: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Eigen-decomposition of the symmetric tridiagonal matrix (alpha, beta).
+
+    Returns ascending eigenvalues θ and, if requested, the orthonormal
+    eigenvectors as columns S (T = S diag(θ) Sᵀ). Uses LAPACK's ``stemr`` via
+    ``scipy.linalg.eigh_tridiagonal``; O(m²) work.
+    """
+    alpha = np.asarray(alpha, dtype=np.float64)
+    beta = np.asarray(beta, dtype=np.float64)
+    if alpha.ndim != 1 or alpha.shape[0] < 1 or beta.shape != (alpha.shape[0] - 1,):
+        raise ValueError(
+            f"need alpha of length m >= 1 and beta of length m - 1, got {alpha.shape}, {beta.shape}"
+        )
+    if not eigenvectors:
+        return eigh_tridiagonal(alpha, beta, eigvals_only=True), None
+    theta, vectors = eigh_tridiagonal(alpha, beta)
+    return theta, vectors
+
+
+def _breakdown_threshold(counter: _ProductCounter, scale: float) -> float:
+    return _BREAKDOWN_FACTOR * counter.eps * scale
+
+
+def _lanczos_recurrence(
+    counter: _ProductCounter,
+    start: np.ndarray,
+    num_steps: int,
+    reorthogonalize: bool,
+    keep_basis: bool,
+) -> tuple[np.ndarray, np.ndarray, float, bool, np.ndarray | None]:
+    """Run up to ``num_steps`` Lanczos steps from ``start`` (one matvec per step).
+
+    Returns (alpha, beta_offdiagonal, residual_norm, breakdown, basis rows or None).
+    """
+    n = counter.n
+    store = reorthogonalize or keep_basis
+    basis = np.empty((num_steps, n)) if store else None
+    alphas: list[float] = []
+    betas: list[float] = []
+    q = start / np.linalg.norm(start)
+    q_previous = np.zeros(n)
+    beta_previous = 0.0
+    scale = 0.0
+    breakdown = False
+    for step in range(num_steps):
+        if basis is not None:
+            basis[step] = q
+        w = counter.matvec(q)
+        alpha = float(q @ w)
+        w -= alpha * q + beta_previous * q_previous
+        if reorthogonalize:
+            stored = basis[: step + 1]
+            for _ in range(2):
+                w -= stored.T @ (stored @ w)
+        beta = float(np.linalg.norm(w))
+        alphas.append(alpha)
+        betas.append(beta)
+        scale = max(scale, abs(alpha) + beta + beta_previous)
+        if beta <= _breakdown_threshold(counter, scale):
+            breakdown = step + 1 < num_steps
+            break
+        q_previous, q = q, w / beta
+        beta_previous = beta
+    m = len(alphas)
+    rows = basis[:m] if basis is not None and keep_basis else None
+    return np.array(alphas), np.array(betas[:-1]), betas[-1], breakdown, rows
+
+
+def lanczos(
+    op: Any,
+    num_steps: int,
+    v0: np.ndarray | None = None,
+    reorthogonalize: bool = True,
+    return_basis: bool = False,
+    seed: SeedLike = 0,
+    check_symmetry: bool = True,
+) -> LanczosResult:
+    """Lanczos tridiagonalization with optional full reorthogonalization.
+
+    Starting from ``v0`` (or a Gaussian vector from ``seed``), builds T (m × m,
+    m <= min(num_steps, n)) with ``Qᵀ A Q = T``. Stops early on breakdown
+    (β_j <= 100·eps·‖T‖: Q spans an invariant subspace, e.g. after rank(A) steps
+    for a low-rank A), returning the shorter T; the eigenvalues of T are then
+    exact eigenvalues of A.
+
+    Cost: m products in m ``matvec`` calls (plus 2 products in one call for the
+    symmetry check), O(n m²) host flops and n m stored numbers with
+    reorthogonalization. Without it, only three vectors are kept (unless
+    ``return_basis``), and T shows the well-known spurious copies of converged
+    Ritz values.
+    """
+    started = time.perf_counter()
+    num_steps = _check_int("num_steps", num_steps)
+    counter = _as_symmetric_operator(op, check_symmetry=check_symmetry)
+    n = counter.n
+    if v0 is None:
+        start = _rng(seed).standard_normal(n)
+    else:
+        start = np.asarray(v0, dtype=np.float64).reshape(-1)
+        if start.shape[0] != n:
+            raise ValueError(f"v0 must have length {n}, got {start.shape[0]}")
+        if not np.linalg.norm(start) > 0 or not np.all(np.isfinite(start)):
+            raise ValueError("v0 must be a finite, nonzero vector")
+    alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
+        counter, start, min(num_steps, n), reorthogonalize, return_basis
+    )
+    return LanczosResult(
+        alpha=alpha,
+        beta=beta,
+        residual_norm=float(residual_norm),
+        breakdown=bool(breakdown),
+        num_products=counter.num_products,
+        num_operator_calls=counter.num_operator_calls,
+        wall_time=time.perf_counter() - started,
+        settings={
+            "num_steps": num_steps,
+            "reorthogonalize": bool(reorthogonalize),
+            "seed": seed if isinstance(seed, (int, type(None))) else "generator",
+            "v0_given": v0 is not None,
+            "dimension": n,
+        },
+        basis=None if rows is None else np.ascontiguousarray(rows.T),
+    )
+
+
+def _batched_lanczos(
+    counter: _ProductCounter,
+    starts: np.ndarray,
+    num_steps: int,
+    progress_bar: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Independent Lanczos recurrences for P start vectors, run in lock-step.
+
+    ``starts`` has shape (n, P). Each step multiplies the current vectors of all
+    still-active probes in one ``matmat`` call; each probe keeps its own basis and
+    is fully reorthogonalized against it (batched matrix products). A probe
+    that breaks down stops: it takes no further products and its later steps
+    are absent. Returns alpha (P, m), beta (P, m) (beta[:, j] couples steps j and
+    j+1) and steps_taken (P,).
+    """
+    n, num_probes = starts.shape
+    num_steps = min(num_steps, n)
+    basis = np.zeros((num_probes, num_steps, n))
+    alpha = np.zeros((num_probes, num_steps))
+    beta = np.zeros((num_probes, num_steps))
+    steps_taken = np.zeros(num_probes, dtype=np.int64)
+    scale = np.zeros(num_probes)
+    current = (starts / np.linalg.norm(starts, axis=0)).T.copy()  # (P, n)
+    previous = np.zeros_like(current)
+    active = np.ones(num_probes, dtype=bool)
+    for step in range(num_steps):
+        idx = np.flatnonzero(active)
+        if idx.size == 0:
+            break
+        basis[idx, step] = current[idx]
+        w = counter.matmat(current[idx].T).T  # (a, n)
+        a = np.einsum("pn,pn->p", current[idx], w)
+        beta_previous = beta[idx, step - 1] if step > 0 else np.zeros(idx.size)
+        w -= a[:, None] * current[idx] + beta_previous[:, None] * previous[idx]
+        stored = basis[idx, : step + 1]  # (a, j, n)
+        for _ in range(2):
+            coefficients = np.matmul(stored, w[:, :, None])  # (a, j, 1)
+            w -= np.matmul(stored.transpose(0, 2, 1), coefficients)[:, :, 0]
+        b = np.linalg.norm(w, axis=1)
+        alpha[idx, step] = a
+        beta[idx, step] = b
+        steps_taken[idx] = step + 1
+        scale[idx] = np.maximum(scale[idx], np.abs(a) + b + beta_previous)
+        broke = b <= _breakdown_threshold(counter, 1.0) * scale[idx]
+        still = idx[~broke]
+        active[idx[broke]] = False
+        previous[still] = current[still]
+        current[still] = w[~broke] / b[~broke, None]
+        if progress_bar is not None:
+            progress_bar.update(idx.size)
+    return alpha, beta, steps_taken

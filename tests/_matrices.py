@@ -1,0 +1,84 @@
+"""Test matrices with known spectra and operator wrappers for the estimator tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator
+
+
+def with_spectrum(eigenvalues, seed: int = 0) -> np.ndarray:
+    """Symmetric matrix Q diag(eigenvalues) Qᵀ with a random orthogonal Q."""
+    eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
+    n = eigenvalues.size
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, n)))
+    matrix = (q * eigenvalues) @ q.T
+    return 0.5 * (matrix + matrix.T)
+
+
+def random_symmetric(n: int, seed: int = 0) -> np.ndarray:
+    """GOE-like symmetric matrix (indefinite, semicircle spectrum)."""
+    g = np.random.default_rng(seed).standard_normal((n, n))
+    return (g + g.T) / np.sqrt(2 * n)
+
+
+def hessian_like_spectrum(n: int, seed: int = 0) -> np.ndarray:
+    """Bulk near zero (a few small negative values) plus ten outliers."""
+    rng = np.random.default_rng(seed)
+    outliers = np.array([40.0, 25.0, 18.0, 12.0, 9.0, 7.0, 5.0, 4.0, 3.0, 2.5])
+    bulk = rng.gamma(0.5, 0.02, n - outliers.size) * rng.choice(
+        [-0.2, 1.0], n - outliers.size, p=[0.2, 0.8]
+    )
+    return np.concatenate([outliers, bulk])
+
+
+def low_rank_plus_noise(n: int, rank: int, noise: float, seed: int = 0) -> np.ndarray:
+    """Eigenvalues 100/i² for i <= rank, then a small flat tail."""
+    eigenvalues = np.full(n, noise)
+    eigenvalues[:rank] = 100.0 / np.arange(1, rank + 1) ** 2
+    return with_spectrum(eigenvalues, seed)
+
+
+class MatvecOnly(LinearOperator):
+    """Exposes only ``matvec``: scipy applies ``matmat`` column by column."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.matrix = matrix
+        self.matvec_calls = 0
+        super().__init__(dtype=matrix.dtype, shape=matrix.shape)
+
+    def _matvec(self, x):
+        self.matvec_calls += 1
+        return self.matrix @ x
+
+
+class BlockOperator(LinearOperator):
+    """Exposes ``matvec`` and a native ``matmat`` and counts both."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.matrix = matrix
+        self.matvec_calls = 0
+        self.matmat_calls = 0
+        self.columns = 0
+        super().__init__(dtype=matrix.dtype, shape=matrix.shape)
+
+    def _matvec(self, x):
+        self.matvec_calls += 1
+        self.columns += 1
+        return self.matrix @ x
+
+    def _matmat(self, x):
+        self.matmat_calls += 1
+        self.columns += x.shape[1]
+        return self.matrix @ x
+
+
+def single_blas_thread():
+    """Context limiting BLAS to one thread: the small dense products in these tests
+    are many times slower with threads contending on a 2-core machine."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # threadpoolctl is optional for the tests
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")

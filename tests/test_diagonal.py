@@ -1,0 +1,58 @@
+import json
+
+import numpy as np
+import pytest
+from _matrices import BlockOperator, random_symmetric, single_blas_thread, with_spectrum
+
+from spectra.diagonal import diagonal
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    with single_blas_thread():
+        yield
+
+
+def test_stderr_covers_truth_and_error_shrinks():
+    a = random_symmetric(300, seed=1) + np.diag(np.linspace(-1, 1, 300))
+    truth = np.diag(a)
+    result = diagonal(a, num_products=100, seed=2)
+    coverage = np.mean(np.abs(result.estimate - truth) <= 2 * result.stderr)
+    assert 0.90 <= coverage <= 0.99
+    # per entry: Var = sum_{j != i} a_ij^2 per probe
+    theory = np.sqrt((np.sum(a**2, axis=1) - truth**2) / 100)
+    assert np.median(result.stderr / theory) == pytest.approx(1.0, abs=0.1)
+    more = diagonal(a, num_products=400, seed=2)
+    ratio = np.sqrt(np.mean((result.estimate - truth) ** 2) / np.mean((more.estimate - truth) ** 2))
+    assert 1.6 < ratio < 2.5
+
+
+def test_diagonal_matrix_is_exact():
+    d = np.linspace(-2, 5, 40)
+    result = diagonal(np.diag(d), num_products=8)
+    np.testing.assert_allclose(result.estimate, d, atol=1e-14)
+    np.testing.assert_allclose(result.stderr, 0.0, atol=1e-14)
+
+
+def test_blocks_counts_and_reproducibility():
+    a = with_spectrum(np.linspace(0, 1, 50), seed=3)
+    operator = BlockOperator(a)
+    result = diagonal(operator, num_products=40, block_size=16, seed=5)
+    assert result.num_products == 42 and operator.columns == 42
+    assert result.num_operator_calls == 1 + 3
+    again = diagonal(a, num_products=40, block_size=16, seed=5)
+    other = diagonal(a, num_products=40, block_size=16, seed=6)
+    np.testing.assert_array_equal(result.estimate, again.estimate)
+    assert not np.array_equal(result.estimate, other.estimate)
+    json.dumps(result.to_dict())
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match="num_products"):
+        diagonal(np.eye(3), num_products=1)
+    with pytest.raises(ValueError, match="block_size"):
+        diagonal(np.eye(3), block_size=0)
+    with pytest.raises(ValueError, match=r"square, got shape \(2, 3\)"):
+        diagonal(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="operator is not symmetric"):
+        diagonal(np.triu(np.ones((6, 6))))

@@ -1,0 +1,223 @@
+import numpy as np
+import pytest
+from _matrices import (
+    BlockOperator,
+    MatvecOnly,
+    hessian_like_spectrum,
+    random_symmetric,
+    single_blas_thread,
+    with_spectrum,
+)
+from scipy.sparse.linalg import LinearOperator, eigsh
+
+from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    with single_blas_thread():
+        yield
+
+
+def reference(matrix_eigenvalues, which, k):
+    values = np.sort(matrix_eigenvalues)
+    if which == "largest":
+        return values[::-1][:k]
+    if which == "smallest":
+        return values[:k]
+    return values[np.argsort(-np.abs(values), kind="stable")][:k]
+
+
+def relative_error(estimate, truth):
+    return np.max(np.abs(estimate - truth) / np.abs(truth))
+
+
+@pytest.mark.parametrize("method", ["lanczos", "lobpcg"])
+@pytest.mark.parametrize("which", ["largest", "smallest", "magnitude"])
+def test_random_symmetric_top_k(method, which):
+    a = random_symmetric(150, seed=11)
+    truth = reference(np.linalg.eigvalsh(a), which, 4)
+    result = eigenvalues(a, k=4, which=which, method=method, return_eigenvectors=True)
+    assert result.all_converged
+    assert relative_error(result.eigenvalues, truth) < 1e-8
+    vectors = result.eigenvectors
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=0), 1.0, atol=1e-12)
+    recomputed = np.linalg.norm(a @ vectors - vectors * result.eigenvalues, axis=0)
+    np.testing.assert_allclose(result.residual_norms, recomputed, rtol=1e-6, atol=1e-13)
+    assert result.num_operator_calls <= result.num_products
+
+
+@pytest.mark.parametrize("which", ["largest", "smallest", "magnitude"])
+def test_power_matches_lanczos(which):
+    spectrum = np.concatenate([[9.0, 6.0, -4.0, -7.5], np.linspace(-2, 2, 96)])
+    a = with_spectrum(spectrum, seed=3)
+    truth = reference(spectrum, which, 2)
+    power = eigenvalues(a, k=2, which=which, method="power", tol=1e-8)
+    krylov = eigenvalues(a, k=2, which=which)
+    assert power.all_converged and krylov.all_converged
+    assert relative_error(power.eigenvalues, truth) < 1e-8
+    np.testing.assert_allclose(power.eigenvalues, krylov.eigenvalues, rtol=1e-8)
+    # deflation: the second residual also carries the first one's error
+    assert np.all(power.residual_norms <= 1e-8 * np.abs(power.eigenvalues).sum())
+    assert power.num_products > krylov.num_products
+
+
+def test_power_largest_with_dominant_negative_eigenvalue_uses_shift():
+    spectrum = np.concatenate([[-10.0, 6.0, 5.0], np.linspace(-1, 1, 47)])
+    a = with_spectrum(spectrum, seed=4)
+    result = eigenvalues(a, k=2, method="power", tol=1e-9, max_products=5000)
+    assert result.all_converged
+    np.testing.assert_allclose(result.eigenvalues, [6.0, 5.0], rtol=1e-8)
+    assert result.settings["shift"] == pytest.approx(10.0, rel=1e-6)
+
+
+def test_lanczos_needs_fewer_products_than_eigsh_on_hessian_like_spectrum():
+    spectrum = hessian_like_spectrum(300, seed=0)
+    a = with_spectrum(spectrum, seed=0)
+    n = a.shape[0]
+    for k in (1, 3):
+        truth = reference(spectrum, "largest", k)
+        ours = eigenvalues(a, k=k, tol=1e-8, check_symmetry=False)
+        our_error = relative_error(ours.eigenvalues, truth)
+        assert our_error < 1e-8
+        our_products = ours.num_products - k  # without the final residual check
+        eigsh_products = None
+        for tol in (1e-1, 1e-2, 1e-3, 1e-4, 1e-6, 1e-8, 0.0):
+            count = [0]
+
+            def matvec(x, count=count):
+                count[0] += 1
+                return a @ x
+
+            operator = LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+            values = eigsh(operator, k=k, which="LA", tol=tol, v0=np.ones(n))[0]
+            if relative_error(np.sort(values)[::-1], truth) <= max(our_error, 1e-8):
+                eigsh_products = count[0]
+                break
+        assert eigsh_products is not None
+        assert our_products < eigsh_products, (k, our_products, eigsh_products)
+
+
+def test_repeated_eigenvalues_are_found_with_multiplicity():
+    spectrum = np.concatenate([[10.0, 10.0, 10.0, 9.0], np.linspace(0, 5, 96)])
+    a = with_spectrum(spectrum, seed=5)
+    for method in ("lanczos", "lobpcg"):
+        result = eigenvalues(a, k=4, method=method)
+        assert result.all_converged
+        np.testing.assert_allclose(result.eigenvalues, [10, 10, 10, 9], rtol=1e-8)
+
+
+def test_clustered_eigenvalues():
+    spectrum = np.concatenate([[5.0, 5.0 + 1e-7, 5.0 + 2e-7, 4.0], np.linspace(-1, 3, 96)])
+    a = with_spectrum(spectrum, seed=6)
+    truth = reference(spectrum, "largest", 3)
+    for method in ("lanczos", "lobpcg"):
+        result = eigenvalues(a, k=3, method=method)
+        assert relative_error(result.eigenvalues, truth) < 1e-8
+
+
+def test_rank_three_matrix_magnitude_and_zeros():
+    spectrum = np.zeros(100)
+    spectrum[:3] = [5.0, -2.0, 1.0]
+    a = with_spectrum(spectrum, seed=7)
+    result = eigenvalues(a, k=5, which="magnitude")
+    assert result.all_converged and np.all(np.isfinite(result.eigenvalues))
+    np.testing.assert_allclose(result.eigenvalues, [5, -2, 1, 0, 0], atol=1e-12)
+    assert result.num_products < 30
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power", "lobpcg"])
+def test_tiny_diagonal_matrices(method):
+    one = eigenvalues(np.array([[3.0]]), method=method)
+    np.testing.assert_allclose(one.eigenvalues, [3.0])
+    two = np.diag([1.0, -2.0])
+    k = 1 if method == "power" else 2
+    result = eigenvalues(two, k=k, which="smallest", method=method)
+    np.testing.assert_allclose(result.eigenvalues, [-2.0, 1.0][:k], rtol=1e-12)
+    assert result.all_converged
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power", "lobpcg"])
+def test_zero_matrix(method):
+    result = eigenvalues(np.zeros((40, 40)), k=2, method=method)
+    np.testing.assert_array_equal(result.eigenvalues, [0.0, 0.0])
+    assert result.all_converged and np.all(result.residual_norms == 0)
+
+
+def test_k_equal_to_n_returns_whole_spectrum_and_k_above_n_is_rejected():
+    spectrum = np.array([3.0, -1.0, 0.5, 2.0, -4.0])
+    a = with_spectrum(spectrum)
+    result = eigenvalues(a, k=5, which="smallest")
+    np.testing.assert_allclose(result.eigenvalues, np.sort(spectrum), atol=1e-12)
+    with pytest.raises(ValueError, match="k must be <= n = 5"):
+        eigenvalues(a, k=6)
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power", "lobpcg"])
+def test_budget_cap_returns_unconverged_estimates(method):
+    a = random_symmetric(200, seed=8)
+    result = eigenvalues(a, k=2, method=method, max_products=12)
+    assert not result.all_converged
+    assert np.all(np.isfinite(result.eigenvalues))
+    slack = result.settings.get("block_size", 0)
+    assert result.num_products <= 12 + 2 + 2 + slack
+
+
+def test_operator_wrappers_and_call_counts():
+    a = random_symmetric(80, seed=9)
+    truth = reference(np.linalg.eigvalsh(a), "largest", 3)
+    only_matvec = eigenvalues(MatvecOnly(a), k=3)
+    assert relative_error(only_matvec.eigenvalues, truth) < 1e-8
+    block = BlockOperator(a)
+    result = eigenvalues(block, k=3, method="lobpcg")
+    assert relative_error(result.eigenvalues, truth) < 1e-8
+    assert block.columns == result.num_products
+    assert block.matmat_calls + block.matvec_calls == result.num_operator_calls
+    assert result.num_operator_calls < result.num_products / 2
+
+
+def test_float32_operator():
+    a = random_symmetric(100, seed=10).astype(np.float32)
+    truth = reference(np.linalg.eigvalsh(a.astype(np.float64)), "largest", 2)
+    result = eigenvalues(a, k=2)
+    assert relative_error(result.eigenvalues, truth) < 1e-5
+
+
+def test_seed_reproducibility():
+    a = random_symmetric(100, seed=12)
+    first = eigenvalues(a, k=2, seed=1, return_eigenvectors=True)
+    again = eigenvalues(a, k=2, seed=1, return_eigenvectors=True)
+    other = eigenvalues(a, k=2, seed=2, return_eigenvectors=True)
+    np.testing.assert_array_equal(first.eigenvalues, again.eigenvalues)
+    np.testing.assert_array_equal(first.eigenvectors, again.eigenvectors)
+    assert not np.array_equal(first.eigenvalues, other.eigenvalues)
+    generator = eigenvalues(a, k=2, seed=np.random.default_rng(1))
+    np.testing.assert_array_equal(generator.eigenvalues, first.eigenvalues)
+
+
+def test_invalid_arguments_and_rejected_operators():
+    a = random_symmetric(10)
+    with pytest.raises(ValueError, match="k must be"):
+        eigenvalues(a, k=0)
+    with pytest.raises(ValueError, match="'largest', 'smallest', 'magnitude'"):
+        eigenvalues(a, which="top")
+    with pytest.raises(ValueError, match="'lanczos', 'power', 'lobpcg'"):
+        eigenvalues(a, method="arpack")
+    with pytest.raises(ValueError, match="tol"):
+        eigenvalues(a, tol=0)
+    with pytest.raises(ValueError, match=r"square, got shape \(10, 7\)"):
+        eigenvalues(np.ones((10, 7)))
+    nonsymmetric = a + 0.1 * np.random.default_rng(0).standard_normal((10, 10))
+    with pytest.raises(ValueError, match="operator is not symmetric"):
+        eigenvalues(nonsymmetric)
+    # the check can be skipped
+    eigenvalues(nonsymmetric, check_symmetry=False, max_products=20)
+
+
+def test_eigenvalue_ratio_and_progress():
+    spectrum = np.concatenate([[8.0, 4.0, 2.0], np.linspace(0, 1, 47)])
+    result = eigenvalues(with_spectrum(spectrum), k=3, progress=True)
+    assert eigenvalue_ratio(result) == pytest.approx(4.0, rel=1e-8)
+    assert eigenvalue_ratio(result, 0, 1) == pytest.approx(2.0, rel=1e-8)
+    with pytest.raises(ValueError, match="out of range"):
+        eigenvalue_ratio(result, 0, 5)

@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+from _matrices import BlockOperator, MatvecOnly, random_symmetric, single_blas_thread, with_spectrum
+
+from spectra._operators import _as_symmetric_operator
+from spectra.lanczos import _batched_lanczos, lanczos, tridiagonal_eigh
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    with single_blas_thread():
+        yield
+
+
+def test_tridiagonal_relation_and_orthonormal_basis():
+    a = random_symmetric(120, seed=1)
+    result = lanczos(a, 40, return_basis=True, seed=3)
+    q = result.basis
+    assert q.shape == (120, 40)
+    assert np.abs(q.T @ q - np.eye(40)).max() < 1e-10
+    t = result.tridiagonal()
+    assert np.abs(q.T @ a @ q - t).max() < 1e-10 * np.linalg.norm(a, 2)
+    # A Q = Q T + beta_m q_{m+1} e_m^T: the residual lies in the last column only
+    residual = a @ q - q @ t
+    assert np.abs(residual[:, :-1]).max() < 1e-10
+    assert np.linalg.norm(residual[:, -1]) == pytest.approx(result.residual_norm, rel=1e-8)
+    assert result.num_products == 40 + 2 and not result.breakdown
+
+
+def test_breakdown_on_rank_three_matrix_gives_exact_eigenvalues():
+    eigenvalues = np.zeros(80)
+    eigenvalues[:3] = [5.0, -2.0, 1.0]
+    result = lanczos(with_spectrum(eigenvalues, seed=2), 30, seed=0)
+    assert result.breakdown
+    # Krylov space of a generic start: range(A) plus the start's null-space part
+    assert result.num_steps_taken == 4
+    assert np.all(np.isfinite(result.alpha)) and np.all(np.isfinite(result.beta))
+    ritz = np.sort(result.ritz_values())
+    np.testing.assert_allclose(ritz, [-2.0, 0.0, 1.0, 5.0], atol=1e-12)
+
+
+def test_zero_matrix_and_size_one():
+    zero = lanczos(np.zeros((30, 30)), 10)
+    assert zero.breakdown and zero.num_steps_taken == 1
+    assert zero.alpha[0] == 0.0 and zero.residual_norm == 0.0
+    one = lanczos(np.array([[2.5]]), 5)
+    np.testing.assert_allclose(one.ritz_values(), [2.5])
+    assert one.num_steps_taken == 1
+
+
+def test_num_steps_is_capped_at_dimension_and_recovers_spectrum():
+    eigenvalues = np.linspace(-3, 4, 12)
+    result = lanczos(with_spectrum(eigenvalues), 50)
+    assert result.num_steps_taken == 12
+    np.testing.assert_allclose(result.ritz_values(), eigenvalues, atol=1e-12)
+
+
+def test_without_reorthogonalization_early_steps_agree():
+    a = random_symmetric(100, seed=4)
+    full = lanczos(a, 8, seed=1)
+    plain = lanczos(a, 8, seed=1, reorthogonalize=False)
+    np.testing.assert_allclose(plain.alpha, full.alpha, atol=1e-10)
+    np.testing.assert_allclose(plain.beta, full.beta, atol=1e-10)
+    assert plain.basis is None
+
+
+def test_v0_and_operator_wrappers():
+    a = random_symmetric(40, seed=5)
+    v0 = np.ones(40)
+    direct = lanczos(a, 10, v0=v0)
+    wrapped = MatvecOnly(a)
+    via_matvec = lanczos(wrapped, 10, v0=v0)
+    np.testing.assert_allclose(via_matvec.alpha, direct.alpha, atol=1e-12)
+    assert via_matvec.num_operator_calls == 11  # 10 steps + symmetry block
+    assert via_matvec.settings["v0_given"]
+
+
+def test_tridiagonal_eigh_matches_dense():
+    rng = np.random.default_rng(0)
+    alpha, beta = rng.standard_normal(7), rng.random(6)
+    theta, vectors = tridiagonal_eigh(alpha, beta)
+    dense = np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1)
+    np.testing.assert_allclose(theta, np.linalg.eigvalsh(dense), atol=1e-12)
+    np.testing.assert_allclose(dense @ vectors, vectors * theta, atol=1e-12)
+    with pytest.raises(ValueError, match="length"):
+        tridiagonal_eigh(alpha, beta[:3])
+
+
+def test_batched_lanczos_matches_single_recurrences_with_one_call_per_step():
+    a = random_symmetric(60, seed=6)
+    starts = np.random.default_rng(1).standard_normal((60, 4))
+    operator = BlockOperator(a)
+    counter = _as_symmetric_operator(operator, check_symmetry=False)
+    alpha, beta, steps = _batched_lanczos(counter, starts, 15)
+    assert operator.matmat_calls == 15 and operator.matvec_calls == 0
+    assert counter.num_products == 60
+    assert np.all(steps == 15)
+    for probe in range(4):
+        single = lanczos(a, 15, v0=starts[:, probe])
+        np.testing.assert_allclose(alpha[probe], single.alpha, atol=1e-10)
+        np.testing.assert_allclose(beta[probe, :14], single.beta, atol=1e-10)
+
+
+def test_invalid_arguments():
+    a = random_symmetric(10)
+    with pytest.raises(ValueError, match="num_steps"):
+        lanczos(a, 0)
+    with pytest.raises(ValueError, match="v0 must have length 10"):
+        lanczos(a, 3, v0=np.ones(4))
+    with pytest.raises(ValueError, match="nonzero"):
+        lanczos(a, 3, v0=np.zeros(10))
+    with pytest.raises(ValueError, match=r"square, got shape \(3, 4\)"):
+        lanczos(np.ones((3, 4)), 2)
+    with pytest.raises(ValueError, match="not symmetric"):
+        lanczos(np.triu(np.ones((10, 10))), 2)

@@ -1,0 +1,89 @@
+import json
+import os
+
+import numpy as np
+import pytest
+from _matrices import random_symmetric, single_blas_thread
+
+from spectra.density import spectral_density
+from spectra.diagonal import diagonal
+from spectra.eigenvalues import eigenvalues
+from spectra.lanczos import lanczos
+from spectra.results import EigenResult, LanczosResult
+from spectra.trace import frobenius_norm, trace
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    with single_blas_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def results():
+    a = random_symmetric(40, seed=1)
+    density = spectral_density(a, num_steps=10, num_probes=3)
+    return [
+        eigenvalues(a, k=2, return_eigenvectors=True),
+        lanczos(a, 8, return_basis=True),
+        trace(a, num_products=20),
+        frobenius_norm(a, num_products=20),
+        diagonal(a, num_products=20),
+        density,
+        density.density(),
+        density.moments(3),
+    ]
+
+
+def test_to_dict_round_trips_through_json(results):
+    for result in results:
+        data = result.to_dict()
+        assert data["type"] == type(result).__name__
+        assert json.loads(json.dumps(data)) == data
+
+
+def test_to_dict_converts_numpy_types():
+    result = EigenResult(
+        eigenvalues=np.array([2.0]),
+        residual_norms=np.array([0.0]),
+        error_bounds=np.array([0.0]),
+        converged=np.array([True]),
+        which="largest",
+        method="lanczos",
+        num_products=np.int64(3),
+        num_operator_calls=3,
+        wall_time=np.float32(0.5),
+        settings={"tol": np.float64(1e-8), "nested": {"a": np.arange(2)}},
+    )
+    data = result.to_dict()
+    assert type(data["num_products"]) is int and type(data["wall_time"]) is float
+    assert data["settings"] == {"tol": 1e-8, "nested": {"a": [0, 1]}}
+    assert data["converged"] == [True] and data["eigenvectors"] is None
+
+
+def test_include_vectors_false_omits_large_fields(results):
+    eig, lan = results[0], results[1]
+    assert "eigenvectors" in eig.to_dict()
+    assert len(eig.to_dict()["eigenvectors"]) == 40
+    assert "eigenvectors" not in eig.to_dict(include_vectors=False)
+    assert "basis" not in lan.to_dict(include_vectors=False)
+
+
+def test_to_json_writes_atomically(tmp_path, results):
+    path = tmp_path / "result.json"
+    text = results[2].to_json(path)
+    assert json.loads(path.read_text()) == json.loads(text) == results[2].to_dict()
+    results[3].to_json(str(path))  # overwrite in place
+    assert json.loads(path.read_text())["type"] == "FrobeniusResult"
+    assert os.listdir(tmp_path) == ["result.json"]
+    with pytest.raises(FileNotFoundError):
+        results[2].to_json(tmp_path / "missing" / "result.json")
+    assert os.listdir(tmp_path) == ["result.json"]
+
+
+def test_lanczos_result_helpers(results):
+    lan = results[1]
+    assert isinstance(lan, LanczosResult)
+    t = lan.tridiagonal()
+    assert t.shape == (lan.num_steps_taken, lan.num_steps_taken)
+    np.testing.assert_allclose(lan.ritz_values(), np.linalg.eigvalsh(t), atol=1e-12)

@@ -1,0 +1,153 @@
+import json
+
+import numpy as np
+import pytest
+from _matrices import (
+    MatvecOnly,
+    low_rank_plus_noise,
+    random_symmetric,
+    single_blas_thread,
+    with_spectrum,
+)
+
+from spectra.trace import frobenius_norm, hutchinson_trace, hutchpp_trace, trace, xtrace
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    with single_blas_thread():
+        yield
+
+
+SEEDS = range(200)
+
+
+def errors_and_stderrs(matrix, method, num_products, seeds=SEEDS):
+    truth = np.trace(matrix)
+    results = [
+        trace(matrix, method=method, num_products=num_products, seed=s, check_symmetry=False)
+        for s in seeds
+    ]
+    errors = np.array([r.estimate - truth for r in results])
+    stderrs = np.array([r.stderr for r in results])
+    return errors, stderrs
+
+
+def rms(values):
+    return float(np.sqrt(np.mean(np.square(values))))
+
+
+def test_hutchinson_error_shrinks_like_inverse_sqrt_and_stderr_covers():
+    a = random_symmetric(100, seed=1) + np.eye(100)
+    errors_small, _ = errors_and_stderrs(a, "hutchinson", 16)
+    errors_large, stderrs = errors_and_stderrs(a, "hutchinson", 64)
+    # RMS error ratio for 4x the probes: 2, within sampling error of 200 seeds
+    assert 1.6 < rms(errors_small) / rms(errors_large) < 2.5
+    # theoretical stderr: sqrt(2 (||A||_F^2 - sum a_ii^2) / m)
+    theory = np.sqrt(2 * (np.sum(a**2) - np.sum(np.diag(a) ** 2)) / 64)
+    assert 0.8 < rms(errors_large) / theory < 1.2
+    coverage = np.mean(np.abs(errors_large) <= 2 * stderrs)
+    assert 0.90 <= coverage <= 0.99
+
+
+def test_hutchpp_beats_hutchinson_and_xtrace_at_least_as_good_on_low_rank():
+    a = low_rank_plus_noise(200, rank=15, noise=0.01, seed=2)
+    seeds = range(60)
+    hutchinson_errors, _ = errors_and_stderrs(a, "hutchinson", 60, seeds)
+    hutchpp_errors, hutchpp_stderrs = errors_and_stderrs(a, "hutch++", 60, seeds)
+    xtrace_errors, xtrace_stderrs = errors_and_stderrs(a, "xtrace", 60, seeds)
+    assert rms(hutchpp_errors) < 0.2 * rms(hutchinson_errors)
+    assert rms(xtrace_errors) <= 1.1 * rms(hutchpp_errors)
+    # the error estimates are within a factor of the true RMS error
+    assert 1 / 3 < np.mean(xtrace_stderrs) / rms(xtrace_errors) < 3
+    assert 1 / 3 < np.mean(hutchpp_stderrs) / rms(hutchpp_errors) < 3
+
+
+def test_xtrace_exact_for_low_rank_and_call_count():
+    spectrum = np.zeros(120)
+    spectrum[:4] = [3.0, -2.0, 1.0, 0.5]
+    a = with_spectrum(spectrum, seed=3)
+    result = xtrace(a, num_products=40)
+    assert result.estimate == pytest.approx(2.5, abs=1e-10)
+    assert result.stderr < 1e-10
+    assert result.num_operator_calls == 3  # symmetry check + two sketches
+    assert result.num_products <= 2 + 40
+
+
+def test_xtrace_rademacher_and_full_rank_small_matrix():
+    a = random_symmetric(30, seed=4)
+    for distribution in ("sphere", "rademacher"):
+        result = xtrace(a, num_products=60, distribution=distribution)
+        assert result.estimate == pytest.approx(np.trace(a), abs=1e-9)
+
+
+def test_rtol_stopping_records_reason():
+    a = random_symmetric(150, seed=5) + 3 * np.eye(150)
+    stopped = hutchinson_trace(a, num_products=5000, rtol=0.02, seed=0)
+    assert stopped.stopped == "rtol"
+    assert stopped.stderr <= 0.02 * abs(stopped.estimate)
+    assert stopped.num_products < 5000
+    assert abs(stopped.estimate - np.trace(a)) < 4 * stopped.stderr
+    budget = hutchinson_trace(a, num_products=40, rtol=1e-6, seed=0)
+    assert budget.stopped == "budget" and budget.num_products == 42
+    plain = trace(a, num_products=40)
+    assert plain.stopped == "budget"
+    pp = hutchpp_trace(low_rank_plus_noise(150, 10, 0.01), num_products=3000, rtol=1e-3)
+    assert pp.stopped == "rtol" and pp.num_products < 3000
+
+
+def test_blocks_and_operator_calls():
+    a = random_symmetric(50, seed=6)
+    result = hutchinson_trace(MatvecOnly(a), num_products=50, block_size=20)
+    assert result.num_products == 52
+    assert result.num_operator_calls == 1 + 3  # symmetry check + blocks 20, 20, 10
+    pp = hutchpp_trace(a, num_products=30, block_size=100)
+    assert pp.num_operator_calls == 1 + 2  # sketch, then [Q, deflated probes]
+    assert pp.num_products == 2 + 30
+
+
+def test_reproducible_and_seed_dependent():
+    a = random_symmetric(60, seed=7)
+    for method in ("hutchinson", "hutch++", "xtrace"):
+        first = trace(a, method=method, num_products=30, seed=3)
+        again = trace(a, method=method, num_products=30, seed=3)
+        other = trace(a, method=method, num_products=30, seed=4)
+        assert first.estimate == again.estimate and first.stderr == again.stderr
+        assert first.estimate != other.estimate
+        json.dumps(first.to_dict())
+
+
+def test_frobenius_norm():
+    a = random_symmetric(100, seed=8)
+    truth = np.linalg.norm(a)
+    result = frobenius_norm(a, num_products=200, seed=1)
+    assert abs(result.estimate - truth) < 4 * result.stderr
+    assert result.stderr < 0.05 * truth
+    assert result.squared_estimate == pytest.approx(result.estimate**2)
+    covered = [
+        abs(frobenius_norm(a, num_products=40, seed=s, check_symmetry=False).estimate - truth)
+        <= 2 * frobenius_norm(a, num_products=40, seed=s, check_symmetry=False).stderr
+        for s in range(60)
+    ]
+    assert 0.8 <= np.mean(covered) <= 1.0
+    assert frobenius_norm(np.zeros((5, 5))).estimate == 0.0
+
+
+def test_invalid_arguments():
+    a = random_symmetric(10)
+    with pytest.raises(ValueError, match="'hutchinson', 'hutch\\+\\+', 'xtrace'"):
+        trace(a, method="girard")
+    with pytest.raises(ValueError, match="rtol is supported"):
+        trace(a, method="xtrace", rtol=0.1)
+    with pytest.raises(ValueError, match="num_products"):
+        trace(a, num_products=1)
+    with pytest.raises(ValueError, match="num_products"):
+        trace(a, method="hutch++", num_products=3)
+    with pytest.raises(ValueError, match="rtol"):
+        trace(a, rtol=-1.0)
+    with pytest.raises(ValueError, match="block_size"):
+        trace(a, block_size=0)
+    with pytest.raises(ValueError, match=r"square, got shape \(4, 5\)"):
+        trace(np.ones((4, 5)))
+    with pytest.raises(ValueError, match="operator is not symmetric"):
+        trace(np.triu(np.ones((10, 10))))
