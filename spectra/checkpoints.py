@@ -1,0 +1,477 @@
+"""Loading trained Keras models and ordering checkpoints of a training run.
+
+Supported model sources (see :func:`load_model`):
+
+* a Keras ``.keras`` archive (or a legacy full-model ``.h5`` file);
+* a ``.weights.h5`` file together with a *builder*, a function that returns the built model;
+* a ``tf.train.Checkpoint`` directory or prefix together with a builder.
+
+A builder is a callable taking no arguments, or a string ``"module:function"`` or
+``"path/to/file.py:function"`` naming one.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+Builder = Callable[[], keras.Model] | str
+PathLike = str | os.PathLike
+
+_MODEL_SUFFIXES = (".weights.h5", ".keras", ".h5")
+_CHECKPOINT_INDEX_SUFFIX = ".index"
+_FORMATS_HELP = (
+    "expected a Keras '.keras' file, a '.weights.h5' file with builder=..., "
+    "or a tf.train.Checkpoint directory/prefix with builder=..."
+)
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One checkpoint of a training run: where it is and at which training step it was saved."""
+
+    path: Path
+    step: int
+
+    def load(self, builder: Builder | None = None, compile: bool = False) -> keras.Model:
+        """Load this checkpoint with :func:`load_model`."""
+        return load_model(self.path, builder=builder, compile=compile)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "step": self.step}
+
+
+# --------------------------------------------------------------------------- loading models
+
+
+def load_model(
+    path: PathLike,
+    builder: Builder | None = None,
+    compile: bool = False,
+    *,
+    custom_objects: Mapping[str, Any] | None = None,
+    checkpoint_key: str = "model",
+) -> keras.Model:
+    """Load a trained Keras model.
+
+    Args:
+        path: a ``.keras`` file, a legacy full-model ``.h5`` file, a ``.weights.h5`` file,
+            or a ``tf.train.Checkpoint`` directory (its latest checkpoint is used) or prefix
+            (e.g. ``run/ckpt-1200``).
+        builder: for weights files and ``tf.train.Checkpoint``\\ s: a callable with no arguments
+            returning the built (not necessarily compiled) model, or ``"module:function"`` /
+            ``"path/to/file.py:function"`` naming one.
+        compile: passed to ``keras.models.load_model`` for full-model files; a builder's model
+            is returned as the builder made it.
+        custom_objects: passed to ``keras.models.load_model`` for custom layers and losses.
+        checkpoint_key: the attribute under which the model was saved in a
+            ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model)`` -> ``"model"``).
+
+    Raises:
+        FileNotFoundError: the path does not exist, or a directory holds no checkpoint.
+        ValueError: a corrupted or unrecognized file, a missing or failing builder, or weights
+            that do not match the builder's model.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    if path.is_dir():
+        return _load_tf_checkpoint(_latest_checkpoint_in(path), builder, checkpoint_key)
+    if not path.exists():
+        if Path(str(path) + _CHECKPOINT_INDEX_SUFFIX).exists():
+            return _load_tf_checkpoint(str(path), builder, checkpoint_key)
+        raise FileNotFoundError(f"No model file or checkpoint at '{path}'; {_FORMATS_HELP}.")
+    if name.endswith(_CHECKPOINT_INDEX_SUFFIX):
+        return _load_tf_checkpoint(
+            str(path)[: -len(_CHECKPOINT_INDEX_SUFFIX)], builder, checkpoint_key
+        )
+    if name.endswith(".keras"):
+        return _load_keras_archive(path, compile, custom_objects)
+    if name.endswith(".h5") or name.endswith(".hdf5"):
+        return _load_h5(path, builder, compile, custom_objects)
+    if name.endswith(".npz") or name.endswith(".npy"):
+        raise ValueError(
+            f"'{path}' is a NumPy data file, not a model; {_FORMATS_HELP}. "
+            "(Data files go to the data argument, e.g. --data.)"
+        )
+    raise ValueError(f"Unrecognized model file '{path}'; {_FORMATS_HELP}.")
+
+
+def _load_keras_archive(
+    path: Path, compile: bool, custom_objects: Mapping[str, Any] | None
+) -> keras.Model:
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"'{path}' is not a valid .keras archive (a .keras file is a zip archive): the file "
+            "is truncated or corrupted. Save it again with model.save('model.keras')."
+        )
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if "config.json" not in names:
+        raise ValueError(
+            f"'{path}' is a zip archive but not a Keras model (no config.json inside; it "
+            f"holds {sorted(names)[:5]}). Save a model with model.save('model.keras')."
+        )
+    try:
+        model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
+    except Exception as err:
+        raise ValueError(
+            f"Could not load the Keras model '{path}': {type(err).__name__}: {err}\n"
+            "If the file is corrupted, save it again. If the model uses custom layers, import "
+            "the module that registers them (keras.saving.register_keras_serializable) or pass "
+            "custom_objects=..."
+        ) from err
+    return _require_model(model, path)
+
+
+def _load_h5(
+    path: Path,
+    builder: Builder | None,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+) -> keras.Model:
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        raise ValueError(
+            f"'{path}' is not a valid HDF5 file: it is truncated, corrupted or of another "
+            "format. Save the weights again with model.save_weights('model.weights.h5')."
+        )
+    try:
+        with h5py.File(path, "r") as h5:
+            is_full_model = "model_config" in h5.attrs
+            num_stored = _count_stored_weights(h5)
+    except OSError as err:
+        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
+
+    if is_full_model and builder is None:
+        try:
+            model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
+        except Exception as err:
+            raise ValueError(
+                f"Could not load the legacy HDF5 model '{path}': {type(err).__name__}: {err}"
+            ) from err
+        return _require_model(model, path)
+    if builder is None:
+        raise ValueError(
+            f"'{path}' holds only weights, not the architecture: pass builder=... (a function "
+            "returning the built model, or 'module:function' / 'path/to/file.py:function'; "
+            "on the command line --builder), or save the whole model with "
+            "model.save('model.keras')."
+        )
+    if num_stored is None:
+        raise ValueError(
+            f"'{path}' is an HDF5 file but not a Keras weights file (no 'layers' group). "
+            "Save the weights with model.save_weights('model.weights.h5')."
+        )
+    model = _build_model(builder)
+    num_expected = len(model.weights)
+    if num_stored > num_expected:
+        raise ValueError(
+            f"'{path}' holds {num_stored} weight arrays but the builder's model has only "
+            f"{num_expected} weights: the builder does not build the architecture these "
+            "weights were saved from."
+        )
+    try:
+        model.load_weights(path)
+    except Exception as err:
+        raise ValueError(
+            f"The weights in '{path}' do not fit the builder's model: {err}\n"
+            "Check that the builder builds the architecture the weights were saved from."
+        ) from err
+    return model
+
+
+def _count_stored_weights(h5: Any) -> int | None:
+    """Number of weight arrays under the ``layers`` group of a Keras 3 weights file."""
+    import h5py
+
+    if "layers" not in h5:
+        return None
+    count = 0
+
+    def visit(_name: str, obj: Any) -> None:
+        nonlocal count
+        if isinstance(obj, h5py.Dataset):
+            count += 1
+
+    h5["layers"].visititems(visit)
+    if "vars" in h5:
+        h5["vars"].visititems(visit)
+    return count
+
+
+def _latest_checkpoint_in(directory: Path) -> str:
+    prefix = tf.train.latest_checkpoint(str(directory))
+    if prefix is not None:
+        return prefix
+    indexes = sorted(directory.glob("*" + _CHECKPOINT_INDEX_SUFFIX))
+    if len(indexes) == 1:
+        return str(indexes[0])[: -len(_CHECKPOINT_INDEX_SUFFIX)]
+    model_files = sorted(p.name for p in directory.iterdir() if _model_suffix(p.name))
+    hint = (
+        f" It holds model files ({', '.join(model_files[:3])}...): load one of them, or list "
+        "them all in step order with find_checkpoints()."
+        if model_files
+        else ""
+    )
+    if (directory / "saved_model.pb").exists():
+        hint = (
+            " It is a TensorFlow SavedModel, which Keras 3 cannot load as a model: save the "
+            "model as '.keras' (model.save) or its weights as '.weights.h5'."
+        )
+    raise FileNotFoundError(
+        f"No tf.train.Checkpoint in directory '{directory}' (no 'checkpoint' file and no "
+        f"single '*.index' file).{hint}"
+    )
+
+
+def _load_tf_checkpoint(prefix: str, builder: Builder | None, checkpoint_key: str) -> keras.Model:
+    if builder is None:
+        raise ValueError(
+            f"The tf.train.Checkpoint '{prefix}' holds only variables, not the architecture: "
+            "pass builder=... (a function returning the built model, or 'module:function' / "
+            "'path/to/file.py:function')."
+        )
+    try:
+        stored = [name for name, _ in tf.train.list_variables(prefix)]
+    except (tf.errors.OpError, ValueError) as err:
+        raise ValueError(
+            f"Could not read the tf.train.Checkpoint '{prefix}' (truncated or corrupted?): {err}"
+        ) from err
+    top_level = sorted({name.split("/")[0] for name in stored} - {"_CHECKPOINTABLE_OBJECT_GRAPH"})
+    if checkpoint_key not in top_level:
+        raise ValueError(
+            f"The tf.train.Checkpoint '{prefix}' has no object '{checkpoint_key}' (it holds "
+            f"{top_level}). Save with tf.train.Checkpoint({checkpoint_key}=model), or pass "
+            "checkpoint_key= with the name the model was saved under."
+        )
+    model = _build_model(builder)
+    try:
+        status = tf.train.Checkpoint(**{checkpoint_key: model}).restore(prefix).expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        raise ValueError(
+            f"The tf.train.Checkpoint '{prefix}' does not fit the builder's model: {err}\n"
+            "Check that the builder builds the architecture the checkpoint was saved from."
+        ) from err
+    return model
+
+
+def _require_model(obj: Any, path: Path) -> keras.Model:
+    if not isinstance(obj, keras.Model):
+        raise ValueError(
+            f"'{path}' holds a {type(obj).__name__}, not a keras.Model; wrap it in a model "
+            "(e.g. keras.Sequential([layer])) and save that."
+        )
+    return obj
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
+    """Turn ``"module:function"`` or ``"path/to/file.py:function"`` into the callable it names."""
+    if callable(builder):
+        return builder
+    if not isinstance(builder, str):
+        raise TypeError(
+            f"builder must be a callable or a 'module:function' string, got {type(builder)}"
+        )
+    location, sep, attribute = builder.rpartition(":")
+    if not sep or not location or not attribute:
+        raise ValueError(
+            f"Builder '{builder}' is not of the form 'module:function' or "
+            "'path/to/file.py:function'."
+        )
+    if location.endswith(".py") or "/" in location or os.sep in location:
+        module = _import_file(Path(location), builder)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except ImportError as err:
+            raise ValueError(
+                f"Cannot import module '{location}' of builder '{builder}': {err}. Put its "
+                "directory on PYTHONPATH, or give the file: 'path/to/file.py:function'."
+            ) from err
+    try:
+        function = getattr(module, attribute)
+    except AttributeError as err:
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise ValueError(
+            f"Module '{location}' has no '{attribute}' (builder '{builder}'); it defines "
+            f"{public[:10]}"
+        ) from err
+    if not callable(function):
+        raise ValueError(f"Builder '{builder}' names a {type(function).__name__}, not a function.")
+    return function
+
+
+def _import_file(file: Path, builder: str) -> Any:
+    if not file.is_file():
+        raise FileNotFoundError(f"Builder file '{file}' of builder '{builder}' does not exist.")
+    module_name = "_spectra_builder_" + re.sub(r"\W", "_", str(file.resolve()))
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"Cannot import '{file}' (builder '{builder}') as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[module_name]
+        raise ValueError(
+            f"Importing builder file '{file}' failed: {type(err).__name__}: {err}"
+        ) from err
+    return module
+
+
+def _build_model(builder: Builder) -> keras.Model:
+    function = resolve_builder(builder)
+    model = function()
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            f"The builder {builder!r} returned a {type(model).__name__}, not a keras.Model."
+        )
+    if not model.built or not model.weights:
+        raise ValueError(
+            f"The builder {builder!r} returned an unbuilt model (it has no weights yet), so "
+            "there is nothing to load the weights into. Build it inside the builder: start it "
+            "with keras.Input(shape), or call model.build(input_shape) or model(example_batch)."
+        )
+    return model
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+def find_checkpoints(
+    spec: PathLike | Sequence[PathLike],
+    steps: Sequence[int] | Mapping[str, int] | None = None,
+) -> list[CheckpointRef]:
+    """Find the checkpoints of a training run, ordered by training step.
+
+    Args:
+        spec: a directory (all ``.keras``, ``.weights.h5``, ``.h5`` files and
+            ``tf.train.Checkpoint`` prefixes in it), a glob pattern (``"run/ckpt-*.keras"``),
+            or a list of paths.
+        steps: by default the step is the last integer in the file name without its suffix
+            (``ckpt-1200.keras`` -> 1200, ``epoch_005.keras`` -> 5, ``step=300.weights.h5`` ->
+            300). Otherwise a sequence of steps paired with the files in natural name order
+            (``a2`` before ``a10``), or a mapping from file name (or path) to step.
+
+    Raises:
+        FileNotFoundError: nothing matches ``spec``.
+        ValueError: a file name without a step, two files with the same step, or ``steps`` that
+            do not pair up with the files.
+    """
+    paths = _checkpoint_paths(spec)
+    if steps is None:
+        refs = [CheckpointRef(path, _step_from_name(path)) for path in paths]
+        unnamed = [path.name for path, ref in zip(paths, refs, strict=True) if ref.step < 0]
+        if unnamed:
+            raise ValueError(
+                f"No step number in the file name(s) {unnamed}: name checkpoints like "
+                "'ckpt-1200.keras' (the last integer in the name is the step), or pass "
+                "steps=[...] (in natural name order) or steps={file name: step}."
+            )
+    elif isinstance(steps, Mapping):
+        refs = []
+        for path in paths:
+            key = path.name if path.name in steps else str(path)
+            if key not in steps:
+                raise ValueError(
+                    f"steps has no entry for '{path.name}'; its keys are {sorted(steps)}."
+                )
+            refs.append(CheckpointRef(path, int(steps[key])))
+    else:
+        steps = [int(step) for step in steps]
+        if len(steps) != len(paths):
+            raise ValueError(
+                f"Got {len(steps)} steps for {len(paths)} checkpoint files "
+                f"{[p.name for p in paths]} (in natural name order); give one step per file."
+            )
+        refs = [CheckpointRef(path, step) for path, step in zip(paths, steps, strict=True)]
+
+    by_step: dict[int, list[str]] = {}
+    for ref in refs:
+        by_step.setdefault(ref.step, []).append(ref.path.name)
+    duplicates = {step: names for step, names in by_step.items() if len(names) > 1}
+    if duplicates:
+        raise ValueError(
+            f"Several checkpoints share a step: {duplicates}. Keep one file per step (e.g. "
+            "do not mix '.keras' and '.weights.h5' copies in one directory), or select them "
+            "with a glob pattern."
+        )
+    return sorted(refs, key=lambda ref: ref.step)
+
+
+def _checkpoint_paths(spec: PathLike | Sequence[PathLike]) -> list[Path]:
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        paths = [Path(p) for p in spec]
+        missing = [str(p) for p in paths if not (p.exists() or _is_tf_prefix(p))]
+        if missing:
+            raise FileNotFoundError(f"Checkpoint files not found: {missing}")
+        if not paths:
+            raise FileNotFoundError("No checkpoints given (empty list).")
+        return sorted(paths, key=_natural_key)
+
+    text = os.fspath(spec)
+    if glob.has_magic(text):
+        matches = [Path(p) for p in glob.glob(text)]
+        where = f"the pattern '{text}'"
+    else:
+        directory = Path(text)
+        if not directory.exists():
+            raise FileNotFoundError(f"No checkpoint directory or file '{directory}'.")
+        if not directory.is_dir():
+            return [directory]
+        matches = list(directory.iterdir())
+        where = f"the directory '{directory}'"
+
+    paths = []
+    for match in matches:
+        if match.name.endswith(_CHECKPOINT_INDEX_SUFFIX):
+            paths.append(match.with_name(match.name[: -len(_CHECKPOINT_INDEX_SUFFIX)]))
+        elif _model_suffix(match.name) and match.is_file():
+            paths.append(match)
+    if not paths:
+        raise FileNotFoundError(
+            f"No checkpoints match {where}: expected files ending in "
+            f"{', '.join(_MODEL_SUFFIXES)} or tf.train.Checkpoint '*.index' files."
+        )
+    return sorted(paths, key=_natural_key)
+
+
+def _model_suffix(name: str) -> str | None:
+    lower = name.lower()
+    return next((suffix for suffix in _MODEL_SUFFIXES if lower.endswith(suffix)), None)
+
+
+def _is_tf_prefix(path: Path) -> bool:
+    return Path(str(path) + _CHECKPOINT_INDEX_SUFFIX).exists()
+
+
+def _step_from_name(path: Path) -> int:
+    """The last integer in the file name without its model suffix, or -1 when there is none."""
+    suffix = _model_suffix(path.name)
+    stem = path.name[: -len(suffix)] if suffix else path.name
+    numbers = re.findall(r"\d+", stem)
+    return int(numbers[-1]) if numbers else -1
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]

@@ -1,0 +1,346 @@
+"""Data for the command line and the notebooks: ``.npz`` files and small built-in data sets.
+
+Built-in data sets (scikit-learn, ``pip install spectra-hessian[datasets]``), all with ``x`` as
+float32 of shape ``(n, features)``:
+
+==================  ======  ========  ==========================================================
+name                n       features  preprocessing and labels
+==================  ======  ========  ==========================================================
+``digits``          1797    64        ``x = pixels / 16`` in [0, 1]; ``y`` int64 class 0-9
+``breast_cancer``   569     30        standardized ``x``; ``y`` float32 of shape ``(n, 1)``, 0/1
+                                      (1 = benign, scikit-learn's coding)
+``diabetes``        442     10        standardized ``x``; ``y`` = standardized disease
+                                      progression, float32 of shape ``(n, 1)``
+``iris``            150     4         standardized ``x``; ``y`` int64 class 0-2
+``wine``            178     13        standardized ``x``; ``y`` int64 class 0-2
+==================  ======  ========  ==========================================================
+
+"Standardized" means each column minus its mean, divided by its standard deviation (``ddof=0``),
+both computed in float64 over the whole data set before any subset is taken, then cast to float32.
+``data/digits.npz`` in the repository holds exactly ``load_data("digits")``.
+
+Loss names that fit: ``sparse_categorical_crossentropy`` for ``digits``, ``iris`` and ``wine``
+(softmax outputs); ``binary_crossentropy`` for ``breast_cancer`` (one sigmoid output);
+``mean_squared_error`` for ``diabetes`` (one linear output).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BUILTIN_DATASETS = ("digits", "breast_cancer", "diabetes", "iris", "wine")
+
+_SPARSE_LOSSES = {"sparse_categorical_crossentropy", "sparse_categorical_hinge"}
+_CATEGORICAL_LOSSES = {
+    "categorical_crossentropy",
+    "categorical_hinge",
+    "kl_divergence",
+    "kullback_leibler_divergence",
+    "kld",
+}
+_BINARY_LOSSES = {"binary_crossentropy", "binary_focal_crossentropy"}
+_SAME_SHAPE_LOSSES = {
+    "mean_squared_error",
+    "mse",
+    "mean_absolute_error",
+    "mae",
+    "huber",
+    "log_cosh",
+    "mean_squared_logarithmic_error",
+    "msle",
+    "hinge",
+    "squared_hinge",
+}
+
+
+@dataclass
+class Data:
+    """Arrays for an analysis, with where they came from.
+
+    ``num_examples`` is ``len(x)``; ``description`` says the source, the preprocessing and the
+    subset taken, if any.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    sample_weight: np.ndarray | None
+    name: str
+    num_examples: int
+    description: str
+
+    def as_tuple(self) -> tuple[np.ndarray, ...]:
+        """``(x, y)``, or ``(x, y, sample_weight)`` when there are sample weights."""
+        if self.sample_weight is None:
+            return self.x, self.y
+        return self.x, self.y, self.sample_weight
+
+
+def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: int = 0) -> Data:
+    """Load a ``.npz`` file (arrays ``x``, ``y``, optional ``sample_weight``) or a built-in set.
+
+    Args:
+        spec: a path to a ``.npz`` file, or one of ``digits``, ``breast_cancer``, ``diabetes``,
+            ``iris``, ``wine`` (preprocessing in the module docstring).
+        max_examples: keep a random subset of this many examples, drawn without replacement with
+            ``numpy.random.default_rng(seed)`` and kept in their original order. ``None`` (or a
+            number not smaller than the data set) keeps everything.
+        seed: the seed of that subset.
+
+    Raises:
+        FileNotFoundError: no such file and no such built-in name.
+        ValueError: a file without ``x``/``y`` or with arrays of different lengths.
+        ImportError: a built-in name without scikit-learn installed.
+    """
+    text = os.fspath(spec)
+    if text in BUILTIN_DATASETS:
+        x, y, weight, description = _BUILTIN_LOADERS[text]()
+        name = text
+    else:
+        path = Path(text)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"No data file '{path}' and no built-in data set of that name; give a .npz file "
+                f"with arrays 'x' and 'y' (optional 'sample_weight') or one of {BUILTIN_DATASETS}."
+            )
+        x, y, weight = _load_npz(path)
+        name = path.stem
+        description = f"{path} ({len(x)} examples)"
+
+    total = len(x)
+    if max_examples is not None:
+        if max_examples < 1:
+            raise ValueError(f"max_examples must be a positive number, got {max_examples}.")
+        if max_examples < total:
+            index = np.sort(np.random.default_rng(seed).choice(total, max_examples, replace=False))
+            x, y = x[index], y[index]
+            weight = None if weight is None else weight[index]
+            description += (
+                f"; random subset of {max_examples} of {total} examples "
+                f"(numpy.random.default_rng({seed}), original order kept)"
+            )
+    return Data(
+        x=x, y=y, sample_weight=weight, name=name, num_examples=len(x), description=description
+    )
+
+
+def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except Exception as err:
+        raise ValueError(
+            f"Could not read '{path}' as a .npz file (np.savez with arrays 'x' and 'y'): "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    if "x" not in arrays or "y" not in arrays:
+        raise ValueError(
+            f"'{path}' must hold arrays named 'x' and 'y' (optional 'sample_weight'); it holds "
+            f"{sorted(arrays)}. Write it with np.savez(path, x=x, y=y)."
+        )
+    x, y = arrays["x"], arrays["y"]
+    weight = arrays.get("sample_weight")
+    lengths = {"x": len(x), "y": len(y)}
+    if weight is not None:
+        lengths["sample_weight"] = len(weight)
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"The arrays in '{path}' have different numbers of examples: {lengths}")
+    return x, y, weight
+
+
+# --------------------------------------------------------------------------- built-in sets
+
+
+def _sklearn_datasets() -> Any:
+    try:
+        import sklearn.datasets
+    except ImportError as err:
+        raise ImportError(
+            "The built-in data sets need scikit-learn: pip install spectra-hessian[datasets]"
+        ) from err
+    return sklearn.datasets
+
+
+def _standardize(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    scale = values.std(axis=0)
+    scale[scale == 0] = 1.0
+    return ((values - values.mean(axis=0)) / scale).astype(np.float32)
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray, None, str]:
+    bunch = _sklearn_datasets().load_digits()
+    x = (bunch.data / 16.0).astype(np.float32)
+    return (
+        x,
+        bunch.target.astype(np.int64),
+        None,
+        (
+            "scikit-learn digits: 8x8 images flattened to 64 features, x = pixels / 16 in [0, 1], "
+            "y = class 0-9"
+        ),
+    )
+
+
+def _breast_cancer() -> tuple[np.ndarray, np.ndarray, None, str]:
+    bunch = _sklearn_datasets().load_breast_cancer()
+    y = bunch.target.astype(np.float32).reshape(-1, 1)
+    return (
+        _standardize(bunch.data),
+        y,
+        None,
+        (
+            "scikit-learn breast_cancer: 30 standardized features, y = 0/1 (1 = benign) of shape "
+            "(n, 1)"
+        ),
+    )
+
+
+def _diabetes() -> tuple[np.ndarray, np.ndarray, None, str]:
+    bunch = _sklearn_datasets().load_diabetes(scaled=False)
+    y = _standardize(bunch.target.reshape(-1, 1))
+    return (
+        _standardize(bunch.data),
+        y,
+        None,
+        (
+            "scikit-learn diabetes: 10 standardized features, y = standardized disease progression "
+            "of shape (n, 1)"
+        ),
+    )
+
+
+def _iris() -> tuple[np.ndarray, np.ndarray, None, str]:
+    bunch = _sklearn_datasets().load_iris()
+    return (
+        _standardize(bunch.data),
+        bunch.target.astype(np.int64),
+        None,
+        ("scikit-learn iris: 4 standardized features, y = class 0-2"),
+    )
+
+
+def _wine() -> tuple[np.ndarray, np.ndarray, None, str]:
+    bunch = _sklearn_datasets().load_wine()
+    return (
+        _standardize(bunch.data),
+        bunch.target.astype(np.int64),
+        None,
+        ("scikit-learn wine: 13 standardized features, y = class 0-2"),
+    )
+
+
+_BUILTIN_LOADERS: dict[str, Callable[[], tuple[np.ndarray, np.ndarray, None, str]]] = {
+    "digits": _digits,
+    "breast_cancer": _breast_cancer,
+    "diabetes": _diabetes,
+    "iris": _iris,
+    "wine": _wine,
+}
+
+
+# --------------------------------------------------------------------------- compatibility
+
+
+def check_data_fits_model(model: Any, x: Any, y: Any, loss: Any = None) -> None:
+    """Check cheaply that ``x`` fits the model's input and ``y`` its output under ``loss``.
+
+    Runs the model on the first 2 examples. ``loss`` is a Keras loss name (or an object with a
+    ``name``, such as a ``keras.losses.Loss``); for the common ones the labels are checked
+    against the output: sparse labels must be integers in ``[0, outputs)``, categorical and
+    element-wise losses need ``y`` shaped like the output.
+
+    Raises:
+        ValueError: naming the model's expected shape and the data's shape.
+    """
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} examples but y has {len(y)}.")
+    expected = _model_input_shape(model)
+    data_shape = (None, *x.shape[1:])
+    if expected is not None and not _shapes_compatible(expected, data_shape):
+        raise ValueError(
+            f"The data do not fit the model's input: the model expects inputs of shape "
+            f"{expected}, the data x has shape {x.shape} (per example {x.shape[1:]})."
+        )
+    try:
+        output = np.asarray(model(x[:2], training=False))
+    except Exception as err:
+        raise ValueError(
+            f"The model failed on 2 examples of the data: x has shape {x.shape}, the model "
+            f"expects {expected if expected is not None else 'an unknown input shape'}. "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    _check_labels(_loss_name(loss), output.shape, y)
+
+
+def _model_input_shape(model: Any) -> tuple | None:
+    inputs = getattr(model, "inputs", None)
+    try:
+        if inputs and len(inputs) == 1:
+            return tuple(inputs[0].shape)
+    except (AttributeError, ValueError, TypeError):
+        return None
+    return None
+
+
+def _shapes_compatible(expected: tuple, actual: tuple) -> bool:
+    if len(expected) != len(actual):
+        return False
+    return all(a is None or b is None or a == b for a, b in zip(expected, actual, strict=True))
+
+
+def _loss_name(loss: Any) -> str | None:
+    if loss is None:
+        return None
+    if isinstance(loss, str):
+        name = loss
+    else:
+        name = getattr(loss, "name", None) or getattr(loss, "__name__", None)
+        if name is None:
+            return None
+    return name.lower()
+
+
+def _check_labels(loss: str | None, output_shape: tuple, y: np.ndarray) -> None:
+    per_output = tuple(output_shape[1:])
+    per_label = tuple(y.shape[1:])
+    where = f"the model's output has shape {(None, *per_output)}, y has shape {y.shape}"
+    if loss in _SPARSE_LOSSES:
+        if per_label not in ((), (1,)):
+            raise ValueError(
+                f"{loss} needs one integer class per example (y of shape (n,) or (n, 1)), but "
+                f"{where}. For one-hot labels use categorical_crossentropy."
+            )
+        if not np.all(np.isfinite(y)) or not np.all(np.equal(np.mod(y, 1), 0)):
+            raise ValueError(f"{loss} needs integer class labels, but y holds non-integers.")
+        classes = per_output[-1] if per_output else 1
+        if y.size and (y.min() < 0 or y.max() >= classes):
+            raise ValueError(
+                f"{loss} needs labels in [0, {classes}) for a model with {classes} outputs, but "
+                f"y ranges over [{y.min():g}, {y.max():g}]; {where}."
+            )
+    elif loss in _CATEGORICAL_LOSSES:
+        if per_label != per_output:
+            hint = (
+                " y looks like integer classes: use sparse_categorical_crossentropy."
+                if per_label in ((), (1,))
+                else ""
+            )
+            raise ValueError(
+                f"{loss} needs y shaped like the output (one-hot, last dimension "
+                f"{per_output[-1] if per_output else 1}), but {where}.{hint}"
+            )
+    elif loss in _BINARY_LOSSES or loss in _SAME_SHAPE_LOSSES:
+        if per_label != per_output and not (per_label == () and per_output == (1,)):
+            raise ValueError(f"{loss} needs y shaped like the output, but {where}.")
+        if loss in _BINARY_LOSSES and y.size and (y.min() < 0 or y.max() > 1):
+            raise ValueError(
+                f"{loss} needs labels in [0, 1], but y ranges over [{y.min():g}, {y.max():g}]."
+            )

@@ -1,0 +1,42 @@
+"""Model builders for the checkpoint tests, importable as ``_builders:NAME`` or by file path."""
+
+import keras
+
+NOT_A_FUNCTION = 3
+
+
+def build_small_mlp() -> keras.Model:
+    """4 -> 8 ReLU -> 3 softmax, built."""
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+
+
+def build_wider_mlp() -> keras.Model:
+    """Like build_small_mlp with 5 hidden units: the weights of the small MLP do not fit."""
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(5, activation="relu"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+
+
+def build_shallow_model() -> keras.Model:
+    """A single layer: fewer weights than the small MLP."""
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+
+
+def build_unbuilt_mlp() -> keras.Model:
+    """No Input layer, never called: no weights yet."""
+    return keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(3)])
+
+
+def build_layer() -> keras.layers.Layer:
+    """Returns a layer, not a model."""
+    return keras.layers.Dense(3)
