@@ -7,8 +7,8 @@ Private to :mod:`spectra.operator`. Conventions (see the operator's docstring):
   seed counters) is discarded, so computing Hessians never changes the user's model;
 * the batch loss is Keras' ``sum_over_batch_size`` reduction, Σ_i w_i l_i / n_b, plus the
   model's regularization losses when asked for;
-* float64 runs on a float64 clone of the model and a float64 copy of the loss, leaving
-  the user's model as it is.
+* float64 (or float32 for a mixed-precision model) runs on a clone of the model in that
+  dtype and a copy of the loss in that dtype, leaving the user's model as it is.
 """
 
 from __future__ import annotations
@@ -155,42 +155,55 @@ _FLOAT_POLICIES = frozenset(
 )
 
 
-def _with_float64_dtypes(config: Any) -> Any:
-    """Copy of a serialized Keras config with every floating dtype (policy) set to float64."""
+def _with_float_dtypes(config: Any, dtype: str) -> Any:
+    """Copy of a serialized Keras config with every floating dtype (policy) set to ``dtype``."""
     if isinstance(config, list):
-        return [_with_float64_dtypes(item) for item in config]
+        return [_with_float_dtypes(item, dtype) for item in config]
     if not isinstance(config, dict):
         return config
     out = {}
     for key, value in config.items():
         if key == "dtype" and isinstance(value, str) and value in _FLOAT_POLICIES:
-            out[key] = "float64"
+            out[key] = dtype
         elif (
             key == "dtype"
             and isinstance(value, dict)
             and value.get("config", {}).get("name") in _FLOAT_POLICIES
         ):
-            out[key] = {**value, "class_name": "DTypePolicy", "config": {"name": "float64"}}
+            out[key] = {**value, "class_name": "DTypePolicy", "config": {"name": dtype}}
         else:
-            out[key] = _with_float64_dtypes(value)
+            out[key] = _with_float_dtypes(value, dtype)
     return out
 
 
-def float64_clone(model: keras.Model) -> keras.Model:
-    """A float64 copy of ``model`` (same architecture, weights cast to float64).
+def computes_in(model: keras.Model, dtype: tf.DType) -> bool:
+    """True when every layer of ``model`` keeps and computes its floats in ``dtype``."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        policy = getattr(layer, "dtype_policy", None)
+        if policy is None or isinstance(layer, (keras.Model, keras.layers.InputLayer)):
+            continue  # containers and inputs compute nothing themselves
+        for name in (policy.compute_dtype, policy.variable_dtype):
+            if name is not None and tf.as_dtype(name).is_floating and name != dtype.name:
+                return False
+    return True
 
-    Rebuilt from the model's serialized config with every floating dtype policy set to
-    float64 (nested models included); the user's model is not touched.
+
+def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
+    """A copy of ``model`` whose layers keep and compute floats in ``dtype``.
+
+    Rebuilt from the model's serialized config with every floating dtype policy replaced
+    (nested models included; a mixed policy such as ``mixed_float16`` becomes plain
+    ``dtype``), then given the model's current weights. The user's model is not touched.
     """
     try:
-        config = _with_float64_dtypes(keras.saving.serialize_keras_object(model))
+        config = _with_float_dtypes(keras.saving.serialize_keras_object(model), dtype.name)
         clone = keras.saving.deserialize_keras_object(config)
     except (TypeError, ValueError, NotImplementedError, KeyError) as err:
         raise TypeError(
-            f"dtype=float64 needs a model that can be rebuilt from its config (Sequential, "
-            f"functional, or a registered subclass with get_config); rebuilding "
-            f"{model.name!r} failed: {err}. Build the model in float64 yourself and pass "
-            "it with dtype=None."
+            f"computing the Hessian in {dtype.name} needs a copy of the model in that dtype, "
+            "rebuilt from its config (Sequential, functional, or a registered subclass with "
+            f"get_config); rebuilding {model.name!r} failed: {err}. Build the model in "
+            f"{dtype.name} yourself and pass it with dtype=None."
         ) from err
     if not clone.built:
         build_config = model.get_build_config()
@@ -198,8 +211,8 @@ def float64_clone(model: keras.Model) -> keras.Model:
             clone.build_from_config(build_config)
     if len(clone.weights) != len(model.weights):
         raise TypeError(
-            f"the float64 clone of {model.name!r} has {len(clone.weights)} weights, the "
-            f"model {len(model.weights)}; build the model in float64 yourself instead."
+            f"the {dtype.name} copy of {model.name!r} has {len(clone.weights)} weights, the "
+            f"model {len(model.weights)}; build the model in {dtype.name} yourself instead."
         )
     copy_weights(model, clone)
     return clone

@@ -176,6 +176,9 @@ class HessianOperator(LinearOperator):
 
         ``dtype=np.float64`` computes the products in float64 on a float64 clone of the
         model (the model itself is not changed); the default is the variables' dtype.
+        A model under a mixed-precision policy (``mixed_float16``, ``mixed_bfloat16``) gets
+        its products from a clone that computes in the variables' dtype (float32), so
+        the Hessian is not rounded to half precision.
         """
         _keras.check_model(model)
         all_weights = list(model.weights)
@@ -194,8 +197,13 @@ class HessianOperator(LinearOperator):
             positions.append(matches[0])
         model_dtype = tf.as_dtype(variables[0].dtype)
         target = model_dtype if dtype is None else tf.as_dtype(dtype)
-        if not target.is_floating:
-            raise TypeError(f"dtype must be a floating dtype; got {target.name}.")
+        if not target.is_floating or target.size < 4:
+            raise TypeError(
+                f"dtype must be float32 or float64; got {target.name}. Hessian products in "
+                "half precision lose most of their digits."
+            )
+        # Mixed-precision models compute in float16/bfloat16: clone them to the target.
+        needs_clone = not _keras.computes_in(model, target)
         batches = Batches(data, batch_size, cast_floats_to=target)
         spec = batches.element_spec
         loss_key = loss if isinstance(loss, str) else id(loss)
@@ -213,14 +221,7 @@ class HessianOperator(LinearOperator):
         owners = (model, loss)
 
         def build() -> HVPEngine:
-            run_model = model
-            if target != model_dtype:
-                run_model = _keras.float64_clone(model) if target == tf.float64 else None
-                if run_model is None:
-                    raise TypeError(
-                        f"dtype={target.name} is not supported for a {model_dtype.name} "
-                        "model; use float64 or the model's own dtype."
-                    )
+            run_model = _keras.clone_in_dtype(model, target) if needs_clone else model
             loss_fn = _keras.keras_loss_fn(
                 run_model,
                 loss,

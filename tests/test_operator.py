@@ -552,3 +552,29 @@ def test_data_errors(rng):
         HessianOperator.from_keras(mlp(), "not_a_loss", (x, y))
     with pytest.raises(ValueError, match="not a weight of model"):
         HessianOperator.from_keras(mlp(), SCE, (x, y), variables=[tf.Variable(1.0)])
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_model_gets_full_precision_products(policy, rng):
+    keras.config.set_dtype_policy(policy)
+    try:
+        mixed = keras.Sequential(
+            [keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)]
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert mixed.layers[0].compute_dtype != "float32"
+    model64 = mlp("float64")
+    model64.set_weights([w.astype(np.float64) for w in mixed.get_weights()])
+    x, y = classification_data(rng, dtype="float32")
+    H, _, _ = keras_dense_reference(model64, SCE, (x.astype("float64"), y))
+    op32 = HessianOperator.from_keras(mixed, SCE, (x, y))
+    op64 = HessianOperator.from_keras(mixed, SCE, (x, y), dtype=np.float64)
+    V = rng.standard_normal((op32.shape[0], 3))
+    assert op32.dtype == np.float32
+    # Half precision would give errors of ~1e-3; float32 products are ~1e-7 accurate.
+    assert relative_error(op32.matmat(V).astype(np.float64), H @ V) < 2e-5
+    assert relative_error(op64.matmat(V), H @ V) < F64_RTOL
+    assert mixed.layers[0].compute_dtype != "float32"  # the model keeps its policy
+    with pytest.raises(TypeError, match="float32 or float64"):
+        HessianOperator.from_keras(mixed, SCE, (x, y), dtype="float16")
