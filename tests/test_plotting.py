@@ -1,0 +1,363 @@
+"""Figures from real estimator results: labels, artists, scales, input checks, atomic saving."""
+
+import dataclasses
+import os
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.contour import ContourSet
+
+from spectra.density import spectral_density
+from spectra.eigenvalues import eigenvalues
+from spectra.plotting import (
+    plot_eigenvalues,
+    plot_loss_landscape_1d,
+    plot_loss_landscape_2d,
+    plot_sharpness,
+    plot_spectral_density,
+    save_figure,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+STEPS = np.arange(0, 201, 20)
+SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
+TRACES = np.array([30.0, 42, 88, 130, 150, 158, 163, 150, 147, 145, 143])
+
+
+@pytest.fixture(scope="module")
+def matrix() -> np.ndarray:
+    """Diagonal: a bulk near zero (a few negative values) and 3 outliers."""
+    rng = np.random.default_rng(0)
+    bulk = rng.normal(0.05, 0.05, 197)
+    return np.diag(np.concatenate([[12.0, 7.0, 4.0], bulk]))
+
+
+@pytest.fixture(scope="module")
+def density(matrix):
+    # Gaussian probes: with Rademacher probes every probe of a diagonal matrix
+    # sees the same spectral measure, and the band would have zero width.
+    return spectral_density(matrix, num_steps=30, num_probes=6, seed=0, distribution="gaussian")
+
+
+@pytest.fixture(scope="module")
+def eigen(matrix):
+    return eigenvalues(matrix, k=3)
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _series_lines(ax: Axes):
+    return [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
+
+
+def _legend_texts(ax: Axes) -> list[str]:
+    legend = ax.get_legend()
+    return [] if legend is None else [text.get_text() for text in legend.get_texts()]
+
+
+# --- spectral density ---------------------------------------------------------
+
+
+def test_density_log_scale_band_and_zero_line(density):
+    ax = plot_spectral_density(density)
+    assert isinstance(ax, Axes)
+    assert ax.get_xlabel() == "Eigenvalue λ"
+    assert ax.get_ylabel() == "Density (log scale)"
+    assert ax.get_yscale() == "log"
+    curve = density.density()
+    peak = curve.upper.max()
+    bottom, top = ax.get_ylim()
+    assert bottom == pytest.approx(1e-6 * peak)
+    assert top > peak
+    assert len(_series_lines(ax)) == 1
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 1
+    assert np.any(curve.upper - curve.lower > 1e-3 * curve.values.max())
+    zero_lines = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0, 0.0]]
+    assert len(zero_lines) == 1
+    assert ax.get_legend() is None
+    assert ax.get_title() == ""
+
+
+def test_density_tails_clipped_at_floor(density):
+    ax = plot_spectral_density(density, sigma=0.05)
+    (line,) = _series_lines(ax)
+    bottom = ax.get_ylim()[0]
+    shown = np.asarray(line.get_ydata())
+    # Tails below the floor are drawn just under the axis, never as tiny values
+    # that would stretch a log axis.
+    assert shown.min() >= 0.1 * bottom * (1 - 1e-12)
+    assert np.any(shown < bottom)
+
+
+def test_density_linear_without_band(density):
+    ax = plot_spectral_density(density, log_scale=False, band=False, color="k")
+    assert ax.get_yscale() == "linear"
+    assert ax.get_ylabel() == "Density"
+    assert ax.get_ylim()[0] == 0.0
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert _series_lines(ax)[0].get_color() == "k"
+
+
+def test_density_overlay_gets_legend_and_distinct_colors(density):
+    ax = plot_spectral_density(density, label="σ default")
+    assert ax.get_legend() is None
+    plot_spectral_density(density, ax=ax, sigma=0.05, label="σ = 0.05")
+    assert _legend_texts(ax) == ["σ default", "σ = 0.05"]
+    first, second = _series_lines(ax)
+    assert first.get_color() != second.get_color()
+
+
+def test_density_rejects_bad_sigma(density):
+    with pytest.raises(ValueError, match="sigma"):
+        plot_spectral_density(density, sigma=0.0)
+
+
+# --- eigenvalues --------------------------------------------------------------
+
+
+def test_eigenvalues_against_index(eigen):
+    ax = plot_eigenvalues(eigen)
+    assert ax.get_xlabel() == "Index i"
+    assert ax.get_ylabel() == "Eigenvalue λᵢ"
+    (container,) = ax.containers
+    x, y = container.lines[0].get_data()
+    np.testing.assert_array_equal(x, [1, 2, 3])
+    np.testing.assert_allclose(y, [12.0, 7.0, 4.0], rtol=1e-8)
+    ticks = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
+    assert ticks and all(float(tick).is_integer() for tick in ticks)
+    assert ax.get_legend() is None
+
+
+def test_eigenvalues_error_bars_and_unconverged_hollow(eigen):
+    result = dataclasses.replace(
+        eigen,
+        converged=np.array([True, True, False]),
+        error_bounds=np.array([0.5, np.nan, 1.5]),
+        residual_norms=np.array([0.1, 0.25, 0.2]),
+    )
+    ax = plot_eigenvalues(result, label="top-3")
+    filled, hollow = ax.containers
+    assert filled.lines[0].get_markerfacecolor() != "none"
+    assert hollow.lines[0].get_markerfacecolor() == "none"
+    filled_bars = filled.lines[2][0].get_segments()
+    half_heights = [abs(seg[1][1] - seg[0][1]) / 2 for seg in filled_bars]
+    # The missing bound of the second eigenvalue falls back to its residual norm.
+    np.testing.assert_allclose(half_heights, [0.5, 0.25])
+    (hollow_bar,) = hollow.lines[2][0].get_segments()
+    assert abs(hollow_bar[1][1] - hollow_bar[0][1]) / 2 == pytest.approx(1.5)
+    assert _legend_texts(ax) == ["top-3 (converged)", "top-3 (not converged)"]
+
+
+def test_eigenvalues_all_unconverged_still_explained(eigen):
+    result = dataclasses.replace(eigen, converged=np.zeros(3, dtype=bool))
+    ax = plot_eigenvalues(result)
+    assert _legend_texts(ax) == ["not converged"]
+    assert ax.containers[0].lines[0].get_markerfacecolor() == "none"
+
+
+def test_eigenvalues_rejects_other_results(density):
+    with pytest.raises(TypeError, match="EigenResult"):
+        plot_eigenvalues(density)
+
+
+# --- sharpness ----------------------------------------------------------------
+
+
+def test_sharpness_with_threshold_and_trace():
+    lr = 0.2
+    ax = plot_sharpness(
+        STEPS, SHARPNESS, lr=lr, errors=0.02 * SHARPNESS, traces=TRACES, trace_errors=TRACES / 20
+    )
+    assert ax.get_xlabel() == "Training step"
+    assert ax.get_ylabel() == "Sharpness λ₁"
+    thresholds = [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
+    (threshold,) = thresholds
+    assert list(threshold.get_ydata()) == [2 / lr, 2 / lr]
+    assert threshold.get_linestyle() == "--"
+    assert threshold.get_label() == "2/η = 10"
+    assert ax.get_ylim()[1] > 2 / lr
+    assert any(isinstance(c, LineCollection) for c in ax.collections)  # error bars
+    figure_axes = ax.figure.axes
+    assert len(figure_axes) == 2
+    (twin,) = [other for other in figure_axes if other is not ax]
+    assert twin.get_ylabel() == "Trace of H"
+    (trace_line,) = [line for line in twin.get_lines() if line.get_label() == "Trace of H"]
+    np.testing.assert_array_equal(trace_line.get_ydata(), TRACES)
+    assert trace_line.get_color() != _series_lines(ax)[0].get_color()
+    assert _legend_texts(twin) == ["Sharpness λ₁", "2/η = 10", "Trace of H"]
+
+
+def test_sharpness_top_k_lines_without_legend_clutter():
+    values = np.stack([SHARPNESS, 0.7 * SHARPNESS, 0.5 * SHARPNESS], axis=1)
+    ax = plot_sharpness(STEPS, values)
+    lines = _series_lines(ax)
+    assert [line.get_label() for line in lines] == ["λ₁", "λ₂", "λ₃"]
+    assert len({line.get_color() for line in lines}) == 3
+    assert len(ax.figure.axes) == 1
+    assert _legend_texts(ax) == ["λ₁", "λ₂", "λ₃"]
+
+
+def test_sharpness_single_series_has_no_legend():
+    ax = plot_sharpness(STEPS, SHARPNESS)
+    assert ax.get_legend() is None
+    assert not [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
+
+
+def test_sharpness_reuses_trace_axis():
+    ax = plot_sharpness(STEPS, SHARPNESS, lr=0.2, traces=TRACES, label="η = 0.2")
+    plot_sharpness(STEPS, SHARPNESS / 2, lr=0.4, traces=TRACES / 2, ax=ax, label="η = 0.4")
+    assert len(ax.figure.axes) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": STEPS[:-1]}, "same length"),
+        ({"lr": 0.0}, "lr must be a positive"),
+        ({"lr": -0.1}, "lr must be a positive"),
+        ({"lr": float("nan")}, "lr must be a positive"),
+        ({"values": np.zeros((11, 2, 2))}, "shape"),
+        ({"errors": np.ones(10)}, "errors must have shape"),
+        ({"errors": -np.ones(11)}, "non-negative"),
+        ({"traces": TRACES[:-2]}, "traces"),
+        ({"trace_errors": np.ones(11)}, "without traces"),
+    ],
+)
+def test_sharpness_rejects_bad_input(kwargs, message):
+    arguments = {"steps": STEPS, "values": SHARPNESS, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        plot_sharpness(arguments.pop("steps"), arguments.pop("values"), **arguments)
+
+
+# --- loss landscapes ----------------------------------------------------------
+
+
+def test_landscape_1d_lines_and_origin_markers():
+    alphas = np.linspace(-1, 1, 21)
+    losses = {"top eigenvector v₁": 0.3 + 5 * alphas**2, "random direction": 0.3 + 0.2 * alphas**2}
+    ax = plot_loss_landscape_1d(alphas, losses)
+    assert ax.get_xlabel() == "Step size α along direction"
+    assert ax.get_ylabel() == "Loss"
+    assert [line.get_label() for line in _series_lines(ax)] == list(losses)
+    origin = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0]]
+    assert len(origin) == 2
+    assert origin[0].get_ydata()[0] == pytest.approx(0.3)
+    assert _legend_texts(ax) == list(losses)
+
+
+def test_landscape_1d_single_direction_and_custom_label():
+    alphas = np.linspace(-0.5, 0.5, 11)
+    ax = plot_loss_landscape_1d(alphas, {"v₁": alphas**2}, xlabel="α")
+    assert ax.get_xlabel() == "α"
+    assert ax.get_legend() is None
+
+
+def test_landscape_1d_rejects_bad_input():
+    alphas = np.linspace(-1, 1, 5)
+    with pytest.raises(ValueError, match="one value per alpha"):
+        plot_loss_landscape_1d(alphas, {"v₁": np.ones(4)})
+    with pytest.raises(ValueError, match="empty"):
+        plot_loss_landscape_1d(alphas, {})
+
+
+def test_landscape_2d_contours_colorbar_and_origin():
+    alphas = np.linspace(-1, 1, 9)
+    betas = np.linspace(-2, 2, 13)
+    losses = 1 + alphas[:, None] ** 2 + 0.1 * betas[None, :] ** 2
+    ax = plot_loss_landscape_2d(alphas, betas, losses, labels=("v₁", "random"), levels=12)
+    assert ax.get_xlabel() == "α along v₁"
+    assert ax.get_ylabel() == "β along random"
+    assert any(isinstance(c, ContourSet) for c in ax.collections)
+    assert ax.get_xlim() == (-1.0, 1.0)
+    assert ax.get_ylim() == (-2.0, 2.0)
+    colorbar_axes = [other for other in ax.figure.axes if other is not ax]
+    assert len(colorbar_axes) == 1
+    assert colorbar_axes[0].get_ylabel() == "Loss"
+    origin = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0]]
+    assert len(origin) == 1
+
+
+def test_landscape_2d_rejects_wrong_shape():
+    alphas, betas = np.linspace(-1, 1, 4), np.linspace(-1, 1, 6)
+    with pytest.raises(ValueError, match=r"\(len\(alphas\), len\(betas\)\) = \(4, 6\)"):
+        plot_loss_landscape_2d(alphas, betas, np.zeros((6, 4)))
+
+
+# --- style and saving ---------------------------------------------------------
+
+
+def test_no_global_style_change_and_readable_fonts(density, eigen):
+    before = dict(matplotlib.rcParams)
+    axes = [
+        plot_spectral_density(density),
+        plot_eigenvalues(eigen),
+        plot_sharpness(STEPS, SHARPNESS, lr=0.2, traces=TRACES),
+        plot_loss_landscape_1d(np.linspace(-1, 1, 5), {"v": np.arange(5.0)}),
+        plot_loss_landscape_2d(np.arange(3.0) - 1, np.arange(4.0) - 1, np.ones((3, 4))),
+    ]
+    assert dict(matplotlib.rcParams) == before
+    for ax in axes:
+        ax.figure.canvas.draw()
+        labels = [ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
+        assert all(text.get_fontsize() >= 9 for text in labels)
+
+
+def test_save_figure_png_atomic_and_creates_directories(tmp_path, density):
+    ax = plot_spectral_density(density)
+    target = tmp_path / "nested" / "deeper" / "density.png"
+    returned = save_figure(ax, target)
+    assert returned == target
+    data = target.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 1000
+    assert os.listdir(target.parent) == ["density.png"]
+    assert plt.fignum_exists(ax.figure.number)  # the caller still owns the figure
+
+
+def test_save_figure_from_figure_pdf_and_overwrite(tmp_path, eigen):
+    figure = plot_eigenvalues(eigen).figure
+    target = tmp_path / "eigen.pdf"
+    target.write_bytes(b"old")
+    save_figure(figure, str(target))
+    assert target.read_bytes().startswith(b"%PDF")
+    assert os.listdir(tmp_path) == ["eigen.pdf"]
+
+
+def test_save_figure_failure_keeps_old_file_and_no_temp(tmp_path, monkeypatch, eigen):
+    figure = plot_eigenvalues(eigen).figure
+    target = tmp_path / "eigen.png"
+    target.write_bytes(b"previous")
+
+    def broken_savefig(name, **kwargs):
+        with open(name, "wb") as stream:
+            stream.write(b"partial")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(figure, "savefig", broken_savefig)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_figure(figure, target)
+    assert target.read_bytes() == b"previous"
+    assert os.listdir(tmp_path) == ["eigen.png"]
+
+
+def test_save_figure_rejects_bad_targets(tmp_path, eigen):
+    ax = plot_eigenvalues(eigen)
+    with pytest.raises(ValueError, match="suffix"):
+        save_figure(ax, tmp_path / "figure")
+    with pytest.raises(ValueError, match="unsupported figure format"):
+        save_figure(ax, tmp_path / "figure.docx")
+    with pytest.raises(TypeError, match="Figure or Axes"):
+        save_figure("not a figure", tmp_path / "figure.png")
+    assert os.listdir(tmp_path) == []
