@@ -13,10 +13,12 @@ Private to :mod:`spectra.operator`. Conventions (see the operator's docstring):
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 LossCallable = Callable[..., Any]
@@ -34,6 +36,19 @@ def check_model(model: Any) -> None:
             f"model {model.name!r} is not built: it has no weights yet. Build it first, "
             "e.g. model.build(input_shape) or call it once on a batch of inputs."
         )
+
+
+def model_strategy(model: keras.Model) -> tf.distribute.Strategy | None:
+    """The ``tf.distribute`` strategy in scope when ``model`` was built, or the current one.
+
+    None when neither is a real (multi-replica) strategy.
+    """
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        return None
+    return strategy
 
 
 def _loss_from_name(name: str) -> Any:
@@ -129,6 +144,11 @@ def keras_loss_fn(
             y_pred = tf.cast(y_pred, dtype)
         if takes_sample_weight:
             value = loss_callable(y, y_pred, sample_weight=sample_weight)
+            # Keras loss objects divide by the number of replicas of the strategy in scope
+            # (ready for summing gradients across replicas); this loss is the batch mean.
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            if replicas > 1:
+                value = value * tf.cast(replicas, value.dtype)
         else:
             if sample_weight is not None:
                 raise ValueError(
@@ -195,6 +215,9 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
     (nested models included; a mixed policy such as ``mixed_float16`` becomes plain
     ``dtype``), then given the model's current weights. The user's model is not touched.
     """
+    # Rebuilding layers draws default initializer seeds from Python's global RNG; keep
+    # the caller's random streams (e.g. a training run's) where they were.
+    python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
     try:
         config = _with_float_dtypes(keras.saving.serialize_keras_object(model), dtype.name)
         clone = keras.saving.deserialize_keras_object(config)
@@ -205,6 +228,9 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
             f"get_config); rebuilding {model.name!r} failed: {err}. Build the model in "
             f"{dtype.name} yourself and pass it with dtype=None."
         ) from err
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)  # noqa: NPY002
     if not clone.built:
         build_config = model.get_build_config()
         if build_config:

@@ -37,6 +37,7 @@ CPU for MLPs and CNNs (and convolutions with a varying filter have no vectorizat
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 import warnings
 from collections.abc import Callable, Hashable, Sequence
@@ -231,6 +232,16 @@ class HVPEngine:
         ]
 
     def _build(self) -> None:
+        if tf.distribute.has_strategy():
+            # Distributed variables cannot be watched by a tape in the cross-replica
+            # context of a strategy scope; the scope is thread-local, so trace in a
+            # thread outside it. The graph reads the variables' in-sync values.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                pool.submit(self._build_graph).result()
+        else:
+            self._build_graph()
+
+    def _build_graph(self) -> None:
         signature = [
             *tf.nest.flatten(self.batch_spec),
             tf.TensorSpec([self.size], self.dtype, name="vector"),

@@ -23,6 +23,7 @@ import tensorflow as tf
 from scipy.sparse.linalg import LinearOperator
 
 from spectra import _keras
+from spectra._replicas import Replicas
 from spectra.data import Batches
 from spectra.hvp import BatchCache, HVPEngine, cached_engine, spec_key
 
@@ -72,6 +73,12 @@ class HessianOperator(LinearOperator):
     allow_unused:
         Keep variables that do not affect the loss as zero rows (warned) instead of
         raising a ``ValueError``.
+    strategy:
+        A ``tf.distribute`` strategy (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``):
+        each replica computes the products of its share of the batches on its device,
+        and the sums are all-reduced, so every process gets the exact dataset Hessian
+        product. With several workers, every worker runs the same code on the same data
+        (SPMD): same estimator, same seed.
 
     The operator represents the Hessian at the parameter values of the first product
     (or ``gradient()``/``loss()``) call. If the variables change afterwards, call
@@ -93,6 +100,7 @@ class HessianOperator(LinearOperator):
         cache_bytes: int | None = None,
         max_block_size: int = _DEFAULT_MAX_BLOCK,
         allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable; got {type(loss_fn).__name__}.")
@@ -111,7 +119,7 @@ class HessianOperator(LinearOperator):
             (loss_fn, *variables),
             lambda: HVPEngine(loss_fn, variables, spec, allow_unused=allow_unused),
         )
-        self._setup(engine, batches, variables, cache, cache_bytes, max_block_size)
+        self._setup(engine, batches, variables, cache, cache_bytes, max_block_size, strategy)
 
     def _setup(
         self,
@@ -121,6 +129,7 @@ class HessianOperator(LinearOperator):
         cache: bool | str,
         cache_bytes: int | None,
         max_block_size: int,
+        strategy: tf.distribute.Strategy | None,
     ) -> None:
         if cache not in ("auto", True, False):
             raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
@@ -128,13 +137,14 @@ class HessianOperator(LinearOperator):
             raise ValueError(f"max_block_size must be >= 1; got {max_block_size}.")
         self._engine = engine
         self._batches = batches
+        self._replicas = Replicas(strategy, engine.dtype)
         self.variables = variables
         self._cache_policy = cache
         self.cache_bytes = _default_cache_bytes() if cache_bytes is None else int(cache_bytes)
         self.max_block_size = int(max_block_size)
         self.num_hvps = 0
         self.num_data_passes = 0
-        self._caches: list[tuple[BatchCache, float]] | None = None
+        self._caches: list[tuple[BatchCache, float, int]] | None = None
         self._streaming = False
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
@@ -158,6 +168,7 @@ class HessianOperator(LinearOperator):
         cache_bytes: int | None = None,
         max_block_size: int = _DEFAULT_MAX_BLOCK,
         allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> HessianOperator:
         """The Hessian of a Keras model's dataset loss.
 
@@ -174,6 +185,9 @@ class HessianOperator(LinearOperator):
         state is never updated. ``include_regularization`` adds ``model.losses``
         (weight and activity regularizers) to each batch loss.
 
+        ``strategy`` defaults to the ``tf.distribute`` strategy the model was built under
+        (or the one in scope); see the class docstring.
+
         ``dtype=np.float64`` computes the products in float64 on a float64 clone of the
         model (the model itself is not changed); the default is the variables' dtype.
         A model under a mixed-precision policy (``mixed_float16``, ``mixed_bfloat16``) gets
@@ -181,6 +195,8 @@ class HessianOperator(LinearOperator):
         the Hessian is not rounded to half precision.
         """
         _keras.check_model(model)
+        if strategy is None:
+            strategy = _keras.model_strategy(model)
         all_weights = list(model.weights)
         if variables is None:
             variables = list(model.trainable_variables)
@@ -239,7 +255,7 @@ class HessianOperator(LinearOperator):
         if run_model is not model:
             _keras.copy_weights(model, run_model)
         operator = cls.__new__(cls)
-        operator._setup(engine, batches, variables, cache, cache_bytes, max_block_size)
+        operator._setup(engine, batches, variables, cache, cache_bytes, max_block_size, strategy)
         return operator
 
     # -- flat vectors and variables -------------------------------------------------
@@ -292,38 +308,45 @@ class HessianOperator(LinearOperator):
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by the batch caches (0 when streaming)."""
-        return sum(c.nbytes for c, _ in self._caches or [])
+        return sum(c.nbytes for c, _, _ in self._caches or [])
 
     def _prepare(self) -> None:
         """First pass over the data: loss, gradient, and the caches when they fit."""
         if self._loss is not None:
             return
         keep = self._cache_policy is not False
-        caches: list[tuple[BatchCache, float]] = []
+        caches: list[tuple[BatchCache, float, int]] = []
         used = 0
-        loss = None
-        grad = None
-        for batch, weight in self._batches:
-            if keep:
-                cache = self._engine.cache(batch)
-                batch_loss, batch_grad = cache.loss, cache.gradient
-                used += cache.nbytes
-                if self._cache_policy == "auto" and used > self.cache_bytes:
-                    keep = False
-                    caches = []
+        losses = self._replicas.accumulator()
+        grads = self._replicas.accumulator()
+        for batch, weight, replica in self._owned_batches():
+            with self._replicas.device(replica):
+                if keep:
+                    cache = self._engine.cache(batch)
+                    batch_loss, batch_grad = cache.loss, cache.gradient
+                    used += cache.nbytes
+                    if self._cache_policy == "auto" and used > self.cache_bytes:
+                        keep = False
+                        caches = []
+                    else:
+                        caches.append((cache, weight, replica))
                 else:
-                    caches.append((cache, weight))
-            else:
-                batch_loss, batch_grad = self._engine.loss_and_gradient(batch)
-            w = tf.constant(weight, self._engine.dtype)
-            loss = batch_loss * w if loss is None else loss + batch_loss * w
-            grad = batch_grad * w if grad is None else grad + batch_grad * w
+                    batch_loss, batch_grad = self._engine.loss_and_gradient(batch)
+                w = tf.constant(weight, self._engine.dtype)
+                losses.add(replica, batch_loss * w)
+                grads.add(replica, batch_grad * w)
         self.num_data_passes += 1
-        assert loss is not None and grad is not None
-        self._loss = float(loss.numpy())
-        self._gradient = grad.numpy()
+        self._loss = float(self._replicas.sum(losses, ()).numpy())
+        self._gradient = self._replicas.sum(grads, (self.shape[0],)).numpy()
         self._caches = caches if keep else None
         self._streaming = not keep
+
+    def _owned_batches(self):
+        """``(batch, weight, local replica)`` for the batches this process computes."""
+        for index, (batch, weight) in enumerate(self._batches):
+            replica = self._replicas.owner(index)
+            if replica is not None:
+                yield batch, weight, replica
 
     def loss(self) -> float:
         """The dataset loss L(θ) at the operator's parameters."""
@@ -400,23 +423,32 @@ class HessianOperator(LinearOperator):
         blocks = [
             tf.constant(rows[i : i + self.max_block_size]) for i in range(0, k, self.max_block_size)
         ]
-        sums: list[tf.Tensor | None] = [None] * len(blocks)
-        for cache, weight in self._iterate_caches():
-            w = tf.constant(weight, self._engine.dtype)
-            for j, block in enumerate(blocks):
-                product = self._engine.apply(cache, block) * w
-                sums[j] = product if sums[j] is None else sums[j] + product
+        sums = [self._replicas.accumulator() for _ in blocks]
+        for cache, weight, replica in self._iterate_caches():
+            with self._replicas.device(replica):
+                w = tf.constant(weight, self._engine.dtype)
+                for block, total in zip(blocks, sums):
+                    total.add(replica, self._engine.apply(cache, block) * w)
         self.num_hvps += k
         self.num_data_passes += 1
-        out = np.concatenate([s.numpy() for s in sums if s is not None], axis=0)
+        n = self.shape[0]
+        out = np.concatenate(
+            [
+                self._replicas.sum(total, (int(block.shape[0]), n)).numpy()
+                for block, total in zip(blocks, sums)
+            ],
+            axis=0,
+        )
         return np.ascontiguousarray(out.T)
 
     def _iterate_caches(self):
         if self._caches is not None:
             yield from self._caches
             return
-        for batch, weight in self._batches:
-            yield self._engine.cache(batch), weight
+        for batch, weight, replica in self._owned_batches():
+            with self._replicas.device(replica):
+                cache = self._engine.cache(batch)
+            yield cache, weight, replica
 
     def __repr__(self) -> str:
         mode = (
