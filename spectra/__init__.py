@@ -7,6 +7,7 @@ The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
 ``LinearOperator`` (or a dense array), so they run on plain matrices too.
 """
 
+from spectra.callback import SharpnessCallback
 from spectra.density import negative_mass_fraction, spectral_density
 from spectra.diagonal import diagonal
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
@@ -35,6 +36,7 @@ __all__ = [
     "HessianOperator",
     "LanczosResult",
     "Result",
+    "SharpnessCallback",
     "SpectralDensity",
     "SpectralMoments",
     "TraceResult",

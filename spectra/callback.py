@@ -1,0 +1,362 @@
+"""Sharpness (top Hessian eigenvalues) during Keras training, as a callback.
+
+:class:`SharpnessCallback` measures the largest eigenvalue(s) of the Hessian of the loss on a
+fixed data set, and optionally its Hutchinson trace, every few epochs or optimizer steps. It
+composes :class:`spectra.HessianOperator` with :func:`spectra.eigenvalues` and
+:func:`spectra.trace`; a fresh operator is built per measurement (cheap: the compiled
+functions are reused).
+
+Under full-batch gradient descent with step size η the sharpness λ₁ rises to about 2/η and
+hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from spectra.eigenvalues import eigenvalues
+from spectra.operator import HessianOperator
+from spectra.trace import trace as estimate_trace
+
+__all__ = ["SharpnessCallback"]
+
+_UNITS = ("epoch", "step")
+
+
+@contextlib.contextmanager
+def _global_rng_preserved() -> Iterator[None]:
+    """Leave Python's and NumPy's global random states exactly as they were.
+
+    Building a Keras model (the float64 clone the operator builds for ``dtype=np.float64``)
+    draws default layer seeds from Python's ``random`` module; restoring both global states
+    keeps a measurement invisible to any training code that draws from them.
+    """
+    python_state = random.getstate()
+    numpy_state = np.random.get_state()  # noqa: NPY002 (the legacy global state is the point)
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)  # noqa: NPY002
+
+
+def _write_json_atomically(path: str, payload: Any) -> None:
+    """Write ``payload`` as JSON to a temporary file next to ``path``, then ``os.replace``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".tmp-sharpness-", suffix=".json")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(payload, stream, indent=2)
+        os.replace(temp_path, path)
+    except BaseException:
+        if os.path.exists(temp_path):
+            os.unlink(temp_path)
+        raise
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+    return int(value)
+
+
+def _describe_loss(loss: Any) -> str:
+    if isinstance(loss, str):
+        return loss
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
+class SharpnessCallback(keras.callbacks.Callback):
+    """Measure the top Hessian eigenvalues (the sharpness λ₁) of the loss during training.
+
+    Every ``every`` epochs (``unit="epoch"``, after epochs ``every``, ``2·every``, … counted
+    from 1) or every ``every`` optimizer steps (``unit="step"``, counted across epochs by the
+    optimizer's ``iterations``, with a first measurement at the start of training: step 0 for
+    a fresh optimizer), the callback builds the Hessian of the mean loss on ``data`` at the
+    current weights (:meth:`HessianOperator.from_keras`, inference mode: Dropout off,
+    BatchNorm moving statistics) and computes its ``top_k`` largest eigenvalues with
+    :func:`spectra.eigenvalues` and, with ``trace=True``, its Hutchinson trace with
+    ``trace_products`` products (:func:`spectra.trace`). Under full-batch gradient descent with
+    learning rate η, λ₁ rises to about 2/η and hovers there (Cohen et al. 2021).
+
+    Results
+    -------
+    ``callback.history`` is a list with one dict per measurement: ``step`` (optimizer steps
+    taken), ``epoch`` (epochs completed), ``loss`` (the loss on ``data``), ``eigenvalues``
+    (largest first), ``residual_norms``, ``error_bounds``, ``converged``, ``trace`` and
+    ``trace_stderr`` (None without ``trace=True``), ``num_products``, ``wall_time`` (seconds)
+    and ``seed``. It keeps growing over several ``fit`` calls.
+
+    The values also go into the Keras logs, so they appear in the ``History`` returned by
+    ``fit``: ``sharpness`` (λ₁), ``sharpness_2`` … ``sharpness_{top_k}``, and
+    ``hessian_trace``, ``hessian_trace_stderr`` with ``trace=True``. With ``unit="epoch"``
+    only measured epochs get these keys (with ``every=2`` the epochs 1, 3, … have none, so
+    ``history.history["sharpness"]`` has one value per *measurement*); with ``unit="step"``
+    each epoch's logs get the latest measurement taken so far.
+
+    With ``log_file`` the settings and the whole history are written as JSON after every
+    measurement, atomically (temporary file and ``os.replace``), so an interrupted run keeps
+    everything it measured.
+
+    Training is not changed: the model runs through ``stateless_call`` (no state updates), no
+    weight, optimizer variable or Keras/TensorFlow seed is touched, the estimators draw from
+    NumPy Generators seeded with ``seed + i`` for measurement ``i`` (so
+    ``eigenvalues(op, seed=seed + i)`` reproduces it), and Python's and NumPy's global random
+    states are restored after each measurement.
+
+    Parameters
+    ----------
+    data:
+        ``(x, y)`` or ``(x, y, sample_weight)`` arrays, or a ``tf.data.Dataset`` of such
+        batches: the loss whose Hessian is measured is the mean over all of it.
+    loss:
+        A Keras loss name, ``keras.losses.Loss`` or callable ``(y_true, y_pred) -> scalar``;
+        None (default) takes the loss the model was compiled with.
+    every, unit:
+        Measure every ``every`` epochs (``unit="epoch"``) or optimizer steps (``"step"``).
+    top_k:
+        Number of largest eigenvalues.
+    trace, trace_products:
+        Also estimate the trace by Hutchinson's method with this many products.
+    batch_size, variables, dtype:
+        Passed to :meth:`HessianOperator.from_keras` (``dtype=np.float64`` computes the
+        products in float64 on a float64 copy of the model).
+    tol, method:
+        Relative eigenvalue tolerance and method of :func:`spectra.eigenvalues`.
+    seed:
+        Base seed (int >= 0) of the random start vectors and probes.
+    log_file:
+        Path of a JSON file rewritten after each measurement.
+    verbose:
+        ``>= 1`` prints one line per measurement.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        loss: Any = None,
+        *,
+        every: int = 1,
+        unit: str = "epoch",
+        top_k: int = 1,
+        trace: bool = False,
+        trace_products: int = 100,
+        batch_size: int | None = None,
+        variables: Sequence[Any] | None = None,
+        dtype: Any = None,
+        tol: float = 1e-6,
+        method: str = "lanczos",
+        seed: int = 0,
+        log_file: str | os.PathLike | None = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__()
+        if unit not in _UNITS:
+            raise ValueError(f"unit must be 'epoch' or 'step'; got {unit!r}.")
+        if data is None:
+            raise ValueError(
+                "data is required: the (x, y) arrays or tf.data.Dataset whose loss Hessian "
+                "is measured."
+            )
+        if not (isinstance(tol, (int, float)) and not isinstance(tol, bool)) or not (
+            tol > 0 and math.isfinite(tol)
+        ):
+            raise ValueError(f"tol must be a positive finite number; got {tol!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0; got {seed!r}.")
+        self.data = data
+        self.loss = loss
+        self.every = _check_positive_int("every", every)
+        self.unit = unit
+        self.top_k = _check_positive_int("top_k", top_k)
+        self.trace = bool(trace)
+        self.trace_products = _check_positive_int("trace_products", trace_products)
+        if self.trace and self.trace_products < 2:
+            raise ValueError(f"trace_products must be >= 2; got {trace_products!r}.")
+        self.batch_size = batch_size
+        self.variables = None if variables is None else list(variables)
+        self.dtype = dtype
+        self.tol = float(tol)
+        self.method = method
+        self.seed = int(seed)
+        self.log_file = None if log_file is None else os.fspath(log_file)
+        self.verbose = int(verbose)
+        self.history: list[dict[str, Any]] = []
+        self._resolved_loss: Any = None
+        self._epochs_completed = 0
+        self._next_step = 0
+
+    # -- Keras hooks ------------------------------------------------------------------
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._resolved_loss = self._resolve_loss()
+        if self.unit == "step":
+            step = self._current_step()
+            if not self.history or self.history[-1]["step"] != step:
+                self._measure(step)
+            self._next_step = (step // self.every + 1) * self.every
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epochs_completed = int(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.unit != "step":
+            return
+        step = self._current_step()
+        if step >= self._next_step:
+            self._measure(step)
+            self._next_step = (step // self.every + 1) * self.every
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epochs_completed = int(epoch) + 1
+        if self.unit == "epoch":
+            if self._epochs_completed % self.every != 0:
+                return
+            record = self._measure(self._current_step())
+        elif self.history:
+            record = self.history[-1]
+        else:
+            return
+        if logs is not None:
+            logs.update(self._log_entries(record))
+
+    # -- measurement ------------------------------------------------------------------
+    def _resolve_loss(self) -> Any:
+        if self.loss is not None:
+            return self.loss
+        compiled = getattr(self.model, "loss", None)
+        if compiled is None:
+            raise ValueError(
+                "SharpnessCallback needs a loss: pass loss=... (a Keras loss name, a "
+                "keras.losses.Loss or a callable (y_true, y_pred) -> scalar), or compile the "
+                "model with a loss."
+            )
+        if isinstance(compiled, (list, tuple, dict)):
+            raise ValueError(
+                "the model was compiled with several losses (one per output); pass the "
+                "single loss to measure with loss=..."
+            )
+        return compiled
+
+    def _current_step(self) -> int:
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("SharpnessCallback needs a compiled model (it has no optimizer).")
+        return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+    def _measure(self, step: int) -> dict[str, Any]:
+        """Compute the eigenvalues (and trace) at the current weights and record them."""
+        index = len(self.history)
+        seed = self.seed + index
+        started = time.perf_counter()
+        with _global_rng_preserved():
+            operator = HessianOperator.from_keras(
+                self.model,
+                self._resolved_loss,
+                self.data,
+                variables=self.variables,
+                batch_size=self.batch_size,
+                dtype=self.dtype,
+            )
+            eig = eigenvalues(
+                operator,
+                k=self.top_k,
+                which="largest",
+                method=self.method,
+                tol=self.tol,
+                seed=seed,
+                progress=False,
+            )
+            trace_result = None
+            if self.trace:
+                trace_result = estimate_trace(
+                    operator,
+                    method="hutchinson",
+                    num_products=self.trace_products,
+                    seed=seed,
+                    progress=False,
+                )
+            loss_value = operator.loss()
+        record: dict[str, Any] = {
+            "step": int(step),
+            "epoch": self._epochs_completed,
+            "loss": float(loss_value),
+            "eigenvalues": [float(v) for v in eig.eigenvalues],
+            "residual_norms": [float(v) for v in eig.residual_norms],
+            "error_bounds": [float(v) for v in eig.error_bounds],
+            "converged": [bool(c) for c in eig.converged],
+            "trace": None if trace_result is None else float(trace_result.estimate),
+            "trace_stderr": None if trace_result is None else float(trace_result.stderr),
+            "num_products": int(
+                eig.num_products + (0 if trace_result is None else trace_result.num_products)
+            ),
+            "wall_time": time.perf_counter() - started,
+            "seed": seed,
+        }
+        self.history.append(record)
+        if not eig.all_converged:
+            warnings.warn(
+                f"SharpnessCallback: at step {step} the eigenvalues did not all converge to "
+                f"tol={self.tol:g} (error bounds {record['error_bounds']}).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if self.log_file is not None:
+            _write_json_atomically(
+                self.log_file, {"settings": self._settings(), "history": self.history}
+            )
+        if self.verbose >= 1:
+            print(self._summary_line(record))
+        return record
+
+    def _log_entries(self, record: dict[str, Any]) -> dict[str, float]:
+        values = record["eigenvalues"]
+        entries = {"sharpness": values[0]}
+        entries.update({f"sharpness_{i}": value for i, value in enumerate(values[1:], start=2)})
+        if record["trace"] is not None:
+            entries["hessian_trace"] = record["trace"]
+            entries["hessian_trace_stderr"] = record["trace_stderr"]
+        return entries
+
+    def _settings(self) -> dict[str, Any]:
+        loss = self._resolved_loss if self._resolved_loss is not None else self.loss
+        return {
+            "unit": self.unit,
+            "every": self.every,
+            "top_k": self.top_k,
+            "trace": self.trace,
+            "trace_products": self.trace_products if self.trace else None,
+            "loss": None if loss is None else _describe_loss(loss),
+            "batch_size": self.batch_size,
+            "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
+            "tol": self.tol,
+            "method": self.method,
+            "seed": self.seed,
+        }
+
+    @staticmethod
+    def _summary_line(record: dict[str, Any]) -> str:
+        values = record["eigenvalues"]
+        line = (
+            f"SharpnessCallback step {record['step']} (epoch {record['epoch']}): "
+            f"λ₁ = {values[0]:.5g}"
+        )
+        if len(values) > 1:
+            line += " (top " + ", ".join(f"{v:.4g}" for v in values) + ")"
+        if record["trace"] is not None:
+            line += f", trace = {record['trace']:.4g} ± {record['trace_stderr']:.2g}"
+        if not all(record["converged"]):
+            line += ", not converged"
+        return line + f" [{record['num_products']} products, {record['wall_time']:.2f} s]"

@@ -1,0 +1,323 @@
+"""SharpnessCallback: what it records, where, and that it leaves training alone."""
+
+import json
+import os
+import random
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from spectra.callback import SharpnessCallback
+from spectra.eigenvalues import eigenvalues
+from spectra.operator import HessianOperator
+from spectra.trace import trace
+
+LOSS = "sparse_categorical_crossentropy"
+NUM_EXAMPLES = 40
+BATCH_SIZE = 8  # 5 optimizer steps per epoch
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(NUM_EXAMPLES, 5)).astype(np.float32)
+    y = generator.integers(0, 3, size=NUM_EXAMPLES)
+    return x, y
+
+
+def _model(seed: int = 0, dropout: bool = False, loss=LOSS) -> keras.Model:
+    """A compiled 5-8-3 MLP (optionally with Dropout), initialized from ``seed``."""
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((5,)), keras.layers.Dense(8, activation="tanh")]
+    if dropout:
+        layers.append(keras.layers.Dropout(0.3))
+    layers.append(keras.layers.Dense(3, activation="softmax"))
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss)
+    return model
+
+
+class _LogRecorder(keras.callbacks.Callback):
+    """Keeps a copy of every epoch's logs (placed after the callback under test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch_logs: list[dict] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_logs.append(dict(logs or {}))
+
+
+def _fit(model, data, callbacks, epochs=3, shuffle=False):
+    """Train with batches of 8; shuffled arrays, or (faster in Keras) a fixed dataset."""
+    if shuffle:
+        return model.fit(
+            *data,
+            batch_size=BATCH_SIZE,
+            epochs=epochs,
+            shuffle=True,
+            verbose=0,
+            callbacks=callbacks,
+        )
+    batches = tf.data.Dataset.from_tensor_slices(data).batch(BATCH_SIZE)
+    return model.fit(batches, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+
+
+# -- epoch mode ---------------------------------------------------------------------------
+def test_epoch_mode_records_every_epoch(data):
+    model = _model()
+    callback = SharpnessCallback(data)
+    history = _fit(model, data, [callback])
+    assert len(history.history["sharpness"]) == 3
+    assert [r["epoch"] for r in callback.history] == [1, 2, 3]
+    assert [r["step"] for r in callback.history] == [5, 10, 15]
+    assert history.history["sharpness"] == [r["eigenvalues"][0] for r in callback.history]
+    assert "sharpness_2" not in history.history
+    assert "hessian_trace" not in history.history
+    record = callback.history[0]
+    assert set(record) == {
+        "step",
+        "epoch",
+        "loss",
+        "eigenvalues",
+        "residual_norms",
+        "error_bounds",
+        "converged",
+        "trace",
+        "trace_stderr",
+        "num_products",
+        "wall_time",
+        "seed",
+    }
+    assert record["trace"] is None and record["trace_stderr"] is None
+    assert record["num_products"] > 0 and record["wall_time"] > 0
+    assert [r["seed"] for r in callback.history] == [0, 1, 2]
+
+
+def test_every_two_epochs_skipped_epochs_have_no_key(data):
+    model = _model()
+    callback = SharpnessCallback(data, every=2, top_k=3)
+    recorder = _LogRecorder()
+    history = _fit(model, data, [callback, recorder], epochs=5)
+    assert [r["epoch"] for r in callback.history] == [2, 4]
+    # History holds one value per measurement, not per epoch.
+    assert len(history.history["sharpness"]) == 2
+    assert len(history.history["sharpness_3"]) == 2
+    measured = [i + 1 for i, logs in enumerate(recorder.epoch_logs) if "sharpness" in logs]
+    assert measured == [2, 4]
+    for logs, record in zip([recorder.epoch_logs[1], recorder.epoch_logs[3]], callback.history):
+        top = record["eigenvalues"]
+        assert len(top) == 3 and top[0] >= top[1] >= top[2]
+        assert [logs["sharpness"], logs["sharpness_2"], logs["sharpness_3"]] == top
+
+
+def test_values_match_an_independent_computation_at_the_final_weights(data):
+    model = _model()
+    callback = SharpnessCallback(
+        data, every=2, top_k=2, dtype=np.float64, tol=1e-10, trace=True, trace_products=30
+    )
+    _fit(model, data, [callback], epochs=4)
+    final = callback.history[-1]
+    assert final["epoch"] == 4
+    operator = HessianOperator.from_keras(model, LOSS, data, dtype=np.float64)
+    expected = eigenvalues(operator, k=2, tol=1e-10, seed=123)
+    np.testing.assert_allclose(final["eigenvalues"], expected.eigenvalues, rtol=1e-6)
+    # The same seed gives the same probes: the trace is reproduced to rounding.
+    expected_trace = trace(operator, num_products=30, seed=final["seed"])
+    assert final["trace"] == pytest.approx(expected_trace.estimate, rel=1e-9)
+    assert final["trace_stderr"] == pytest.approx(expected_trace.stderr, rel=1e-6)
+    assert final["loss"] == pytest.approx(operator.loss(), rel=1e-12)
+
+
+def test_trace_keys_in_logs(data):
+    model = _model()
+    callback = SharpnessCallback(data, trace=True, trace_products=20)
+    history = _fit(model, data, [callback], epochs=2)
+    assert len(history.history["hessian_trace"]) == 2
+    assert len(history.history["hessian_trace_stderr"]) == 2
+    for record, value, stderr in zip(
+        callback.history,
+        history.history["hessian_trace"],
+        history.history["hessian_trace_stderr"],
+    ):
+        assert value == record["trace"] and stderr == record["trace_stderr"]
+        assert stderr > 0
+
+
+# -- step mode ----------------------------------------------------------------------------
+def test_step_mode_measures_at_zero_and_every_k_steps(data):
+    model = _model()
+    callback = SharpnessCallback(data, unit="step", every=4)
+    recorder = _LogRecorder()
+    history = _fit(model, data, [callback, recorder], epochs=3)  # 15 steps
+    assert [r["step"] for r in callback.history] == [0, 4, 8, 12]
+    assert [r["epoch"] for r in callback.history] == [0, 0, 1, 2]
+    # Each epoch's logs carry the latest measurement: steps 4, 8 and 12.
+    latest = [callback.history[i]["eigenvalues"][0] for i in (1, 2, 3)]
+    assert history.history["sharpness"] == latest
+    assert [logs["sharpness"] for logs in recorder.epoch_logs] == latest
+    # A second fit continues counting the optimizer's steps; step 15 is measured at its start.
+    _fit(model, data, [callback], epochs=1)
+    assert [r["step"] for r in callback.history] == [0, 4, 8, 12, 15, 16, 20]
+
+
+def test_step_mode_with_a_dataset(data):
+    model = _model()
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(16)
+    callback = SharpnessCallback(dataset, unit="step", every=5)
+    _fit(model, data, [callback], epochs=2)
+    assert [r["step"] for r in callback.history] == [0, 5, 10]
+    array_operator = HessianOperator.from_keras(model, LOSS, data)
+    expected = eigenvalues(array_operator, k=1, tol=1e-6).eigenvalues[0]
+    assert callback.history[-1]["eigenvalues"][0] == pytest.approx(expected, rel=1e-4)
+
+
+# -- log file -----------------------------------------------------------------------------
+def test_log_file_holds_the_whole_history(data, tmp_path):
+    path = tmp_path / "sharpness.json"
+    model = _model()
+    callback = SharpnessCallback(
+        data, unit="step", every=5, trace=True, trace_products=10, log_file=path
+    )
+    _fit(model, data, [callback], epochs=2)
+    content = json.loads(path.read_text())
+    assert content["history"] == callback.history
+    assert [r["step"] for r in content["history"]] == [0, 5, 10]
+    assert content["settings"]["unit"] == "step"
+    assert content["settings"]["every"] == 5
+    assert content["settings"]["loss"] == LOSS
+    assert os.listdir(tmp_path) == ["sharpness.json"]
+
+
+def test_log_file_is_replaced_atomically(data, tmp_path, monkeypatch):
+    path = tmp_path / "sharpness.json"
+    model = _model()
+    callback = SharpnessCallback(data, every=1, log_file=path)
+    _fit(model, data, [callback], epochs=2)
+    before = path.read_text()
+
+    replaced = []
+    real_replace = os.replace
+
+    def recording_replace(source, target):
+        replaced.append((os.fspath(source), os.fspath(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr("spectra.callback.os.replace", recording_replace)
+    _fit(model, data, [callback], epochs=1)
+    source, target = replaced[-1]
+    assert target == os.fspath(path)
+    assert os.path.dirname(source) == os.fspath(tmp_path) and not os.path.exists(source)
+    after = path.read_text()
+    assert len(json.loads(after)["history"]) == 3
+
+    def failing_replace(source, target):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("spectra.callback.os.replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        _fit(model, data, [callback], epochs=1)
+    # The previous file is intact and no temporary file is left behind.
+    assert path.read_text() == after != before
+    assert os.listdir(tmp_path) == ["sharpness.json"]
+
+
+# -- training is not changed --------------------------------------------------------------
+def _train_and_draw(data, with_callback: bool):
+    model = _model(seed=7, dropout=True)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=LOSS)
+    callbacks = []
+    if with_callback:
+        callbacks = [
+            SharpnessCallback(
+                data, unit="step", every=3, top_k=2, trace=True, trace_products=8, dtype=np.float64
+            )
+        ]
+    history = _fit(model, data, callbacks, epochs=3, shuffle=True)
+    weights = [w.numpy() for w in model.weights]
+    optimizer_variables = [v.numpy() for v in model.optimizer.variables]
+    # Draws after training show whether the global random streams moved.
+    draws = (tf.random.uniform((4,)).numpy(), np.random.rand(4), random.random())  # noqa: NPY002
+    return weights, optimizer_variables, history.history["loss"], draws
+
+
+def test_training_is_unchanged(data):
+    weights, opt_vars, losses, draws = _train_and_draw(data, with_callback=False)
+    weights_cb, opt_vars_cb, losses_cb, draws_cb = _train_and_draw(data, with_callback=True)
+    assert len(weights) == len(weights_cb) and len(opt_vars) == len(opt_vars_cb)
+    for a, b in zip(weights, weights_cb):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(opt_vars, opt_vars_cb):
+        np.testing.assert_array_equal(a, b)
+    assert losses == losses_cb
+    for a, b in zip(draws, draws_cb):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_measurement_leaves_global_random_states_alone(data):
+    model = _model(dropout=True)
+    callback = SharpnessCallback(data, unit="step", dtype=np.float64)
+    callback.set_model(model)
+    python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
+    callback.on_train_begin()  # builds the float64 clone, which draws layer seeds
+    assert len(callback.history) == 1
+    assert random.getstate() == python_state
+    after = np.random.get_state()  # noqa: NPY002
+    np.testing.assert_array_equal(after[1], numpy_state[1])
+    assert after[2:] == numpy_state[2:]
+
+
+# -- loss resolution, arguments, output ---------------------------------------------------
+def test_compiled_loss_is_used_when_no_loss_is_given(data):
+    by_name = _model()
+    callback = SharpnessCallback(data)
+    _fit(by_name, data, [callback], epochs=1)
+    explicit = eigenvalues(HessianOperator.from_keras(by_name, LOSS, data), tol=1e-6)
+    assert callback.history[0]["eigenvalues"][0] == pytest.approx(explicit.eigenvalues[0], rel=1e-4)
+
+    by_object = _model(loss=keras.losses.SparseCategoricalCrossentropy())
+    callback = SharpnessCallback(data)
+    _fit(by_object, data, [callback], epochs=1)
+    assert callback.history[0]["eigenvalues"][0] == pytest.approx(explicit.eigenvalues[0], rel=1e-4)
+
+
+def test_error_when_no_loss_is_known(data):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    callback = SharpnessCallback(data)
+    callback.set_model(model)
+    with pytest.raises(ValueError, match="needs a loss"):
+        callback.on_train_begin()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"unit": "batch"}, "unit must be 'epoch' or 'step'"),
+        ({"every": 0}, "every must be an integer >= 1"),
+        ({"every": 1.5}, "every must be an integer >= 1"),
+        ({"top_k": 0}, "top_k must be an integer >= 1"),
+        ({"tol": -1.0}, "tol must be a positive"),
+        ({"seed": -1}, "seed must be an integer >= 0"),
+        ({"trace": True, "trace_products": 1}, "trace_products must be >= 2"),
+    ],
+)
+def test_invalid_arguments(data, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SharpnessCallback(data, **kwargs)
+
+
+def test_data_is_required():
+    with pytest.raises(ValueError, match="data is required"):
+        SharpnessCallback(None)
+
+
+def test_verbose_prints_one_line_per_measurement(data, capsys):
+    model = _model()
+    callback = SharpnessCallback(data, unit="step", every=5, verbose=1, trace=True, top_k=2)
+    _fit(model, data, [callback], epochs=1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == 2
+    assert lines[0].startswith("SharpnessCallback step 0 (epoch 0): λ₁ = ")
+    assert "trace = " in lines[0] and "products" in lines[1]
