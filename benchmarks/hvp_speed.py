@@ -6,6 +6,8 @@ examples, one batch). For each model, in one run:
 * ``gradient``: a compiled (``tf.function``) gradient of the mean loss, returned to numpy;
 * ``matvec``: ``HessianOperator.matvec`` (cached: forward pass and gradient reused);
 * ``matmat k``: ``HessianOperator.matmat`` per vector, k = 1, 4, 16, 64;
+* ``streaming``: the same with ``cache=False`` (forward pass and gradient recomputed once
+  per batch per call), the path taken when the data does not fit the cache budget;
 * ``naive eager``: two nested ``GradientTape``s recomputing everything for each vector, as
   in the question this project started from; ``naive compiled``: the same in a
   ``tf.function``.
@@ -129,6 +131,12 @@ def bench_model(name: str, model: keras.Model, x: np.ndarray, y: np.ndarray, rep
         V = rng.standard_normal((n, k)).astype(np.float32)
         ratio, sec = paired_ratio(lambda V=V: op.matmat(V), gradient, repeats, per=k)
         rows.append((f"matmat k={k}, per vector", sec, ratio))
+    streaming = HessianOperator.from_keras(model, loss, (x, y), cache=False)
+    ratio, sec = paired_ratio(lambda: streaming.matvec(v), gradient, repeats)
+    rows.append(("matvec (streaming, no cache)", sec, ratio))
+    V16 = rng.standard_normal((n, 16)).astype(np.float32)
+    ratio, sec = paired_ratio(lambda: streaming.matmat(V16), gradient, repeats, per=16)
+    rows.append(("matmat k=16 (streaming), per vector", sec, ratio))
     ratio, sec = paired_ratio(lambda: naive_hvp(xt, yt, vt).numpy(), gradient, max(3, repeats // 2))
     rows.append(("naive nested tapes (eager)", sec, ratio))
     ratio, sec = paired_ratio(lambda: naive_compiled(xt, yt, vt).numpy(), gradient, repeats)
@@ -158,7 +166,8 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp,cnn")
     args = parser.parse_args()
     devices = tf.config.list_physical_devices()
-    device = "GPU" if any(d.device_type == "GPU" for d in devices) else "CPU"
+    gpus = [d.name for d in devices if d.device_type == "GPU"]
+    device = f"GPU ({len(gpus)})" if gpus else "CPU"
     print(
         f"spectra {spectra.__version__}, TensorFlow {tf.__version__}, {device}, "
         f"{os.cpu_count()} CPU cores, {platform.machine()}"

@@ -29,7 +29,18 @@ from spectra.hvp import BatchCache, HVPEngine, cached_engine, spec_key
 
 __all__ = ["HessianOperator"]
 
-_DEFAULT_MAX_BLOCK = 64
+_LARGEST_BLOCK = 64
+_BLOCK_BYTES = 512 * 1024**2
+# Arrays of shape (k, n) alive during a block product: the input block, the product of a
+# batch, the running sum per replica, and the host copy.
+_BLOCK_COPIES = 4
+
+
+def block_size_for(num_parameters: int, itemsize: int, budget_bytes: int = _BLOCK_BYTES) -> int:
+    """The largest power-of-two block (≤ 64 vectors) whose (k, n) arrays fit the budget."""
+    per_vector = _BLOCK_COPIES * num_parameters * itemsize
+    fits = max(1, min(_LARGEST_BLOCK, budget_bytes // max(per_vector, 1)))
+    return 1 << (int(fits).bit_length() - 1)
 
 
 def _default_cache_bytes() -> int:
@@ -69,7 +80,9 @@ class HessianOperator(LinearOperator):
         Memory budget for the cache (default: 2 GiB or a quarter of physical memory).
     max_block_size:
         At most this many vectors go through one compiled product (larger ``matmat``
-        blocks are split; all splits share one data pass).
+        blocks are split; all splits share one data pass). Default: chosen from a memory
+        budget of 512 MiB for the (k, n) arrays of a block, at most 64 — so a model with
+        n = 10⁶ float32 parameters gets blocks of 32, one with 10⁸ blocks of 1.
     allow_unused:
         Keep variables that do not affect the loss as zero rows (warned) instead of
         raising a ``ValueError``.
@@ -98,7 +111,7 @@ class HessianOperator(LinearOperator):
         batch_size: int | None = None,
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
-        max_block_size: int = _DEFAULT_MAX_BLOCK,
+        max_block_size: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
@@ -128,11 +141,13 @@ class HessianOperator(LinearOperator):
         variables: list[Any],
         cache: bool | str,
         cache_bytes: int | None,
-        max_block_size: int,
+        max_block_size: int | None,
         strategy: tf.distribute.Strategy | None,
     ) -> None:
         if cache not in ("auto", True, False):
             raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
+        if max_block_size is None:
+            max_block_size = block_size_for(engine.size, engine.dtype.size)
         if int(max_block_size) < 1:
             raise ValueError(f"max_block_size must be >= 1; got {max_block_size}.")
         self._engine = engine
@@ -166,7 +181,7 @@ class HessianOperator(LinearOperator):
         dtype: Any = None,
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
-        max_block_size: int = _DEFAULT_MAX_BLOCK,
+        max_block_size: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
     ) -> HessianOperator:
