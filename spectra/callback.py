@@ -13,11 +13,9 @@ hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -27,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from spectra._files import atomic_write_json
 from spectra.eigenvalues import eigenvalues
 from spectra.operator import HessianOperator
 from spectra.trace import trace as estimate_trace
@@ -51,20 +50,6 @@ def _global_rng_preserved() -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)  # noqa: NPY002
-
-
-def _write_json_atomically(path: str, payload: Any) -> None:
-    """Write ``payload`` as JSON to a temporary file next to ``path``, then ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".tmp-sharpness-", suffix=".json")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=2)
-        os.replace(temp_path, path)
-    except BaseException:
-        if os.path.exists(temp_path):
-            os.unlink(temp_path)
-        raise
 
 
 def _check_positive_int(name: str, value: Any) -> int:
@@ -314,7 +299,7 @@ class SharpnessCallback(keras.callbacks.Callback):
                 stacklevel=2,
             )
         if self.log_file is not None:
-            _write_json_atomically(
+            atomic_write_json(
                 self.log_file, {"settings": self._settings(), "history": self.history}
             )
         if self.verbose >= 1:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from spectra._files import atomic_write
 from spectra.results import EigenResult, SpectralDensity
 
 if TYPE_CHECKING:
@@ -584,20 +584,9 @@ def save_figure(fig_or_ax: Any, path: str | os.PathLike, *, dpi: float = 150) ->
         )
     if not dpi > 0:
         raise ValueError(f"dpi must be positive, got {dpi}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+    return atomic_write(
+        target,
+        lambda temp_name: figure.savefig(
+            temp_name, format=file_format, dpi=dpi, bbox_inches="tight"
+        ),
     )
-    os.close(handle)
-    try:
-        figure.savefig(temp_name, format=file_format, dpi=dpi, bbox_inches="tight")
-        # mkstemp creates the file readable by its owner only; keep an existing
-        # file's permissions, otherwise use the usual ones for a document.
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, target)
-    except BaseException:
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
-        raise
-    return target

@@ -15,11 +15,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from spectra._files import atomic_write_text
 
 __all__ = [
     "DensityCurve",
@@ -78,17 +79,7 @@ class Result:
         """
         text = json.dumps(self.to_dict(include_vectors=include_vectors), indent=2)
         if path is not None:
-            path = os.fspath(path)
-            directory = os.path.dirname(os.path.abspath(path))
-            handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(handle, "w") as stream:
-                    stream.write(text)
-                os.replace(temp_path, path)
-            except BaseException:
-                if os.path.exists(temp_path):
-                    os.unlink(temp_path)
-                raise
+            atomic_write_text(path, text + "\n")
         return text
 
 

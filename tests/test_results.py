@@ -76,9 +76,13 @@ def test_to_json_writes_atomically(tmp_path, results):
     results[3].to_json(str(path))  # overwrite in place
     assert json.loads(path.read_text())["type"] == "FrobeniusResult"
     assert os.listdir(tmp_path) == ["result.json"]
-    with pytest.raises(FileNotFoundError):
-        results[2].to_json(tmp_path / "missing" / "result.json")
-    assert os.listdir(tmp_path) == ["result.json"]
+    # Missing directories are created; no temporary file is left anywhere.
+    results[2].to_json(tmp_path / "new" / "result.json")
+    assert json.loads((tmp_path / "new" / "result.json").read_text()) == results[2].to_dict()
+    assert sorted(os.listdir(tmp_path)) == ["new", "result.json"]
+    assert os.listdir(tmp_path / "new") == ["result.json"]
+    # The file is readable like any other, not owner-only as mkstemp would leave it.
+    assert (tmp_path / "new" / "result.json").stat().st_mode & 0o044
 
 
 def test_lanczos_result_helpers(results):
