@@ -31,21 +31,24 @@ run: $(VENV)/.installed
 	$(BIN)/python -m spectra analyze data/digits_mlp.keras --data data/digits.npz \
 		--loss sparse_categorical_crossentropy --top-k 5 --trace --density --out $(OUT)/analyze
 	$(BIN)/python -m spectra sharpness data/gd_trajectory --data data/digits.npz \
-		--loss sparse_categorical_crossentropy --lr-from-notes --out $(OUT)/sharpness
-	@echo "Results and figures: $(OUT)/analyze and $(OUT)/sharpness"
+		--loss sparse_categorical_crossentropy --out $(OUT)/sharpness
+	@echo "Figures: $(OUT)/analyze/eigenvalues.png $(OUT)/analyze/density.png" \
+		"$(OUT)/sharpness/sharpness.png"
 
 test: $(VENV)/.installed
-	$(BIN)/ruff check spectra tests benchmarks
+	$(BIN)/ruff check spectra tests benchmarks data notebooks
 	$(BIN)/python -m pytest -q --timeout=900
 
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check spectra tests benchmarks notebooks
+	$(BIN)/ruff check spectra tests benchmarks data notebooks
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/hvp_speed.py
+	$(BIN)/python benchmarks/estimators_digits.py
+	$(BIN)/python benchmarks/memory_streaming.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache
