@@ -12,6 +12,7 @@ from spectra.density import negative_mass_fraction, spectral_density
 from spectra.diagonal import diagonal
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
 from spectra.lanczos import lanczos, tridiagonal_eigh
+from spectra.landscape import LandscapeResult, loss_landscape, random_direction
 from spectra.operator import HessianOperator
 from spectra.results import (
     DensityCurve,
@@ -35,6 +36,7 @@ __all__ = [
     "FrobeniusResult",
     "HessianOperator",
     "LanczosResult",
+    "LandscapeResult",
     "Result",
     "SharpnessCallback",
     "SpectralDensity",
@@ -47,7 +49,9 @@ __all__ = [
     "hutchinson_trace",
     "hutchpp_trace",
     "lanczos",
+    "loss_landscape",
     "negative_mass_fraction",
+    "random_direction",
     "spectral_density",
     "trace",
     "tridiagonal_eigh",

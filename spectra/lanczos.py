@@ -194,7 +194,12 @@ def _batched_lanczos(
         a = np.einsum("pn,pn->p", current[idx], w)
         beta_previous = beta[idx, step - 1] if step > 0 else np.zeros(idx.size)
         w -= a[:, None] * current[idx] + beta_previous[:, None] * previous[idx]
-        stored = basis[idx, : step + 1]  # (a, j, n)
+        # A view when every probe is active (the common case): fancy indexing would
+        # copy the whole stored basis at every step.
+        if idx.size == num_probes:
+            stored = basis[:, : step + 1]  # (P, j, n), no copy
+        else:
+            stored = basis[idx, : step + 1]  # (a, j, n)
         for _ in range(2):
             coefficients = np.matmul(stored, w[:, :, None])  # (a, j, 1)
             w -= np.matmul(stored.transpose(0, 2, 1), coefficients)[:, :, 0]
