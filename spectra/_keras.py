@@ -38,6 +38,42 @@ def check_model(model: Any) -> None:
         )
 
 
+def resolve_variables_and_dtype(
+    model: keras.Model, variables: Any, dtype: Any
+) -> tuple[list[Any], list[int], tf.DType]:
+    """The chosen variables, their positions in ``model.weights``, and the compute dtype.
+
+    ``variables`` defaults to the trainable variables (a subset gives a Hessian block);
+    positions identify the same weights in a clone of the model. ``dtype`` defaults to
+    the variables' dtype and must be float32 or float64.
+    """
+    all_weights = list(model.weights)
+    chosen = list(model.trainable_variables) if variables is None else list(variables)
+    if not chosen:
+        raise ValueError(f"model {model.name!r} has no trainable variables.")
+    positions = []
+    for v in chosen:
+        matches = [i for i, w in enumerate(all_weights) if w is v]
+        if not matches:
+            raise ValueError(
+                f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
+            )
+        positions.append(matches[0])
+    target = tf.as_dtype(chosen[0].dtype if dtype is None else dtype)
+    if not target.is_floating or target.size < 4:
+        raise TypeError(
+            f"dtype must be float32 or float64; got {target.name}. Hessian products in "
+            "half precision lose most of their digits."
+        )
+    return chosen, positions, target
+
+
+def model_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
+    """``model`` itself if it computes in ``dtype``, else a clone that does (float64
+    products of a float32 model, float32 products of a mixed-precision model)."""
+    return model if computes_in(model, dtype) else clone_in_dtype(model, dtype)
+
+
 def model_strategy(model: keras.Model) -> tf.distribute.Strategy | None:
     """The ``tf.distribute`` strategy in scope when ``model`` was built, or the current one.
 

@@ -268,25 +268,8 @@ def _compile_loss(
 
     The model, dtype and loss are resolved as in :meth:`HessianOperator.from_keras`.
     """
-    all_weights = list(model.weights)
-    chosen = list(model.trainable_variables) if variables is None else list(variables)
-    if not chosen:
-        raise ValueError(f"model {model.name!r} has no trainable variables.")
-    positions = []
-    for v in chosen:
-        matches = [i for i, w in enumerate(all_weights) if w is v]
-        if not matches:
-            raise ValueError(
-                f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
-            )
-        positions.append(matches[0])
-    target = tf.as_dtype(chosen[0].dtype if dtype is None else dtype)
-    if not target.is_floating or target.size < 4:
-        raise TypeError(f"dtype must be float32 or float64; got {target.name}.")
-    if _keras.computes_in(model, target):
-        run_model = model
-    else:
-        run_model = _keras.clone_in_dtype(model, target)
+    _, positions, target = _keras.resolve_variables_and_dtype(model, variables, dtype)
+    run_model = _keras.model_in_dtype(model, target)
     shifted_variables = [run_model.weights[i] for i in positions]
     shapes = [tuple(v.shape) for v in shifted_variables]
     sizes = [int(np.prod(shape)) for shape in shapes]

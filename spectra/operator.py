@@ -212,29 +212,7 @@ class HessianOperator(LinearOperator):
         _keras.check_model(model)
         if strategy is None:
             strategy = _keras.model_strategy(model)
-        all_weights = list(model.weights)
-        if variables is None:
-            variables = list(model.trainable_variables)
-        variables = list(variables)
-        if not variables:
-            raise ValueError(f"model {model.name!r} has no trainable variables.")
-        positions = []
-        for v in variables:
-            matches = [i for i, w in enumerate(all_weights) if w is v]
-            if not matches:
-                raise ValueError(
-                    f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
-                )
-            positions.append(matches[0])
-        model_dtype = tf.as_dtype(variables[0].dtype)
-        target = model_dtype if dtype is None else tf.as_dtype(dtype)
-        if not target.is_floating or target.size < 4:
-            raise TypeError(
-                f"dtype must be float32 or float64; got {target.name}. Hessian products in "
-                "half precision lose most of their digits."
-            )
-        # Mixed-precision models compute in float16/bfloat16: clone them to the target.
-        needs_clone = not _keras.computes_in(model, target)
+        variables, positions, target = _keras.resolve_variables_and_dtype(model, variables, dtype)
         batches = Batches(data, batch_size, cast_floats_to=target)
         spec = batches.element_spec
         loss_key = loss if isinstance(loss, str) else id(loss)
@@ -252,7 +230,7 @@ class HessianOperator(LinearOperator):
         owners = (model, loss)
 
         def build() -> HVPEngine:
-            run_model = _keras.clone_in_dtype(model, target) if needs_clone else model
+            run_model = _keras.model_in_dtype(model, target)
             loss_fn = _keras.keras_loss_fn(
                 run_model,
                 loss,
