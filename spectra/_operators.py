@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the console bar: no ipywidgets needed in notebooks
 
 SeedLike = int | np.random.Generator | None
 
