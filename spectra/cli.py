@@ -559,23 +559,11 @@ def _analyze(args: argparse.Namespace) -> None:
         command=args.command_line,
         versions=_versions(),
         settings={
-            "loss": args.loss,
-            "top_k": args.top_k,
-            "method": args.method,
-            "tol": args.tol,
-            "trace": args.trace,
-            "trace_method": args.trace_method if args.trace else None,
-            "trace_products": args.trace_products if args.trace else None,
+            **_measurement_settings(args),
             "density": args.density,
             "density_steps": args.density_steps if args.density else None,
             "density_probes": args.density_probes if args.density else None,
-            "batch_size": args.batch_size,
-            "max_examples": args.max_examples,
-            "float64": args.float64,
             "dtype": str(op.dtype),
-            "training": args.training,
-            "seed": args.seed,
-            "builder": args.builder,
         },
         model=_model_description(args.model, model, op.shape[0]),
         data=_data_description(args, data),
@@ -669,11 +657,10 @@ def _fingerprint(data: Any) -> str:
     return digest.hexdigest()
 
 
-def _sharpness_settings(args: argparse.Namespace, data: Any) -> dict[str, Any]:
-    values = {
+def _measurement_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that decide the numbers of ``analyze`` and ``sharpness``."""
+    return {
         "loss": args.loss,
-        "data_sha256": _fingerprint(data),
-        "num_examples": data.num_examples,
         "max_examples": args.max_examples,
         "seed": args.seed,
         "top_k": args.top_k,
@@ -686,6 +673,14 @@ def _sharpness_settings(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "float64": args.float64,
         "training": args.training,
         "builder": args.builder,
+    }
+
+
+def _sharpness_settings(args: argparse.Namespace, data: Any) -> dict[str, Any]:
+    values = {
+        **_measurement_settings(args),
+        "data_sha256": _fingerprint(data),
+        "num_examples": data.num_examples,
     }
     return {name: values[name] for name in _SHARPNESS_NUMBER_SETTINGS}
 
