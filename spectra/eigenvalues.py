@@ -557,10 +557,14 @@ def eigenvalues(
     vectors = vectors / np.linalg.norm(vectors, axis=0)
     images = counter.matmat(vectors)
     residual_norms = np.linalg.norm(images - vectors * values, axis=0)
+    # The operator's own rounding limits every eigenvalue to about eps·‖A‖ (float32
+    # Hessian products: ~1e-7·λ₁), however small the method's bound.
+    scale = max(float(np.max(np.abs(values), initial=0.0)), counter.norm_estimate or 0.0)
+    error_bounds = np.maximum(np.asarray(bounds, dtype=np.float64), counter.eps * scale)
     return EigenResult(
         eigenvalues=np.asarray(values, dtype=np.float64),
         residual_norms=residual_norms,
-        error_bounds=np.asarray(bounds, dtype=np.float64),
+        error_bounds=error_bounds,
         converged=np.asarray(converged, dtype=bool),
         which=which,
         method=method,

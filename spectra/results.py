@@ -92,7 +92,8 @@ class EigenResult(Result):
     ``residual_norms`` are ``‖A v − λ v‖`` recomputed with one final product of
     the returned vectors; ``error_bounds`` are the method's eigenvalue error
     bounds (``min(r, r²/gap)`` for Lanczos/LOBPCG, the residual for power
-    iteration); ``converged`` says whether each pair met ``tol``.
+    iteration), never below the operator's rounding eps·‖A‖ (about 1e-7·λ₁ for
+    float32 Hessian products); ``converged`` says whether each pair met ``tol``.
     """
 
     eigenvalues: np.ndarray
