@@ -101,14 +101,20 @@ def _user_errors() -> Iterator[None]:
 
 
 @dataclass
-class AnalysisReport(Result):
-    """Everything ``spectra analyze`` computed, as written to ``results.json``."""
+class _CommandReport(Result):
+    """What every command records: how it was called, with which versions, on what data."""
 
     command: str
     versions: dict[str, str]
     settings: dict[str, Any]
-    model: dict[str, Any]
     data: dict[str, Any]
+
+
+@dataclass
+class AnalysisReport(_CommandReport):
+    """Everything ``spectra analyze`` computed, as written to ``results.json``."""
+
+    model: dict[str, Any]
     loss: float
     eigenvalues: EigenResult
     eigenvalue_ratio: float | None
@@ -123,13 +129,9 @@ class AnalysisReport(Result):
 
 
 @dataclass
-class SharpnessReport(Result):
+class SharpnessReport(_CommandReport):
     """Per-checkpoint sharpness of a training run, as written to ``sharpness.json``."""
 
-    command: str
-    versions: dict[str, str]
-    settings: dict[str, Any]
-    data: dict[str, Any]
     learning_rate: float | None
     learning_rate_source: str | None
     edge_of_stability: float | None
@@ -137,14 +139,10 @@ class SharpnessReport(Result):
 
 
 @dataclass
-class LandscapeReport(Result):
+class LandscapeReport(_CommandReport):
     """What ``spectra landscape`` computed, as written to ``landscape.json``."""
 
-    command: str
-    versions: dict[str, str]
-    settings: dict[str, Any]
     model: dict[str, Any]
-    data: dict[str, Any]
     eigenvalues: EigenResult
     directions: dict[str, str]
     curves: LandscapeResult

@@ -91,6 +91,34 @@ def _adaptive_mean(
     return moments, "budget"
 
 
+def _trace_result(
+    method: str,
+    estimate: float,
+    stderr: float,
+    stopped: str,
+    counter: _ProductCounter,
+    started: float,
+    seed: SeedLike,
+    check_symmetry: bool,
+    **settings: Any,
+) -> TraceResult:
+    """A :class:`TraceResult` with the counts and timing every trace method reports."""
+    return TraceResult(
+        estimate=float(estimate),
+        stderr=float(stderr),
+        method=method,
+        stopped=stopped,
+        num_products=counter.num_products,
+        num_operator_calls=counter.num_operator_calls,
+        wall_time=time.perf_counter() - started,
+        settings={
+            **settings,
+            "seed": _seed_setting(seed),
+            "check_symmetry": bool(check_symmetry),
+        },
+    )
+
+
 def hutchinson_trace(
     op: Any,
     num_products: int = 100,
@@ -124,22 +152,19 @@ def hutchinson_trace(
 
     with _progress(num_products, "trace (hutchinson)", progress) as bar:
         moments, stopped = _adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
-    return TraceResult(
-        estimate=float(moments.mean),
-        stderr=float(moments.stderr()),
-        method="hutchinson",
-        stopped=stopped,
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_products": num_products,
-            "rtol": rtol,
-            "block_size": block_size,
-            "num_probes": moments.count,
-            "seed": _seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+    return _trace_result(
+        "hutchinson",
+        moments.mean,
+        moments.stderr(),
+        stopped,
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        rtol=rtol,
+        block_size=block_size,
+        num_probes=moments.count,
     )
 
 
@@ -195,23 +220,20 @@ def hutchpp_trace(
             return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
         moments, stopped = _adaptive_mean(draw, remaining, first_width, rtol, exact_part, bar)
-    return TraceResult(
-        estimate=exact_part + float(moments.mean),
-        stderr=float(moments.stderr()),
-        method="hutch++",
-        stopped=stopped,
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_products": num_products,
-            "rtol": rtol,
-            "block_size": first_width,
-            "sketch_size": sketch_size,
-            "num_probes": moments.count,
-            "seed": _seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+    return _trace_result(
+        "hutch++",
+        exact_part + float(moments.mean),
+        moments.stderr(),
+        stopped,
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        rtol=rtol,
+        block_size=first_width,
+        sketch_size=sketch_size,
+        num_probes=moments.count,
     )
 
 
@@ -314,21 +336,18 @@ def xtrace(
         bar.update(s)
         estimates = _xtrace_estimates(test, image, counter)
         bar.update(s)
-    return TraceResult(
-        estimate=float(estimates.mean()),
-        stderr=float(estimates.std(ddof=1) / math.sqrt(s)) if s > 1 else float("nan"),
-        method="xtrace",
-        stopped="budget",
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_products": num_products,
-            "num_test_vectors": s,
-            "distribution": distribution,
-            "seed": _seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+    return _trace_result(
+        "xtrace",
+        estimates.mean(),
+        estimates.std(ddof=1) / math.sqrt(s) if s > 1 else float("nan"),
+        "budget",
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        num_test_vectors=s,
+        distribution=distribution,
     )
 
 
