@@ -327,16 +327,25 @@ class _KrylovSchur:
         return values[wanted], vectors, bounds[wanted], converged
 
 
-def _lanczos_method(counter, k, which, tol, budget, rng, bar):
+def _start_vectors(n: int, columns: int, v0: np.ndarray | None, rng: np.random.Generator):
+    """``columns`` start vectors: those of ``v0`` first, random Gaussian ones after."""
+    given = np.zeros((n, 0)) if v0 is None else v0[:, :columns]
+    extra = rng.standard_normal((n, columns - given.shape[1]))
+    return np.concatenate([given, extra], axis=1)
+
+
+def _lanczos_method(counter, k, which, tol, budget, rng, bar, v0):
     n = counter.n
     ncv = min(n, max(2 * k + 1, 20))
-    solver = _KrylovSchur(counter, k, which, tol, budget, rng.standard_normal(n), rng, ncv, bar)
+    # A single Krylov start: the sum of the given unit vectors contains each of them.
+    start = rng.standard_normal(n) if v0 is None else v0.sum(axis=1)
+    solver = _KrylovSchur(counter, k, which, tol, budget, start, rng, ncv, bar)
     solver.run()
     values, vectors, bounds, converged = solver.result()
     return values, vectors, bounds, converged, {"ncv": ncv}
 
 
-def _power_method(counter, k, which, tol, budget, rng, bar):
+def _power_method(counter, k, which, tol, budget, rng, bar, v0):
     """Power iteration with deflation; "smallest" runs on −A.
 
     For "largest" (and "smallest") an indefinite spectrum whose dominant
@@ -353,9 +362,10 @@ def _power_method(counter, k, which, tol, budget, rng, bar):
     values, bounds, converged = [], [], []
     spent = 0
     anorm = counter.norm_estimate or 0.0
+    starts = _start_vectors(n, k, v0, rng)
     for index in range(k):
         allowance = budget - spent - (k - index - 1)
-        vector = _orthogonalize(rng.standard_normal(n), found)
+        vector = _orthogonalize(starts[:, index], found)
         vector /= np.linalg.norm(vector)
         value, residual, done = 0.0, np.inf, False
         used = 0
@@ -396,7 +406,7 @@ def _power_method(counter, k, which, tol, budget, rng, bar):
     )
 
 
-def _lobpcg_method(counter, k, which, tol, budget, rng, bar):
+def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0):
     """scipy LOBPCG on a block of k + extra vectors, restarted with a tighter
     residual tolerance until the eigenvalue bounds meet ``tol``.
 
@@ -430,7 +440,7 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar):
         return out
 
     operator = LinearOperator((n, n), matvec=apply, matmat=apply, dtype=np.float64)
-    x = rng.standard_normal((n, block))
+    x = _start_vectors(n, block, v0, rng)
     spent_before = counter.num_products
     anorm = counter.norm_estimate or 0.0
     residual_tol = None
@@ -503,6 +513,7 @@ def eigenvalues(
     seed: SeedLike = 0,
     progress: bool | None = None,
     check_symmetry: bool = True,
+    v0: np.ndarray | None = None,
 ) -> EigenResult:
     """The k extreme eigenvalues of a symmetric operator.
 
@@ -523,6 +534,11 @@ def eigenvalues(
         residual check (k products) come on top and are included in
         ``num_products``.
     return_eigenvectors : include the unit-norm eigenvectors (n × k).
+    v0 : optional start, shape (n,) or (n, j): e.g. the eigenvectors of a nearby
+        operator (the previous checkpoint of a training run), which cuts the
+        products needed. "lanczos" starts its Krylov space from the sum of the
+        (normalized) columns; "power" and "lobpcg" use the columns as their first
+        start vectors and fill up with random ones.
 
     Cost: "lanczos" one ``matvec`` per product; "power" one per iteration;
     "lobpcg" one ``matmat`` of up to k + max(2, k//2) columns per iteration.
@@ -548,11 +564,20 @@ def eigenvalues(
         raise ValueError(f"k must be <= n = {n}, got k = {k}")
     if max_products < k:
         raise ValueError(f"max_products must be >= k = {k}, got {max_products}")
+    if v0 is not None:
+        v0 = np.asarray(v0, dtype=np.float64)
+        v0 = v0.reshape(-1, 1) if v0.ndim == 1 else v0
+        if v0.ndim != 2 or v0.shape[0] != n or v0.shape[1] < 1:
+            raise ValueError(f"v0 must have shape ({n},) or ({n}, j), got {v0.shape}")
+        norms = np.linalg.norm(v0, axis=0)
+        if not np.all(np.isfinite(v0)) or not np.all(norms > 0):
+            raise ValueError("v0 must hold finite, nonzero vectors")
+        v0 = v0 / norms
     rng = _rng(seed)
     solvers = {"lanczos": _lanczos_method, "power": _power_method, "lobpcg": _lobpcg_method}
     with _progress(max_products, f"eigenvalues ({method})", progress) as bar:
         values, vectors, bounds, converged, info = solvers[method](
-            counter, k, which, float(tol), max_products, rng, bar
+            counter, k, which, float(tol), max_products, rng, bar, v0
         )
     vectors = vectors / np.linalg.norm(vectors, axis=0)
     images = counter.matmat(vectors)
@@ -578,6 +603,7 @@ def eigenvalues(
             "seed": seed if isinstance(seed, (int, type(None))) else "generator",
             "check_symmetry": bool(check_symmetry),
             "dimension": n,
+            "v0_given": v0 is not None,
             **info,
         },
         eigenvectors=vectors if return_eigenvectors else None,

@@ -221,3 +221,27 @@ def test_eigenvalue_ratio_and_progress():
     assert eigenvalue_ratio(result, 0, 1) == pytest.approx(2.0, rel=1e-8)
     with pytest.raises(ValueError, match="out of range"):
         eigenvalue_ratio(result, 0, 5)
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power", "lobpcg"])
+def test_warm_start_from_eigenvectors_needs_fewer_products(method):
+    rng = np.random.default_rng(3)
+    n = 200
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    values = np.concatenate([[10.0, 9.0], np.linspace(-1.0, 5.0, n - 2)])
+    a = (q * values) @ q.T
+    cold = eigenvalues(a, k=2, method=method, tol=1e-8, seed=0, return_eigenvectors=True)
+    nearby = a + 1e-3 * np.diag(rng.standard_normal(n))
+    truth = np.linalg.eigvalsh(nearby)[::-1][:2]
+    warm = eigenvalues(nearby, k=2, method=method, tol=1e-8, seed=0, v0=cold.eigenvectors)
+    cold_again = eigenvalues(nearby, k=2, method=method, tol=1e-8, seed=0)
+    np.testing.assert_allclose(warm.eigenvalues, truth, rtol=1e-6)
+    assert warm.num_products < cold_again.num_products
+
+
+def test_v0_is_validated():
+    a = np.diag(np.arange(1.0, 6.0))
+    with pytest.raises(ValueError, match="v0 must have shape"):
+        eigenvalues(a, v0=np.ones(4))
+    with pytest.raises(ValueError, match="finite, nonzero"):
+        eigenvalues(a, v0=np.zeros(5))
