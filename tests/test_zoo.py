@@ -1,0 +1,158 @@
+"""Every supported architecture against its dense Hessian (tf.GradientTape.jacobian).
+
+For each model of tests/_zoo.py: the float64 operator's products, gradient and loss agree
+with the Hessian of a float64 copy of the model to 1e-9 relative (round-off is ~1e-14, a
+real bug is O(1)), the float32 operator's products to 1e-4 (float32 round-off through a
+few layers is ~1e-6), and the top eigenvalue from spectra.eigenvalues to 1e-8. The
+reference calls the float64 copy directly, ``model(x, training=...)``, with Keras' loss
+and ``model.losses`` — none of spectra's machinery.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from _dense import batch_weighted, dense_hessian, flat_gradient, relative_error
+from _zoo import ZOO, ZooEntry
+
+import spectra
+from spectra import _keras
+from spectra.operators import HessianOperator
+from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE, clear_engine_cache
+
+N = 12
+
+
+def _float64_copy(entry: ZooEntry, model: keras.Model) -> keras.Model:
+    copy = entry.build("float64")
+    copy.set_weights(
+        [w.astype(np.float64) if w.dtype.kind == "f" else w for w in model.get_weights()]
+    )
+    return copy
+
+
+def _cast(tree, dtype):
+    return tf.nest.map_structure(
+        lambda a: a.astype(dtype) if np.asarray(a).dtype.kind == "f" else a, tree
+    )
+
+
+def _reference(entry: ZooEntry, model64: keras.Model, data: tuple):
+    """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy."""
+    x, y = _cast(data, "float64")
+    training = entry.kwargs.get("training", False)
+    structured = _keras.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
+    bs = N if entry.batch_size is None else entry.batch_size
+    terms = []
+    for index, start in enumerate(range(0, N, bs)):
+
+        def take(a, s=start):
+            return tf.nest.map_structure(lambda t: t[s : s + bs], a)
+
+        seeds = _seed_states(model64, index) if training else []
+
+        def batch_loss(take=take, seeds=seeds):
+            # Dropout (training=True) draws from the documented seeds: each seed generator
+            # state as the operator snapshotted it, plus [batch index, 0].
+            with keras.StatelessScope(state_mapping=seeds, collect_losses=True):
+                outputs = model64(take(x), training=training)
+                extra = list(model64.losses)
+            value = structured(model64, take(y), outputs, None)
+            return value + (tf.add_n(extra) if extra else 0.0)
+
+        terms.append((batch_loss, min(bs, N - start) / N))
+    fn = batch_weighted(terms)
+    variables = model64.trainable_variables
+    return dense_hessian(fn, variables), flat_gradient(fn, variables), float(fn())
+
+
+def _seed_states(model: keras.Model, batch_index: int) -> list:
+    mapping = []
+    for v in model.non_trainable_variables:
+        if str(v.path).endswith("seed_generator_state"):
+            base = np.asarray(v.numpy())
+            mapping.append((v, tf.constant(base + np.array([batch_index, 0], base.dtype))))
+    assert mapping
+    return mapping
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engines():
+    clear_engine_cache()
+    yield
+    clear_engine_cache()
+
+
+def _operator(entry: ZooEntry, model: keras.Model, data: tuple, **kwargs) -> HessianOperator:
+    if entry.compiled:
+        model.compile(loss=entry.loss, loss_weights=entry.loss_weights)
+        loss = None
+    else:
+        loss = entry.loss
+    return HessianOperator.from_keras(
+        model, loss, data, batch_size=entry.batch_size, **entry.kwargs, **kwargs
+    )
+
+
+@pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
+def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
+    keras.utils.set_random_seed(5)
+    model = entry.build("float32")
+    data = entry.data(rng, N, 4)
+    model64 = _float64_copy(entry, model)
+    if entry.kwargs.get("training"):
+        # The float64 copy draws from the same seed generator states as the model.
+        for a, b in zip(model.non_trainable_variables, model64.non_trainable_variables):
+            b.assign(a.numpy())
+    op64 = _operator(entry, model64, _cast(data, "float64"))
+    op32 = _operator(entry, model, data)
+    H, g, loss = _reference(entry, model64, data)
+    n = H.shape[0]
+    assert op64.shape == (n, n) and n <= 300
+    assert op64.product_path == "split", op64.fallback_reason
+    V = rng.standard_normal((n, 3))
+    assert relative_error(op64.matmat(V), H @ V) < 1e-9
+    assert relative_error(op64.matvec(V[:, 0]), H @ V[:, 0]) < 1e-9
+    assert relative_error(op64.gradient(), g) < 1e-9
+    assert op64.loss() == pytest.approx(loss, rel=1e-10)
+    products32 = op32.matmat(V.astype(np.float32)).astype(np.float64)
+    assert op32.dtype == np.float32
+    if entry.float32_reference:
+        assert relative_error(products32, H @ V) < 1e-4
+    top = spectra.eigenvalues(op64, k=1, tol=1e-12, seed=0, progress=False)
+    exact = np.linalg.eigvalsh(H)[-1]
+    assert abs(top.eigenvalues[0] - exact) <= 1e-8 * abs(exact)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm-masked"])
+def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
+    entry = next(e for e in ZOO if e.name == name)
+    keras.utils.set_random_seed(5)
+    model = entry.build("float32")
+    data = entry.data(rng, N, 4)
+    split = _operator(entry, model, data, dtype=np.float64)
+    monkeypatch.setenv(SPLIT_ENVIRONMENT_VARIABLE, "0")
+    for cache in (True, False):
+        recompute = _operator(entry, model, data, dtype=np.float64, cache=cache)
+        assert split.product_path == "split" and recompute.product_path == "recompute"
+        assert "disabled" in recompute.fallback_reason
+        V = rng.standard_normal((split.shape[0], 4))
+        assert relative_error(recompute.matmat(V), split.matmat(V)) < 1e-12
+        v = V[:, 0]
+        assert relative_error(recompute.matvec(v), split.matvec(v)) < 1e-12
+        np.testing.assert_allclose(recompute.gradient(), split.gradient(), rtol=1e-12)
+
+
+def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
+    # Loop accumulators (TensorLists) are cached; products must never consume them.
+    entry = next(e for e in ZOO if e.name == "lstm-masked")
+    model = entry.build("float32")
+    op = _operator(entry, model, entry.data(rng, N, 4), dtype=np.float64, cache=True)
+    v = rng.standard_normal(op.shape[0])
+    first = op.matvec(v)
+    for _ in range(3):
+        np.testing.assert_array_equal(op.matvec(v), first)
+        np.testing.assert_array_equal(op.matmat(np.stack([v, v], 1))[:, 1], first)
+    assert op.cache_nbytes > 0
