@@ -47,18 +47,18 @@ def check_model(model: Any) -> None:
 
 
 def _check_compute_dtype(dtype: Any) -> tf.DType:
+    supported = ", ".join(SUPPORTED_DTYPES)
     try:
         target = tf.as_dtype(dtype)
     except TypeError as err:
-        raise TypeError(
-            f"dtype must be one of {', '.join(SUPPORTED_DTYPES)} (float32 or float64); got "
-            f"{dtype!r}."
-        ) from err
+        raise TypeError(f"dtype must be one of {supported}; got {dtype!r}.") from err
     if target.name not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"dtype must be float32 or float64 (supported: {', '.join(SUPPORTED_DTYPES)}); got "
-            f"{target.name}. Hessian products in half precision lose most of their digits."
+        why = (
+            " Hessian products in half precision lose most of their digits."
+            if target.is_floating
+            else ""
         )
+        raise TypeError(f"dtype must be one of {supported}; got {target.name}.{why}")
     return target
 
 

@@ -83,7 +83,7 @@ def model_distribute_strategy(model: Any) -> tf.distribute.Strategy | None:
 
 
 def flatten_layers(model: Any) -> list[Any]:
-    """All layers nested in ``model`` (not the model itself), depth first."""
+    """All layers nested in ``model`` (not the model itself), in no guaranteed order."""
     private = getattr(model, "_flatten_layers", None)
     if private is not None:
         return list(private(include_self=False, recursive=True))

@@ -576,5 +576,135 @@ def test_mixed_precision_model_gets_full_precision_products(policy, rng):
     assert relative_error(op32.matmat(V).astype(np.float64), H @ V) < 2e-5
     assert relative_error(op64.matmat(V), H @ V) < F64_RTOL
     assert mixed.layers[0].compute_dtype != "float32"  # the model keeps its policy
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="one of float32, float64; got float16"):
         HessianOperator.from_keras(mixed, SCE, (x, y), dtype="float16")
+
+
+# -- bad models, bad weights, bad arguments ---------------------------------------------
+class _Unbuilt(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_subclassed_model_never_built(rng):
+    with pytest.raises(ValueError, match="not built.*model.build"):
+        HessianOperator.from_keras(_Unbuilt(), SCE, classification_data(rng))
+
+
+def test_loss_that_does_not_match_the_outputs(rng):
+    x, y = classification_data(rng)
+    with pytest.raises(ValueError, match=r"loss has keys \['foo'\].*outputs are named"):
+        HessianOperator.from_keras(mlp(), {"foo": SCE}, (x, y))
+    with pytest.raises(ValueError, match="2 entries but the model has 1 output"):
+        HessianOperator.from_keras(mlp(), [SCE, SCE], (x, y))
+    onehot5 = np.eye(5)[y % 5]
+    with pytest.raises(ValueError, match=r"does not fit model output.*\(None, 5\).*\(None, 3\)"):
+        HessianOperator.from_keras(mlp(), "categorical_crossentropy", (x, onehot5))
+    model = multi_input()
+    xs = {"a": rng.standard_normal((9, 3)), "b": rng.standard_normal((9, 2))}
+    with pytest.raises(ValueError, match="does not fit"):
+        HessianOperator.from_keras(model, "mse", (xs, rng.standard_normal((9, 4))))
+
+
+def test_model_with_integer_outputs(rng):
+    inputs = keras.Input((5,), dtype="float64")
+    logits = keras.layers.Dense(3, dtype="float64")(inputs)
+    model = keras.Model(inputs, keras.ops.argmax(logits, axis=-1))
+    with pytest.raises(TypeError, match="dtype int.*no derivative"):
+        HessianOperator.from_keras(model, "mse", classification_data(rng))
+
+
+def test_non_finite_weights_are_refused_naming_the_variable(rng):
+    model = mlp()
+    kernel = model.layers[0].kernel
+    value = kernel.numpy()
+    value[0, 0], value[1, 2], value[2, 2] = np.nan, np.nan, np.inf
+    kernel.assign(value)
+    with pytest.raises(ValueError, match=rf"{kernel.path}.*3 non-finite entries \(2 NaN, 1 Inf\)"):
+        HessianOperator.from_keras(model, SCE, classification_data(rng))
+    bn = batchnorm_model()
+    bn.layers[1].moving_variance.assign([1.0, np.inf, 1.0, 1.0])
+    with pytest.raises(ValueError, match="moving_variance.*1 non-finite"):
+        HessianOperator.from_keras(bn, SCE, classification_data(rng))
+    w = tf.Variable([1.0, np.nan], name="w")
+    with pytest.raises(ValueError, match="'w.*1 non-finite entries"):
+        HessianOperator(lambda: tf.reduce_sum(w**2), [w])
+
+
+def test_non_finite_batch_is_named(rng):
+    # A ReLU network: oneDNN's fused matmul+ReLU can turn a NaN input into a finite loss,
+    # so the gradient is checked too.
+    model = mlp(activation="relu")
+    x, y = classification_data(rng)
+    x[8, 0] = np.nan
+    op = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3)
+    with pytest.raises(ValueError, match=r"batch 2 \(3 examples\) gives a non-finite"):
+        op.loss()
+    x[8, 0] = np.inf
+    streaming = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3, cache=False)
+    with pytest.raises(ValueError, match="batch 2"):
+        streaming.matvec(np.ones(streaming.shape[0]))
+
+
+def test_vector_beyond_the_operators_dtype(rng):
+    op = HessianOperator.from_keras(mlp("float32"), SCE, classification_data(rng, dtype="float32"))
+    huge = np.ones(op.shape[0])
+    huge[4] = 1e39  # finite in float64, infinite in float32
+    with pytest.raises(ValueError, match=r"entries up to 1e\+39, beyond the largest float32"):
+        op.matvec(huge)
+    # Fits float32, but the product overflows: refused, not returned as inf/NaN.
+    with pytest.raises(ValueError, match="Hessian product is not finite.*overflows float32"):
+        op.matvec(np.full(op.shape[0], 3e38))
+
+
+def test_variable_listed_twice(rng):
+    model = mlp()
+    kernel = model.layers[0].kernel
+    with pytest.raises(ValueError, match="listed twice"):
+        HessianOperator.from_keras(model, SCE, classification_data(rng), variables=[kernel, kernel])
+    w = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"listed twice in variables \(positions 0 and 1\)"):
+        HessianOperator(lambda: tf.reduce_sum(w**3), [w, w])
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, np.float64(1.0)])
+def test_training_must_be_a_bool(value, rng):
+    with pytest.raises(TypeError, match="training must be True or False"):
+        HessianOperator.from_keras(mlp(), SCE, classification_data(rng), training=value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int32", "not-a-dtype"])
+def test_dtype_errors_list_the_supported_dtypes(dtype, rng):
+    with pytest.raises(TypeError, match="dtype must be one of float32, float64"):
+        HessianOperator.from_keras(mlp(), SCE, classification_data(rng), dtype=dtype)
+
+
+def test_graph_errors_name_their_root_cause_first(rng):
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="int32"),
+            keras.layers.Embedding(6, 2, dtype="float64"),
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+    tokens = rng.integers(0, 6, (10, 3)).astype("int32")
+    tokens[7, 1] = 10  # outside the vocabulary
+    op = HessianOperator.from_keras(model, SCE, (tokens, rng.integers(0, 3, 10)), batch_size=5)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        op.loss()
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith("batch 1: indices[2,1] = 10 is not in [0, 6)"), first_line
+    assert "Graph execution error" not in first_line
+    assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
+
+
+def test_data_is_required_and_the_compiled_loss_must_exist(rng):
+    with pytest.raises(ValueError, match="data is required"):
+        HessianOperator.from_keras(mlp(), SCE)
+    with pytest.raises(ValueError, match="loss=None means the loss .* was compiled with"):
+        HessianOperator.from_keras(mlp(), None, classification_data(rng))

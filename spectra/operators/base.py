@@ -600,10 +600,10 @@ class CurvatureOperator(LinearOperator):
         count = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
         where = f"batches {bad_batches[:10]}" if bad_batches else "the sum over batches (overflow)"
         raise ValueError(
-            f"the {self.curvature} product is not finite ({count} NaN/Inf entries, from "
-            f"{where}) although the weights, the batch losses and gradients are finite: the "
-            f"product overflows {self.dtype} for this vector. Scale the vector down (products "
-            "are linear) or build the operator with dtype=np.float64."
+            f"the {self._engine.curvature.title} product is not finite ({count} NaN/Inf "
+            f"entries, from {where}) although the weights, the batch losses and gradients "
+            f"are finite: the product overflows {self.dtype} for this vector. Scale the "
+            "vector down (products are linear) or build the operator with dtype=np.float64."
         )
 
     def __repr__(self) -> str:

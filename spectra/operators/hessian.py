@@ -30,6 +30,7 @@ class Hessian(Curvature):
     """The Hessian ∇²L_b: reverse-over-reverse differentiation of the batch loss."""
 
     name = "hessian"
+    title = "Hessian"
 
     def build(self, problem: BatchProblem) -> CurvatureParts:
         loss = problem.loss()

@@ -66,6 +66,8 @@ class Curvature(abc.ABC):
     """
 
     name: ClassVar[str]
+    #: How messages name the matrix ("Hessian", "generalized Gauss-Newton", ...).
+    title: ClassVar[str] = "curvature"
     #: True for matrices that need the split at the model's output (GGN, Fisher): they
     #: can only be built from Keras models (:meth:`BatchProblem.model_outputs`).
     needs_model_outputs: ClassVar[bool] = False
