@@ -13,7 +13,7 @@ from spectra.diagonal import diagonal
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
 from spectra.lanczos import lanczos, tridiagonal_eigh
 from spectra.landscape import LandscapeResult, loss_landscape, random_direction
-from spectra.operator import HessianOperator
+from spectra.operators import HessianOperator
 from spectra.results import (
     DensityCurve,
     DiagonalResult,

@@ -15,8 +15,13 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from _dense import batch_weighted, dense_hessian, flat_gradient
+
+from spectra import _keras
+from spectra.operators import HessianOperator
 
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+N = 12  # examples in the test data
 
 
 @dataclass
@@ -393,3 +398,69 @@ ZOO = [
         float32_reference=False,
     ),
 ]
+
+
+def operator_for(entry: ZooEntry, model: keras.Model, data: tuple, **kwargs) -> HessianOperator:
+    """The entry's Hessian operator (the compiled loss for entries that compile)."""
+    if entry.compiled:
+        model.compile(loss=entry.loss, loss_weights=entry.loss_weights)
+        loss = None
+    else:
+        loss = entry.loss
+    return HessianOperator.from_keras(
+        model, loss, data, batch_size=entry.batch_size, **entry.kwargs, **kwargs
+    )
+
+
+# -- dense ground truth -----------------------------------------------------------------
+def float64_copy(entry: ZooEntry, model: keras.Model) -> keras.Model:
+    copy = entry.build("float64")
+    copy.set_weights(
+        [w.astype(np.float64) if w.dtype.kind == "f" else w for w in model.get_weights()]
+    )
+    return copy
+
+
+def cast(tree, dtype):
+    return tf.nest.map_structure(
+        lambda a: a.astype(dtype) if np.asarray(a).dtype.kind == "f" else a, tree
+    )
+
+
+def dense_reference(entry: ZooEntry, model64: keras.Model, data: tuple):
+    """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy."""
+    x, y = cast(data, "float64")
+    training = entry.kwargs.get("training", False)
+    structured = _keras.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
+    bs = N if entry.batch_size is None else entry.batch_size
+    terms = []
+    for index, start in enumerate(range(0, N, bs)):
+
+        def take(a, s=start):
+            return tf.nest.map_structure(lambda t: t[s : s + bs], a)
+
+        seeds = seed_states(model64, index) if training else []
+
+        def batch_loss(take=take, seeds=seeds):
+            # Dropout (training=True) draws from the documented seeds: each seed generator
+            # state as the operator snapshotted it, plus [batch index, 0].
+            with keras.StatelessScope(state_mapping=seeds, collect_losses=True):
+                outputs = model64(take(x), training=training)
+                extra = list(model64.losses)
+            value = structured(model64, take(y), outputs, None)
+            return value + (tf.add_n(extra) if extra else 0.0)
+
+        terms.append((batch_loss, min(bs, N - start) / N))
+    fn = batch_weighted(terms)
+    variables = model64.trainable_variables
+    return dense_hessian(fn, variables), flat_gradient(fn, variables), float(fn())
+
+
+def seed_states(model: keras.Model, batch_index: int) -> list:
+    mapping = []
+    for v in model.non_trainable_variables:
+        if str(v.path).endswith("seed_generator_state"):
+            base = np.asarray(v.numpy())
+            mapping.append((v, tf.constant(base + np.array([batch_index, 0], base.dtype))))
+    assert mapping
+    return mapping

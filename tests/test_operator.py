@@ -9,7 +9,7 @@ import scipy.sparse.linalg as spla
 import tensorflow as tf
 from _dense import batch_weighted, dense_hessian, flat_gradient, relative_error
 
-from spectra.operator import HessianOperator
+from spectra.operators import HessianOperator
 
 F64_RTOL = 1e-11  # float64 products agree with the dense Hessian to round-off
 
@@ -140,6 +140,7 @@ def check_against_dense(op, H, rng, k=4):
 
 
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SCE64 = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
 
 
 @pytest.mark.parametrize(
@@ -464,6 +465,121 @@ def test_memory_does_not_grow_over_many_products(rng):
         op.matvec(v)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
     assert grown_kib < 30 * 1024, f"peak memory grew by {grown_kib} KiB over 2000 products"
+
+
+def test_multi_output_model_with_list_losses_weights_and_sample_weights(rng):
+    inputs = keras.Input((3,), dtype="float64")
+    hidden = keras.layers.Dense(4, activation="tanh", dtype="float64")(inputs)
+    classes = keras.layers.Dense(3, dtype="float64")(hidden)
+    values = keras.layers.Dense(2, dtype="float64")(hidden)
+    model = keras.Model(inputs, [classes, values])
+    x = rng.standard_normal((9, 3))
+    y = [rng.integers(0, 3, 9), rng.standard_normal((9, 2))]
+    sw = rng.uniform(0.2, 2.0, 9)
+    mse = keras.losses.MeanSquaredError(dtype="float64")
+    sce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+
+    def reference(weight):
+        terms = []
+        for s in range(0, 9, 4):
+            b = slice(s, s + 4)
+
+            def batch_loss(b=b):
+                out = model(x[b])
+                return sce(y[0][b], out[0], sample_weight=sw[b]) + weight * mse(
+                    y[1][b], out[1], sample_weight=sw[b]
+                )
+
+            terms.append((batch_loss, len(x[b]) / 9))
+        return dense_hessian(batch_weighted(terms), model.trainable_variables)
+
+    model.compile(loss=[sce, "mse"], loss_weights=[1.0, 0.25])
+    compiled = HessianOperator.from_keras(model, None, (x, y, sw), batch_size=4)
+    check_against_dense(compiled, reference(0.25), rng)
+    explicit = HessianOperator.from_keras(model, [sce, mse], (x, y, sw), batch_size=4)
+    check_against_dense(explicit, reference(1.0), rng)
+    with pytest.raises(ValueError, match="2 outputs.*y \\(the labels\\) is a single value"):
+        HessianOperator.from_keras(model, [sce, mse], (x, y[0]))
+
+
+def test_add_loss_terms_follow_include_regularization(rng):
+    from _zoo import add_loss
+
+    model = add_loss("float64")
+    x, y = classification_data(rng, n=10, shape=(4,))
+    with_terms = HessianOperator.from_keras(model, SCE, (x, y))
+    without = HessianOperator.from_keras(model, SCE, (x, y), include_regularization=False)
+
+    def data_loss():
+        return SCE64(y, model(x))
+
+    def full_loss():
+        value = data_loss()
+        return value + tf.add_n(model.losses)
+
+    variables = model.trainable_variables
+    check_against_dense(with_terms, dense_hessian(full_loss, variables), rng)
+    check_against_dense(without, dense_hessian(data_loss, variables), rng)
+
+
+def _dropout_model():
+    return keras.Sequential(
+        [
+            keras.Input((5,), dtype="float64"),
+            keras.layers.Dense(8, activation="tanh", dtype="float64"),
+            keras.layers.Dropout(0.5, dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+def test_dropout_seed_follows_its_documented_derivation(rng):
+    model = _dropout_model()
+    x, y = classification_data(rng, n=10)
+    op = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=11, batch_size=6)
+    state = model.layers[1].seed_generator.state
+
+    def batch_loss(s, b):
+        seed = tf.constant(np.array([11, 0], np.int64) + np.array([b, 0]), state.dtype)
+        with keras.StatelessScope(state_mapping=[(state, seed)]):
+            return SCE64(y[s : s + 6], model(x[s : s + 6], training=True))
+
+    terms = [
+        (lambda s=s, b=b: batch_loss(s, b), min(6, 10 - s) / 10)
+        for b, s in enumerate(range(0, 10, 6))
+    ]
+    H = dense_hessian(batch_weighted(terms), model.trainable_variables)
+    check_against_dense(op, H, rng)
+    same = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=11, batch_size=6)
+    other = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=12, batch_size=6)
+    v = rng.standard_normal(op.shape[0])
+    np.testing.assert_array_equal(same.matvec(v), op.matvec(v))
+    assert not np.allclose(other.matvec(v), op.matvec(v))
+    with pytest.raises(TypeError, match="seed must be an int"):
+        HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=1.5)
+
+
+@pytest.mark.slow
+def test_compiled_lstm_checkpoint_needs_no_loss(rng, tmp_path):
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(6, 2, mask_zero=True),
+            keras.layers.LSTM(3),
+            keras.layers.Dense(3),
+        ]
+    )
+    model.compile(optimizer="sgd", loss=SCE)
+    path = tmp_path / "lstm.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    tokens = rng.integers(0, 6, (8, 5)).astype("int32")
+    labels = rng.integers(0, 3, 8)
+    from_checkpoint = HessianOperator.from_keras(loaded, None, (tokens, labels))
+    explicit = HessianOperator.from_keras(model, SCE, (tokens, labels))
+    v = rng.standard_normal(explicit.shape[0]).astype(np.float32)
+    np.testing.assert_allclose(from_checkpoint.matvec(v), explicit.matvec(v), rtol=1e-5)
+    assert from_checkpoint.loss() == pytest.approx(explicit.loss(), rel=1e-6)
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -13,69 +13,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from _dense import batch_weighted, dense_hessian, flat_gradient, relative_error
-from _zoo import ZOO, ZooEntry
+from _dense import relative_error
+from _zoo import ZOO, N, ZooEntry, cast, dense_reference, float64_copy, operator_for
 
 import spectra
-from spectra import _keras
-from spectra.operators import HessianOperator
 from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE, clear_engine_cache
-
-N = 12
-
-
-def _float64_copy(entry: ZooEntry, model: keras.Model) -> keras.Model:
-    copy = entry.build("float64")
-    copy.set_weights(
-        [w.astype(np.float64) if w.dtype.kind == "f" else w for w in model.get_weights()]
-    )
-    return copy
-
-
-def _cast(tree, dtype):
-    return tf.nest.map_structure(
-        lambda a: a.astype(dtype) if np.asarray(a).dtype.kind == "f" else a, tree
-    )
-
-
-def _reference(entry: ZooEntry, model64: keras.Model, data: tuple):
-    """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy."""
-    x, y = _cast(data, "float64")
-    training = entry.kwargs.get("training", False)
-    structured = _keras.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
-    bs = N if entry.batch_size is None else entry.batch_size
-    terms = []
-    for index, start in enumerate(range(0, N, bs)):
-
-        def take(a, s=start):
-            return tf.nest.map_structure(lambda t: t[s : s + bs], a)
-
-        seeds = _seed_states(model64, index) if training else []
-
-        def batch_loss(take=take, seeds=seeds):
-            # Dropout (training=True) draws from the documented seeds: each seed generator
-            # state as the operator snapshotted it, plus [batch index, 0].
-            with keras.StatelessScope(state_mapping=seeds, collect_losses=True):
-                outputs = model64(take(x), training=training)
-                extra = list(model64.losses)
-            value = structured(model64, take(y), outputs, None)
-            return value + (tf.add_n(extra) if extra else 0.0)
-
-        terms.append((batch_loss, min(bs, N - start) / N))
-    fn = batch_weighted(terms)
-    variables = model64.trainable_variables
-    return dense_hessian(fn, variables), flat_gradient(fn, variables), float(fn())
-
-
-def _seed_states(model: keras.Model, batch_index: int) -> list:
-    mapping = []
-    for v in model.non_trainable_variables:
-        if str(v.path).endswith("seed_generator_state"):
-            base = np.asarray(v.numpy())
-            mapping.append((v, tf.constant(base + np.array([batch_index, 0], base.dtype))))
-    assert mapping
-    return mapping
 
 
 @pytest.fixture(autouse=True)
@@ -85,30 +27,19 @@ def _fresh_engines():
     clear_engine_cache()
 
 
-def _operator(entry: ZooEntry, model: keras.Model, data: tuple, **kwargs) -> HessianOperator:
-    if entry.compiled:
-        model.compile(loss=entry.loss, loss_weights=entry.loss_weights)
-        loss = None
-    else:
-        loss = entry.loss
-    return HessianOperator.from_keras(
-        model, loss, data, batch_size=entry.batch_size, **entry.kwargs, **kwargs
-    )
-
-
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
     keras.utils.set_random_seed(5)
     model = entry.build("float32")
     data = entry.data(rng, N, 4)
-    model64 = _float64_copy(entry, model)
+    model64 = float64_copy(entry, model)
     if entry.kwargs.get("training"):
         # The float64 copy draws from the same seed generator states as the model.
         for a, b in zip(model.non_trainable_variables, model64.non_trainable_variables):
             b.assign(a.numpy())
-    op64 = _operator(entry, model64, _cast(data, "float64"))
-    op32 = _operator(entry, model, data)
-    H, g, loss = _reference(entry, model64, data)
+    op64 = operator_for(entry, model64, cast(data, "float64"))
+    op32 = operator_for(entry, model, data)
+    H, g, loss = dense_reference(entry, model64, data)
     n = H.shape[0]
     assert op64.shape == (n, n) and n <= 300
     assert op64.product_path == "split", op64.fallback_reason
@@ -132,10 +63,10 @@ def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
     keras.utils.set_random_seed(5)
     model = entry.build("float32")
     data = entry.data(rng, N, 4)
-    split = _operator(entry, model, data, dtype=np.float64)
+    split = operator_for(entry, model, data, dtype=np.float64)
     monkeypatch.setenv(SPLIT_ENVIRONMENT_VARIABLE, "0")
     for cache in (True, False):
-        recompute = _operator(entry, model, data, dtype=np.float64, cache=cache)
+        recompute = operator_for(entry, model, data, dtype=np.float64, cache=cache)
         assert split.product_path == "split" and recompute.product_path == "recompute"
         assert "disabled" in recompute.fallback_reason
         V = rng.standard_normal((split.shape[0], 4))
@@ -149,7 +80,7 @@ def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
     # Loop accumulators (TensorLists) are cached; products must never consume them.
     entry = next(e for e in ZOO if e.name == "lstm-masked")
     model = entry.build("float32")
-    op = _operator(entry, model, entry.data(rng, N, 4), dtype=np.float64, cache=True)
+    op = operator_for(entry, model, entry.data(rng, N, 4), dtype=np.float64, cache=True)
     v = rng.standard_normal(op.shape[0])
     first = op.matvec(v)
     for _ in range(3):

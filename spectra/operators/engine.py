@@ -97,12 +97,12 @@ class BatchCache:
     """The vector-independent state of one batch.
 
     ``tensors`` are the stored frontier tensors, ``inputs`` the engine inputs the batch
-    was computed from (snapshot, seed, batch), which the apply part reads directly when
-    the frontier includes them.
+    was computed from (snapshot, seed, batch; None for batch leaves the products do not
+    read), which the apply part reads directly when the frontier includes them.
     """
 
     tensors: tuple[tf.Tensor, ...]
-    inputs: tuple[tf.Tensor, ...]
+    inputs: tuple[tf.Tensor | None, ...]
     loss: tf.Tensor
     gradient: tf.Tensor
     nbytes: int
@@ -312,8 +312,14 @@ class Engine:
         """
         inputs = tuple(inputs)
         *tensors, loss, gradient = _tf_compat.call_flat(self._cache_fn, inputs)
-        held = [*tensors, *(inputs[i] for i in self._stored_batch_inputs)]
-        return BatchCache(tuple(tensors), inputs, loss, gradient, _nbytes(held, self.dtype.size))
+        # Keep only the batch leaves the products read (the snapshot is shared anyway).
+        kept = tuple(
+            None if i in self._batch_input_positions and i not in self._stored_batch_inputs else t
+            for i, t in enumerate(inputs)
+        )
+        held = [inputs[i] for i in self._stored_batch_inputs]
+        nbytes = _nbytes([*tensors, *held], self.dtype.size)
+        return BatchCache(tuple(tensors), kept, loss, gradient, nbytes)
 
     def apply(self, cache: BatchCache, vectors: tf.Tensor) -> tf.Tensor:
         """``C_b V`` for a cached batch; ``vectors`` and the result have shape ``(k, n)``."""
