@@ -39,7 +39,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -344,9 +344,13 @@ def _listed(names: Sequence[str]) -> str:
 
 
 def _plan_changes(
-    stored: Sequence[Mapping[str, Any]], plan: Sequence[PlannedCheckpoint]
+    stored: Sequence[Mapping[str, Any]], plan: Sequence[PlannedCheckpoint], measured: set[str]
 ) -> list[str]:
-    """What differs between a stored checkpoint set and this one, in words."""
+    """What differs between a stored checkpoint set and this one, in words.
+
+    A new content is a change only for a checkpoint with a result (``measured``): one that
+    failed or was not reached yet holds nothing that could be mixed up.
+    """
     old = {item["file"]: item for item in stored}
     new = {item.file: item for item in plan}
     changes = []
@@ -359,7 +363,7 @@ def _plan_changes(
     content = [
         f"{name} (sha256 {old[name]['sha256'][:12]}… -> {new[name].sha256[:12]}…)"
         for name in new
-        if name in old and old[name]["sha256"] != new[name].sha256
+        if name in old and name in measured and old[name]["sha256"] != new[name].sha256
     ]
     if content:
         changes.append(f"checkpoint contents changed: {_listed(content)}")
@@ -541,7 +545,8 @@ class SharpnessRun:
                 f"'{self.json_path}' holds results computed with other settings "
                 f"({'; '.join(changes)}); {_HINT}."
             )
-        changes = _plan_changes(stored_plan, self._plan)
+        measured = {entry.get("file") for entry in entries if entry.get("status") == "done"}
+        changes = _plan_changes(stored_plan, self._plan, measured)
         if changes:
             raise ResumeRefused(
                 f"'{self.json_path}' holds results of another checkpoint set "
@@ -551,7 +556,10 @@ class SharpnessRun:
         kept: dict[str, dict[str, Any]] = {}
         for entry in entries:
             key = keys.get(entry.get("file"))
-            if key is None or any(entry.get(name) != value for name, value in key.items()):
+            matches = key is not None and all(entry.get(k) == v for k, v in key.items())
+            if entry.get("status") == "failed" and key is not None and not matches:
+                continue  # a failed checkpoint that was replaced: measure it again
+            if not matches:
                 raise ResumeRefused(
                     f"'{self.json_path}' holds an entry for {entry.get('file')!r} (step "
                     f"{entry.get('step')}) that is not in its own checkpoint set; {_HINT}."
@@ -589,7 +597,10 @@ class SharpnessRun:
         if measurement is not None:
             entry.update(status="done", error=None, **measurement.record())
         else:
-            entry.update(status="failed", error=" ".join(str(error).split()))
+            # The same fields as a measurement, empty: one schema for every entry.
+            names = [f.name for f in fields(SharpnessMeasurement) if f.name != "eigenvectors"]
+            empty = dict.fromkeys(names)
+            entry.update(status="failed", error=" ".join(str(error).split()), **empty)
         self._entries[planned.file] = entry
         self._commit()
         return entry

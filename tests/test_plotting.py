@@ -16,7 +16,6 @@ from matplotlib.contour import ContourSet
 
 from spectra.density import spectral_density
 from spectra.eigenvalues import eigenvalues
-from spectra.stability import stability_threshold_of
 from spectra.plotting import (
     add_title,
     figure_caption,
@@ -27,6 +26,7 @@ from spectra.plotting import (
     plot_spectral_density,
     save_figure,
 )
+from spectra.stability import stability_threshold_of
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = np.arange(0, 201, 20)
@@ -67,7 +67,9 @@ def _series_lines(ax: Axes):
 def _legend_texts(ax: Axes) -> list[str]:
     """The texts of the axes' legend, or of the figure legend drawn for it."""
     legends = [ax.get_legend(), *ax.figure.legends]
-    return [text.get_text() for legend in legends if legend is not None for text in legend.get_texts()]
+    return [
+        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
+    ]
 
 
 # --- spectral density ---------------------------------------------------------
