@@ -13,9 +13,10 @@ Two layers, shared by ``spectra sharpness`` and :class:`spectra.SharpnessCallbac
   results:
 
   - each entry is keyed by the checkpoint's file, step and content hash (SHA-256);
-  - a resume whose checkpoint set, contents, steps or number-deciding settings differ from the
-    stored ones is refused with a message that names what changed (``restart=True`` discards
-    the stored results);
+  - a resume whose checkpoint set, steps or number-deciding settings differ from the stored
+    ones, or where a measured checkpoint's content changed, is refused with a message that
+    names what changed (``restart=True`` discards the stored results); a checkpoint that
+    failed or was not reached yet may have been replaced;
   - entries are never duplicated; a checkpoint that failed is recorded with its reason and
     retried by the next run;
   - one process at a time: an exclusive lock on the directory (:class:`spectra._files.
