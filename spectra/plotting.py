@@ -406,6 +406,16 @@ def _twin(ax: Axes, ylabel: str) -> Axes:
     return twin
 
 
+def _per_step(name: str, values: Any, size: int) -> np.ndarray:
+    """``values`` as a 1-D array of one value per step."""
+    array = _as_1d(name, values)
+    if array.size != size:
+        raise ValueError(
+            f"steps and {name} must have the same length: {size} steps but {array.size} {name}"
+        )
+    return array
+
+
 def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     """(value, legend text) of the stability threshold, from ``lr`` or ``threshold``."""
     if lr is not None and threshold is not None:
@@ -479,27 +489,13 @@ def plot_sharpness(
         raise ValueError("steps is empty")
     line_threshold = _threshold_of(lr, threshold)
     error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
-    trace_array = None
+    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
     trace_error_array = None
-    if traces is not None:
-        trace_array = _as_1d("traces", traces)
-        if trace_array.size != step_array.size:
-            raise ValueError(
-                f"steps and traces must have the same length: {step_array.size} steps "
-                f"but {trace_array.size} traces"
-            )
-        if trace_errors is not None:
-            trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
-    elif trace_errors is not None:
-        raise ValueError("trace_errors given without traces")
-    loss_array = None
-    if losses is not None:
-        loss_array = _as_1d("losses", losses)
-        if loss_array.size != step_array.size:
-            raise ValueError(
-                f"steps and losses must have the same length: {step_array.size} steps "
-                f"but {loss_array.size} losses"
-            )
+    if trace_errors is not None:
+        if trace_array is None:
+            raise ValueError("trace_errors given without traces")
+        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
+    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
 
     if ax is None:
         ax = _new_axes()

@@ -388,6 +388,16 @@ def _setting_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> li
 
 
 _CSV_VALUES = ("eigenvalues", "error_bounds", "residual_norms")
+_CSV_TAIL = [
+    "trace",
+    "trace_stderr",
+    "num_products",
+    "num_data_passes",
+    "wall_time",
+    "warm_start",
+    "sha256",
+    "error",
+]
 _CSV_PREFIX = {
     "eigenvalues": "eigenvalue",
     "error_bounds": "error_bound",
@@ -408,16 +418,7 @@ def sharpness_csv(entries: Sequence[Mapping[str, Any]], top_k: int) -> str:
     columns = ["step", "file", "status", "loss"]
     for name in _CSV_VALUES:
         columns += [f"{_CSV_PREFIX[name]}_{i}" for i in range(1, top_k + 1)]
-    columns += [
-        "trace",
-        "trace_stderr",
-        "num_products",
-        "num_data_passes",
-        "wall_time",
-        "warm_start",
-        "sha256",
-        "error",
-    ]
+    columns += _CSV_TAIL
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(columns)
@@ -426,19 +427,7 @@ def sharpness_csv(entries: Sequence[Mapping[str, Any]], top_k: int) -> str:
         for name in _CSV_VALUES:
             values = list(entry.get(name) or [])
             row += [_csv_value(v) for v in values] + [""] * (top_k - len(values))
-        row += [
-            _csv_value(entry.get(name))
-            for name in (
-                "trace",
-                "trace_stderr",
-                "num_products",
-                "num_data_passes",
-                "wall_time",
-                "warm_start",
-                "sha256",
-                "error",
-            )
-        ]
+        row += [_csv_value(entry.get(name)) for name in _CSV_TAIL]
         writer.writerow(row)
     return text.getvalue()
 

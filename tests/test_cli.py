@@ -561,10 +561,11 @@ def test_a_second_run_on_the_same_out_refuses_at_once(tmp_path):
 # --------------------------------------------------------------------------- resume
 
 
-def _small_sharpness(directory: Path, out: Path, *extra: str) -> list[str]:
+def _small(command: str, target: str | Path, out: Path, *extra: str) -> list[str]:
+    """A command on 60 examples of the digits, without progress bars."""
     return [
-        "sharpness",
-        str(directory),
+        command,
+        str(target),
         "--data",
         DIGITS,
         "--loss",
@@ -576,6 +577,10 @@ def _small_sharpness(directory: Path, out: Path, *extra: str) -> list[str]:
         str(out),
         *extra,
     ]
+
+
+def _small_sharpness(directory: Path, out: Path, *extra: str) -> list[str]:
+    return _small("sharpness", directory, out, *extra)
 
 
 @pytest.fixture
@@ -684,28 +689,13 @@ def test_gradient_descent_line_with_lr_alone(tmp_path, two_checkpoints, capsys):
 
 def test_strict_json_with_one_density_probe(tmp_path, capsys):
     out = tmp_path / "out"
-    args = [
+    args = _small(
         "analyze",
         MLP,
-        "--data",
-        DIGITS,
-        "--loss",
-        LOSS,
-        "--max-examples",
-        "60",
-        "--top-k",
-        "1",
-        "--density",
-        "--density-probes",
-        "1",
-        "--density-steps",
-        "8",
-        "--no-progress",
-        "--format",
-        "png,svg,pdf",
-        "--out",
-        str(out),
-    ]
+        out,
+        *("--top-k", "1", "--density", "--density-probes", "1", "--density-steps", "8"),
+        *("--format", "png,svg,pdf"),
+    )
     assert main(args) == 0
 
     def refuse(token):
@@ -725,21 +715,7 @@ def test_strict_json_with_one_density_probe(tmp_path, capsys):
 
 def test_landscape_with_one_point_evaluates_alpha_zero(tmp_path):
     out = tmp_path / "out"
-    args = [
-        "landscape",
-        MLP,
-        "--data",
-        DIGITS,
-        "--loss",
-        LOSS,
-        "--max-examples",
-        "60",
-        "--points",
-        "1",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
+    args = _small("landscape", MLP, out, "--points", "1")
     status, printed = _run(args)
     assert status == 0
     report = json.loads((out / "landscape.json").read_text())
@@ -751,21 +727,7 @@ def test_landscape_with_one_point_evaluates_alpha_zero(tmp_path):
 
 def test_landscape_default_radius_follows_the_curvature(tmp_path):
     out = tmp_path / "out"
-    args = [
-        "landscape",
-        MLP,
-        "--data",
-        DIGITS,
-        "--loss",
-        LOSS,
-        "--max-examples",
-        "60",
-        "--points",
-        "5",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
+    args = _small("landscape", MLP, out, "--points", "5")
     assert main(args) == 0
     report = json.loads((out / "landscape.json").read_text())
     loss, top = report["curves"]["base_loss"], report["eigenvalues"]["eigenvalues"][0]

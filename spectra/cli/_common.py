@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
-from spectra._files import DirectoryLocked, prepare_directory
+from spectra._files import DirectoryLock, DirectoryLocked, prepare_directory, remove_temporaries
 from spectra.results import Result
 from spectra.trajectory import SharpnessSettings
 
@@ -132,10 +132,18 @@ def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> di
     }
 
 
-def output_directory(args: argparse.Namespace) -> Path:
-    """``--out``, created and proven writable (before anything is computed)."""
+@contextlib.contextmanager
+def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[Path]:
+    """``--out``, created, proven writable and locked for this run (before anything is
+    computed), with the temporary files a killed run left of ``outputs`` removed."""
     with user_errors("--out"):
-        return prepare_directory(args.out)
+        out = prepare_directory(args.out)
+        lock = DirectoryLock(out).acquire()
+    try:
+        remove_temporaries(out, outputs)
+        yield out
+    finally:
+        lock.release()
 
 
 def load_data(args: argparse.Namespace) -> Any:
@@ -184,6 +192,19 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
             training=args.training,
             dtype=np.float64 if args.float64 else None,
         )
+
+
+def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
+    """The model of ``args.model`` (checked against the data, the loss and ``--top-k``), its
+    number of parameters, and its Hessian operator. Imports TensorFlow."""
+    require_tensorflow(args)
+    check_loss(args)
+    from spectra.checkpoints import load_model
+
+    with user_errors(args.model):
+        model = load_model(args.model, builder=args.builder)
+    size = check_model(model, args, data, args.model)
+    return model, size, make_operator(model, args, data)
 
 
 def data_fingerprint(data: Any) -> str:

@@ -9,14 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from spectra._files import DirectoryLock, atomic_write_json, remove_temporaries
+from spectra._files import atomic_write_json
 from spectra.cli._common import (
     MATRIX,
     CommandReport,
     Console,
     UserError,
-    check_loss,
-    check_model,
     data_description,
     describe_data,
     describe_eigensolver,
@@ -24,15 +22,13 @@ from spectra.cli._common import (
     describe_model,
     figure_names,
     load_data,
-    make_operator,
+    load_operator,
+    locked_output,
     measurement_settings,
     model_description,
     number_settings,
-    output_directory,
     plus_minus,
-    require_tensorflow,
     save_figure_formats,
-    user_errors,
     versions,
 )
 from spectra.density import negative_mass_fraction, spectral_density
@@ -69,20 +65,9 @@ class AnalysisReport(CommandReport):
 def run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     settings = measurement_settings(args)
-    out = output_directory(args)
-    with user_errors("--out"):
-        lock = DirectoryLock(out).acquire()
-    try:
-        remove_temporaries(out, [_RESULTS, *figure_names(_FIGURES, args.format)])
+    with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         data = load_data(args)
-        require_tensorflow(args)
-        check_loss(args)
-        from spectra.checkpoints import load_model
-
-        with user_errors(args.model):
-            model = load_model(args.model, builder=args.builder)
-        size = check_model(model, args, data, args.model)
-        op = make_operator(model, args, data)
+        model, size, op = load_operator(args, data)
         loss = op.loss()
         loaded = time.perf_counter()
         report = _compute(args, console, settings, op, loss)
@@ -92,8 +77,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         _figures(args, report, out)
         report.wall_times["total"] = time.perf_counter() - started
         atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
-    finally:
-        lock.release()
     _print(report, console)
     return 0
 

@@ -9,14 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from spectra._files import DirectoryLock, atomic_write_json, remove_temporaries
+from spectra._files import atomic_write_json
 from spectra.cli._common import (
     MATRIX,
     CommandReport,
     Console,
     UserError,
-    check_loss,
-    check_model,
     data_description,
     describe_data,
     describe_eigensolver,
@@ -24,10 +22,9 @@ from spectra.cli._common import (
     describe_model,
     figure_names,
     load_data,
-    make_operator,
+    load_operator,
+    locked_output,
     model_description,
-    output_directory,
-    require_tensorflow,
     save_figure_formats,
     user_errors,
     versions,
@@ -84,30 +81,18 @@ def step_grid(radius: float, points: int) -> np.ndarray:
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.directions == 2 and args.points < 3:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
-    out = output_directory(args)
-    with user_errors("--out"):
-        lock = DirectoryLock(out).acquire()
-    try:
-        remove_temporaries(out, [_RESULTS, *figure_names(_FIGURES, args.format)])
+    with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         report = _compute(args, console, out)
         atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
-    finally:
-        lock.release()
     _print(args, report, console)
     return 0
 
 
 def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeReport:
     data = load_data(args)
-    require_tensorflow(args)
-    check_loss(args)
-    from spectra.checkpoints import load_model
+    model, size, op = load_operator(args, data)
     from spectra.landscape import loss_landscape, random_direction
 
-    with user_errors(args.model):
-        model = load_model(args.model, builder=args.builder)
-    size = check_model(model, args, data, args.model)
-    op = make_operator(model, args, data)
     base_loss = op.loss()
     eig = eigenvalues(
         op,
