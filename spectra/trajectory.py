@@ -506,14 +506,19 @@ class SharpnessRun:
         self._top_k = int(self._settings.get("top_k", 1))
         entries: list[dict[str, Any]] = []
         if not restart and self.json_path.exists():
-            entries = self._stored_entries()
+            entries, stored = self._stored_entries()
+            # What only a measurement learns (the model's description) stays until replaced.
+            for name in ("model",):
+                if name in stored and name not in self._header:
+                    self._header[name] = stored[name]
         self._entries = {entry["file"]: entry for entry in entries}
         self._started = True
         self._commit()
         failed = sum(entry["status"] == "failed" for entry in self._entries.values())
         return ResumeState(len(self._entries) - failed, failed, len(removed))
 
-    def _stored_entries(self) -> list[dict[str, Any]]:
+    def _stored_entries(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The stored entries that belong to this run, and the stored record."""
         try:
             stored = json.loads(self.json_path.read_text(encoding="utf-8"))
             form = stored["format"]
@@ -555,7 +560,7 @@ class SharpnessRun:
                     f"{entry.get('step')}) that is not in its own checkpoint set; {_HINT}."
                 )
             kept[entry["file"]] = entry
-        return list(kept.values())
+        return list(kept.values()), stored
 
     # -- progress -------------------------------------------------------------------------
     def pending(self) -> list[PlannedCheckpoint]:

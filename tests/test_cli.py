@@ -336,6 +336,10 @@ def test_sharpness_refuses_changed_settings_and_restarts(tmp_path, capsys):
 
     assert main([*first, "--top-k", "2"]) == 0
     assert "resuming: 1 of 1 checkpoints already done" in capsys.readouterr().out
+    # Nothing was loaded this time; the model's description is kept from the first run.
+    report = json.loads((out / "sharpness.json").read_text())
+    assert report["model"]["name"] == "digits_gd_mlp"
+    assert report["model"]["num_parameters"] == 3466
 
 
 # --------------------------------------------------------------------------- landscape
