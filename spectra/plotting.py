@@ -60,6 +60,9 @@ _VISIBLE_ERROR_FRACTION = 0.01
 # A threshold more than this many times above the data is named, not drawn.
 _OFF_SCALE_FACTOR = 3.0
 _CAPTION_FONTSIZE = 8
+# A loss spanning more than this factor goes on a log axis (two decades or more get
+# labelled ticks).
+_LOG_LOSS_SPAN = 100.0
 # Up to this many eigenvalues get their value written beside the marker.
 _MAX_ANNOTATED = 10
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
@@ -400,7 +403,7 @@ def _twin(ax: Axes, ylabel: str) -> Axes:
     existing = [other for other in ax.get_shared_x_axes().get_siblings(ax) if other is not ax]
     twin = ax.twinx()
     if existing:
-        twin.spines["right"].set_position(("axes", 1.0 + 0.16 * len(existing)))
+        twin.spines["right"].set_position(("axes", 1.0 + 0.2 * len(existing)))
     twin.set_ylabel(ylabel)
     twin.grid(False)
     return twin
@@ -469,7 +472,7 @@ def plot_sharpness(
     of flattening the curves.
 
     ``losses`` (one per step) go on a twin y axis on the right, on a log scale
-    when they span more than a decade; ``traces`` (and ``trace_errors``) on
+    when they span more than two decades; ``traces`` (and ``trace_errors``) on
     another. ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …);
     ``log_scale`` makes the sharpness axis logarithmic. Returns the primary
     (sharpness) axes.
@@ -561,8 +564,12 @@ def plot_sharpness(
             label=_LOSS_LABEL if not label else f"{label}, loss",
         )
         positive = loss_array[np.isfinite(loss_array) & (loss_array > 0)]
-        if positive.size and positive.min() > 0 and positive.max() / positive.min() > 10:
+        if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
+            from matplotlib.ticker import NullFormatter
+
             loss_ax.set_yscale("log")
+            # Labelled decades only: a twin axis has no room for minor-tick labels.
+            loss_ax.yaxis.set_minor_formatter(NullFormatter())
         loss_ax.tick_params(axis="y", which="both", colors=loss_color)
         loss_ax.yaxis.label.set_color(loss_color)
         twins.append(loss_ax)
@@ -580,7 +587,8 @@ def plot_sharpness(
             color=next_color,
             marker="s" if marker else None,
             linestyle="-.",
-            label=_TRACE_LABEL if not label else f"{label}, trace",
+            label=(_TRACE_LABEL if not label else f"{label}, trace")
+            + ("" if trace_error_array is None else " ± s.e."),
         )
         trace_ax.yaxis.label.set_color(next_color)
         trace_ax.tick_params(axis="y", which="both", colors=next_color)

@@ -203,7 +203,7 @@ def test_eigenvalues_rejects_other_results(density):
 
 def test_sharpness_with_threshold_trace_and_loss():
     lr = 0.2
-    losses = np.geomspace(2.3, 0.14, STEPS.size)
+    losses = np.geomspace(2.3, 0.01, STEPS.size)
     ax = plot_sharpness(
         STEPS,
         SHARPNESS,
@@ -225,9 +225,11 @@ def test_sharpness_with_threshold_trace_and_loss():
     twins = [other for other in ax.figure.axes if other is not ax]
     assert [twin.get_ylabel() for twin in twins] == ["Loss", "Trace of H"]
     loss_ax, trace_ax = twins
-    assert loss_ax.get_yscale() == "log"  # the loss spans more than a decade
+    assert loss_ax.get_yscale() == "log"  # the loss spans more than two decades
     np.testing.assert_array_equal(loss_ax.get_lines()[0].get_ydata(), losses)
-    (trace_line,) = [line for line in trace_ax.get_lines() if line.get_label() == "Trace of H"]
+    (trace_line,) = [
+        line for line in trace_ax.get_lines() if line.get_label() == "Trace of H ± s.e."
+    ]
     np.testing.assert_array_equal(trace_line.get_ydata(), TRACES)
     assert trace_line.get_color() != _series_lines(ax)[0].get_color()
     # The second twin's scale is moved out so that the two do not overlap.
@@ -237,7 +239,7 @@ def test_sharpness_with_threshold_trace_and_loss():
         "Sharpness λ₁ ± error bound",
         "2/η = 10 (gradient descent)",
         "Loss",
-        "Trace of H",
+        "Trace of H ± s.e.",
     ]
 
 
