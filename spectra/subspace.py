@@ -20,7 +20,7 @@ import numpy as np
 from spectra.eigenvalues import eigenvalues
 from spectra.results import Result
 
-__all__ = ["GradientOverlapResult", "gradient_overlap", "subspace_overlap"]
+__all__ = ["GradientOverlapResult", "gradient_overlap", "orthonormal_basis", "subspace_overlap"]
 
 
 def _as_columns(name: str, array: Any) -> np.ndarray:
@@ -107,7 +107,7 @@ def gradient_overlap(
     *,
     tol: float = 1e-6,
     max_products: int | None = None,
-    seed: int | None = 0,
+    seed: int | np.random.Generator | None = 0,
 ) -> GradientOverlapResult:
     """Fraction of the gradient ``op.gradient()`` in the top-k eigenspace of ``op``
     (Gur-Ari, Roberts & Dyer 2018), with k the number of classes in their setting.
@@ -145,5 +145,5 @@ def gradient_overlap(
         num_products=top.num_products,
         num_operator_calls=top.num_operator_calls,
         wall_time=time.perf_counter() - started,
-        settings={"k": k, "tol": tol, "max_products": top.settings["max_products"], "seed": seed},
+        settings={**top.settings, "k": k, "tol": tol},
     )
