@@ -3,8 +3,11 @@
 The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
 (:class:`HessianOperator`), and estimators that read its spectrum through products:
 :func:`eigenvalues`, :func:`lanczos`, :func:`trace`, :func:`diagonal`,
-:func:`spectral_density`, :func:`frobenius_norm`. Estimators accept any symmetric
-``LinearOperator`` (or a dense array), so they run on plain matrices too.
+:func:`spectral_density`, :func:`frobenius_norm`; per-layer spectra (:func:`layerwise`),
+the optimizer-preconditioned Hessian (:func:`preconditioned`, :func:`stability_threshold`)
+and subspace overlaps (:func:`subspace_overlap`, :func:`gradient_overlap`). Estimators
+accept any symmetric ``LinearOperator`` (or a dense array), so they run on plain matrices
+too.
 
 Names are imported on first use: ``import spectra`` and the NumPy-only estimators do not
 import TensorFlow; ``spectra.HessianOperator`` does. Submodules (``spectra.plotting``,
@@ -29,7 +32,9 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.eigenvalues": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
     "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
+    "spectra.layerwise": ["LayerwiseResult", "layerwise"],
     "spectra.operator": ["HessianOperator"],
+    "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
     "spectra.results": [
         "DensityCurve",
         "DiagonalResult",
@@ -42,6 +47,7 @@ _EXPORTS: dict[str, list[str]] = {
         "TraceResult",
     ],
     "spectra.stability": ["stability_threshold"],
+    "spectra.subspace": ["GradientOverlapResult", "gradient_overlap", "subspace_overlap"],
     "spectra.trace": ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"],
 }
 

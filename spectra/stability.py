@@ -1,22 +1,60 @@
-"""Stability thresholds of optimizers: the sharpness at which training turns unstable.
+"""Stability thresholds of optimizers on a quadratic: the "edge of stability".
 
-On a quadratic with curvature λ, an optimizer's iteration is stable only while λ stays below a
-threshold set by its step size η and momentum. Neural networks trained with these optimizers
-drive the curvature up to that threshold and hover there (the *edge of stability*):
+On the quadratic ``f(θ) = ½ θᵀ A θ`` an optimizer with a fixed step size η (and a
+fixed diagonal preconditioner P, for the adaptive ones) is a linear recurrence; it
+diverges along an eigenvector of the relevant matrix as soon as that eigenvalue
+exceeds a threshold. Under full-batch training, the sharpness rises to about that
+threshold and hovers there (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021, "Gradient
+descent on neural networks typically occurs at the edge of stability"; for adaptive
+methods: Cohen, Ghorbani, Krishnan, Agarwal, Medapati, Badura, Suo, Cardoze, Nado,
+Dahl & Gilmer 2022, "Adaptive gradient methods at the edge of stability").
 
-* gradient descent and SGD without momentum: **2/η** (Cohen, Kaur, Li, Kolter & Talwalkar,
-  "Gradient descent on neural networks typically occurs at the edge of stability", ICLR 2021);
-* heavy-ball momentum β (Keras ``SGD(momentum=β)``): **(2 + 2β)/η**;
-* Nesterov momentum β (``SGD(momentum=β, nesterov=True)``): **(2 + 2β)/((1 + 2β)η)**
-  (Cohen et al. 2021, appendix; the root −1 of the iteration's characteristic polynomial);
-* Adam and AdamW with β₁: **(2 + 2β₁)/((1 − β₁)η)**, 38/η for β₁ = 0.9, a threshold for the
-  *preconditioned* sharpness, the top eigenvalue of P⁻¹H with P = diag(√v̂ + ε) (Cohen et al.,
-  "Adaptive gradient methods at the edge of stability", 2022);
-* RMSprop: 2/η (with momentum β, (2 + 2β)/η), also for the preconditioned sharpness.
+Thresholds, with η the learning rate (Keras' conventions):
 
-AdamW's decoupled weight decay and Adam's ε are left out of the formulas. Optimizers are read
-by duck typing (a Keras optimizer, or its ``get_config()`` / serialized dictionary as stored in
-a compiled ``.keras`` file), so this module does not import TensorFlow.
+========================  ==================================  ===================
+optimizer                 threshold                           for the matrix
+========================  ==================================  ===================
+SGD                       2/η                                 H
+SGD, momentum β           (2 + 2β)/η                          H
+SGD, Nesterov β           (2 + 2β)/((1 + 2β)η)                H
+Adam, AdamW (β₁)          (2 + 2β₁)/((1 − β₁)η)  (38/η)       P⁻¹H
+RMSprop, momentum μ       (2 + 2μ)/η  (2/η without)           P⁻¹H
+Adagrad                   2/η                                 P⁻¹H
+========================  ==================================  ===================
+
+H is the loss Hessian (measure ``spectra.eigenvalues(op)``); P⁻¹H is the
+preconditioned Hessian, whose eigenvalues are those of the symmetric P^{-1/2} H P^{-1/2}
+(measure ``spectra.eigenvalues(spectra.preconditioned(op, optimizer))``);
+:func:`threshold_matrix` says which one a threshold is for.
+
+Derivations (one eigen-direction with eigenvalue λ, a = ηλ):
+
+* Keras SGD with momentum is heavy ball: ``m ← βm − η g; θ ← θ + m``, i.e.
+  θ_{t+1} = θ_t − η g_t + β(θ_t − θ_{t−1}); characteristic polynomial
+  z² − (1 + β − a) z + β, stable for 0 <= β < 1 iff a < 2 + 2β (Polyak 1964).
+* Keras Nesterov: ``m ← βm − η g; θ ← θ + βm − η g``; its polynomial is
+  z² − (1 − a)(1 + β) z + (1 − a)β, stable iff 0 < a < (2 + 2β)/(1 + 2β)
+  (Jury criterion at z = −1).
+* Adam with P frozen: ``m ← β₁m + (1 − β₁)g; θ ← θ − η P⁻¹ m``, so on an eigenvector
+  of P⁻¹H with eigenvalue λ: z² − (1 + β₁ − (1 − β₁)a) z + β₁, stable iff
+  a < (2 + 2β₁)/(1 − β₁) (Cohen et al. 2022). This is the long-run threshold: the bias
+  correction 1/(1 − β₁^t) of the first moment makes early steps larger.
+* RMSprop with momentum: ``mom ← μ mom + η P⁻¹ g; θ ← θ − mom`` (heavy ball on P⁻¹H);
+  Adagrad is gradient descent on P⁻¹H (its P only grows, so the threshold applies to
+  the current P).
+
+Decoupled weight decay (AdamW) shrinks θ by η·wd per step, outside the preconditioner;
+it moves the threshold of P⁻¹H by O(wd), which the formulas above neglect.
+
+Learning-rate schedules: for an optimizer object, η is the optimizer's current learning
+rate (``optimizer.learning_rate``, which evaluates a schedule at
+``optimizer.iterations``: the rate of the next step).
+
+:func:`stability_threshold_of` gives the threshold with what a figure or a report needs:
+its formula, the optimizer, η, the momentum terms, the matrix it bounds and a legend text
+(:class:`StabilityThreshold`). It also reads an optimizer as a compiled ``.keras`` file
+stores it (``{"class_name": "SGD", "config": {...}}``) or its ``get_config()``
+dictionary. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -32,10 +70,144 @@ __all__ = [
     "gradient_descent_threshold",
     "stability_threshold",
     "stability_threshold_of",
+    "threshold_matrix",
 ]
+
+# Hyperparameters each optimizer's threshold depends on, with Keras' defaults.
+_RELEVANT = {
+    "sgd": {"momentum": 0.0, "nesterov": False},
+    "adam": {"beta_1": 0.9},
+    "adamw": {"beta_1": 0.9},
+    "rmsprop": {"momentum": 0.0},
+    "adagrad": {},
+}
+# Keras hyperparameters that change the preconditioner but not the threshold formula:
+# accepted (so that a Keras optimizer config can be passed) and ignored.
+_IRRELEVANT = {
+    "sgd": set(),
+    "adam": {"beta_2", "epsilon", "amsgrad"},
+    "adamw": {"beta_2", "epsilon", "amsgrad", "weight_decay"},
+    "rmsprop": {"rho", "epsilon", "centered"},
+    "adagrad": {"epsilon", "initial_accumulator_value"},
+}
+_MATRIX = {
+    "sgd": "hessian",
+    "adam": "preconditioned",
+    "adamw": "preconditioned",
+    "rmsprop": "preconditioned",
+    "adagrad": "preconditioned",
+}
+
+
+def _kind_of(optimizer_or_name: Any) -> str:
+    """The lower-case Keras class name of an optimizer, or of an optimizer name."""
+    if isinstance(optimizer_or_name, str):
+        kind = optimizer_or_name.lower()
+    else:
+        optimizer = getattr(optimizer_or_name, "inner_optimizer", optimizer_or_name)
+        kind = type(optimizer).__name__.lower()
+    if kind not in _RELEVANT:
+        raise ValueError(
+            f"no stability threshold for optimizer {optimizer_or_name!r}; supported: "
+            f"{', '.join(sorted(_RELEVANT))} (Keras optimizers or their names)"
+        )
+    return kind
+
+
+def threshold_matrix(optimizer_or_name: Any) -> str:
+    """Which matrix :func:`stability_threshold` is for: ``"hessian"`` (SGD: compare with
+    the top eigenvalue of H) or ``"preconditioned"`` (Adam, AdamW, RMSprop, Adagrad:
+    compare with the top eigenvalue of P⁻¹H, see :func:`spectra.preconditioned`)."""
+    return _MATRIX[_kind_of(optimizer_or_name)]
+
+
+def _optimizer_hyperparameters(optimizer: Any, kind: str) -> tuple[float, dict[str, Any]]:
+    """Current learning rate and the relevant hyperparameters of a Keras optimizer."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    learning_rate = float(optimizer.learning_rate)
+    hyper = {name: getattr(optimizer, name) for name in _RELEVANT[kind]}
+    return learning_rate, hyper
+
+
+def _check_fraction(name: str, value: Any) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}") from error
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return value
+
+
+def stability_threshold(
+    optimizer_or_name: Any, learning_rate: float | None = None, **hyper: Any
+) -> float:
+    """The sharpness above which the optimizer is unstable on a quadratic.
+
+    ``optimizer_or_name`` is a Keras optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, or a
+    ``LossScaleOptimizer`` around one) or its name (case-insensitive: ``"sgd"``,
+    ``"adam"``, ...). With an optimizer, η is its current learning rate (a schedule is
+    evaluated at ``optimizer.iterations``) and its momentum, Nesterov flag or β₁ are read
+    from it; ``learning_rate`` and ``hyper`` override them. With a name,
+    ``learning_rate`` is required and ``hyper`` gives ``momentum``/``nesterov`` (SGD),
+    ``beta_1`` (Adam, AdamW) or ``momentum`` (RMSprop), Keras' defaults otherwise; the
+    other Keras hyperparameters of that optimizer (``beta_2``, ``epsilon``, ...) are
+    accepted and do not change the threshold.
+
+    Returns, with the formulas of the module docstring: 2/η (SGD), (2 + 2β)/η (SGD with
+    heavy-ball momentum β), (2 + 2β)/((1 + 2β)η) (SGD with Nesterov momentum),
+    (2 + 2β₁)/((1 − β₁)η) (Adam, AdamW; Cohen et al. 2022), (2 + 2μ)/η (RMSprop with
+    momentum μ) and 2/η (Adagrad). The SGD thresholds are for the Hessian H, the others
+    for the preconditioned Hessian P⁻¹H (:func:`threshold_matrix`).
+    """
+    kind = _kind_of(optimizer_or_name)
+    if isinstance(optimizer_or_name, str):
+        if learning_rate is None:
+            raise ValueError(
+                f"learning_rate is required with the optimizer name {optimizer_or_name!r}"
+            )
+        values = dict(_RELEVANT[kind])
+    else:
+        optimizer_rate, values = _optimizer_hyperparameters(optimizer_or_name, kind)
+        if learning_rate is None:
+            learning_rate = optimizer_rate
+    unknown = set(hyper) - set(_RELEVANT[kind]) - _IRRELEVANT[kind]
+    if unknown:
+        valid = sorted(set(_RELEVANT[kind]) | _IRRELEVANT[kind])
+        raise ValueError(f"unknown hyperparameter(s) {sorted(unknown)} for {kind}; valid: {valid}")
+    values.update({name: value for name, value in hyper.items() if name in _RELEVANT[kind]})
+    try:
+        eta = float(learning_rate)
+    except (TypeError, ValueError) as error:
+        message = f"learning_rate must be a positive number, got {learning_rate!r}"
+        raise ValueError(message) from error
+    if not (eta > 0 and math.isfinite(eta)):
+        raise ValueError(f"learning_rate must be a positive finite number, got {eta}")
+    if kind == "sgd":
+        beta = _check_fraction("momentum", values["momentum"])
+        if bool(values["nesterov"]):
+            return (2.0 + 2.0 * beta) / ((1.0 + 2.0 * beta) * eta)
+        return (2.0 + 2.0 * beta) / eta
+    if kind in ("adam", "adamw"):
+        beta_1 = _check_fraction("beta_1", values["beta_1"])
+        return (2.0 + 2.0 * beta_1) / ((1.0 - beta_1) * eta)
+    if kind == "rmsprop":
+        return (2.0 + 2.0 * _check_fraction("momentum", values["momentum"])) / eta
+    return 2.0 / eta
+
+
+# --------------------------------------------------------------------------- described thresholds
 
 _REFERENCE_GD = "Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021"
 _REFERENCE_ADAPTIVE = "Cohen et al., Adaptive gradient methods at the edge of stability, 2022"
+_NAMES = {
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+}
+_SYMBOLS = {("sgd", "momentum"): "β", ("rmsprop", "momentum"): "μ", ("adam", "beta_1"): "β₁"}
 
 
 @dataclass(frozen=True)
@@ -44,9 +216,9 @@ class StabilityThreshold:
 
     ``value`` is the threshold, ``formula`` its expression (``"2/η"``), ``optimizer`` the
     optimizer's name, ``learning_rate`` the η used, ``parameters`` the momentum terms
-    (``{"momentum": 0.9}``, ``{"beta_1": 0.9}``), ``preconditioned`` whether it bounds the
-    preconditioned sharpness λ_max(P⁻¹H) rather than λ_max(H), ``label`` a legend text and
-    ``reference`` the paper.
+    (``{"β": 0.9}``, ``{"β₁": 0.9}``), ``preconditioned`` whether it bounds the
+    preconditioned sharpness λ_max(P⁻¹H) rather than λ_max(H) (:func:`threshold_matrix`),
+    ``reference`` the paper. :attr:`label` is a legend text.
     """
 
     value: float
@@ -59,9 +231,9 @@ class StabilityThreshold:
 
     @property
     def label(self) -> str:
-        """Legend text, e.g. ``"SGD with momentum (η = 0.1, β = 0.9): (2+2β)/η = 38"``."""
+        """E.g. ``"SGD with momentum (η = 0.1, β = 0.9): (2+2β)/η = 38"``."""
         settings = [f"η = {self.learning_rate:g}"]
-        settings += [f"{_SYMBOLS.get(k, k)} = {v:g}" for k, v in self.parameters.items()]
+        settings += [f"{name} = {value:g}" for name, value in self.parameters.items()]
         text = f"{self.optimizer} ({', '.join(settings)}): {self.formula} = {self.value:.4g}"
         if self.preconditioned:
             text += " (for λ_max(P⁻¹H))"
@@ -71,117 +243,81 @@ class StabilityThreshold:
         return {**asdict(self), "label": self.label}
 
 
-_SYMBOLS = {"momentum": "β", "beta_1": "β₁"}
-
-
 def gradient_descent_threshold(learning_rate: float) -> StabilityThreshold:
-    """2/η, the threshold of plain gradient descent with step size η."""
-    rate = _check_rate(learning_rate)
-    return StabilityThreshold(2.0 / rate, "2/η", "gradient descent", rate, {}, False, _REFERENCE_GD)
+    """2/η, the threshold of plain gradient descent with step size η (Cohen et al. 2021)."""
+    value = stability_threshold("sgd", learning_rate)
+    rate = float(learning_rate)
+    return StabilityThreshold(value, "2/η", "gradient descent", rate, {}, False, _REFERENCE_GD)
 
 
 def stability_threshold_of(
     optimizer: Any, learning_rate: float | None = None
 ) -> StabilityThreshold:
-    """The threshold of ``optimizer`` with its formula (see the module docstring).
+    """:func:`stability_threshold` with its formula, parameters and matrix.
 
-    ``optimizer`` is a Keras optimizer, its ``get_config()`` dictionary, or the serialized form
-    ``{"class_name": "Adam", "config": {...}}``. ``learning_rate`` overrides the optimizer's η.
+    ``optimizer`` is what :func:`stability_threshold` takes (a Keras optimizer or a name
+    with ``learning_rate``), or an optimizer as a dictionary: its ``get_config()`` or the
+    serialized ``{"class_name": ..., "config": ...}`` a compiled ``.keras`` file stores.
+    ``learning_rate`` overrides the optimizer's η.
 
     Raises:
-        ValueError: an optimizer without a known threshold, a learning-rate schedule (no single
-            η) when ``learning_rate`` is not given, or a non-positive η.
+        ValueError: an optimizer without a known threshold, or a dictionary with a
+            learning-rate schedule (no single η) and no ``learning_rate``.
     """
-    name, config = _name_and_config(optimizer)
-    # A get_config() dictionary has the instance name ("adam", "adam_1", "SGD").
-    key = re.sub(r"_\d+$", "", name.lower())
-    rate = _check_rate(
-        learning_rate if learning_rate is not None else _learning_rate(optimizer, config)
-    )
-    if key == "sgd":
-        momentum = _number(config, "momentum", 0.0)
-        if momentum == 0.0:
-            return StabilityThreshold(2.0 / rate, "2/η", "SGD", rate, {}, False, _REFERENCE_GD)
-        if config.get("nesterov", False):
-            value = (2.0 + 2.0 * momentum) / ((1.0 + 2.0 * momentum) * rate)
-            formula, label = "(2+2β)/((1+2β)η)", "SGD with Nesterov momentum"
-        else:
-            value = (2.0 + 2.0 * momentum) / rate
-            formula, label = "(2+2β)/η", "SGD with momentum"
-        return StabilityThreshold(
-            value, formula, label, rate, {"momentum": momentum}, False, _REFERENCE_GD
-        )
-    if key in ("adam", "adamw"):
-        beta = _number(config, "beta_1", 0.9)
-        value = (2.0 + 2.0 * beta) / ((1.0 - beta) * rate)
-        return StabilityThreshold(
-            value,
-            "(2+2β₁)/((1−β₁)η)",
-            "Adam" if key == "adam" else "AdamW",
-            rate,
-            {"beta_1": beta},
-            True,
-            _REFERENCE_ADAPTIVE,
-        )
-    if key == "rmsprop":
-        momentum = _number(config, "momentum", 0.0)
-        if momentum == 0.0:
-            return StabilityThreshold(
-                2.0 / rate, "2/η", "RMSprop", rate, {}, True, _REFERENCE_ADAPTIVE
-            )
-        return StabilityThreshold(
-            (2.0 + 2.0 * momentum) / rate,
-            "(2+2β)/η",
-            "RMSprop",
-            rate,
-            {"momentum": momentum},
-            True,
-            _REFERENCE_ADAPTIVE,
-        )
-    raise ValueError(
-        f"no stability threshold is known for the optimizer {name!r}; known: SGD (with or "
-        "without momentum, Nesterov), Adam, AdamW, RMSprop."
-    )
-
-
-def stability_threshold(optimizer: Any) -> float:
-    """The sharpness at which ``optimizer`` turns unstable on a quadratic.
-
-    * SGD without momentum (gradient descent): 2/η (Cohen et al. 2021);
-    * SGD with heavy-ball momentum β: (2 + 2β)/η; with Nesterov momentum (2 + 2β)/((1 + 2β)η);
-    * Adam, AdamW: (2 + 2β₁)/((1 − β₁)η), for the preconditioned sharpness λ_max(P⁻¹H),
-      P = diag(√v̂ + ε) (Cohen et al. 2022); RMSprop: 2/η (momentum β: (2 + 2β)/η), likewise.
-
-    ``optimizer`` is a Keras optimizer or its config dictionary; see
-    :func:`stability_threshold_of` for the formula and the errors.
-    """
-    return stability_threshold_of(optimizer).value
-
-
-def _name_and_config(optimizer: Any) -> tuple[str, Mapping[str, Any]]:
     if isinstance(optimizer, Mapping):
-        if "class_name" in optimizer and isinstance(optimizer.get("config"), Mapping):
-            return str(optimizer["class_name"]), optimizer["config"]
-        if "name" in optimizer:
-            return str(optimizer["name"]), optimizer
-        raise ValueError(
-            "an optimizer dictionary needs a 'name' (a get_config() dictionary) or "
-            "'class_name' and 'config' (a serialized optimizer)."
-        )
-    get_config = getattr(optimizer, "get_config", None)
-    if not callable(get_config):
-        raise ValueError(
-            f"expected a Keras optimizer or its config dictionary, got {type(optimizer).__name__}"
-        )
-    return type(optimizer).__name__, get_config()
+        name, config = _name_and_config(optimizer)
+        kind = _kind_of(re.sub(r"_\d+$", "", name.lower()))
+        if learning_rate is None:
+            learning_rate = _configured_rate(config)
+        hyper = {
+            key: config[key] for key in _RELEVANT[kind] if key in config and config[key] is not None
+        }
+        value = stability_threshold(kind, learning_rate, **hyper)
+        values = {**_RELEVANT[kind], **hyper}
+    else:
+        kind = _kind_of(optimizer)
+        value = stability_threshold(optimizer, learning_rate)
+        if isinstance(optimizer, str):
+            values = dict(_RELEVANT[kind])
+        else:
+            rate, values = _optimizer_hyperparameters(optimizer, kind)
+            learning_rate = rate if learning_rate is None else learning_rate
+    rate = float(learning_rate)
+    momentum = float(values.get("momentum", 0.0) or 0.0)
+    parameters: dict[str, float] = {}
+    name = _NAMES[kind]
+    if kind == "sgd" and momentum > 0:
+        parameters[_SYMBOLS["sgd", "momentum"]] = momentum
+        if values.get("nesterov"):
+            name, formula = "SGD with Nesterov momentum", "(2+2β)/((1+2β)η)"
+        else:
+            name, formula = "SGD with momentum", "(2+2β)/η"
+    elif kind in ("adam", "adamw"):
+        parameters[_SYMBOLS["adam", "beta_1"]] = float(values["beta_1"])
+        formula = "(2+2β₁)/((1−β₁)η)"
+    elif kind == "rmsprop" and momentum > 0:
+        parameters[_SYMBOLS["rmsprop", "momentum"]] = momentum
+        formula = "(2+2μ)/η"
+    else:
+        formula = "2/η"
+    preconditioned = _MATRIX[kind] == "preconditioned"
+    reference = _REFERENCE_ADAPTIVE if preconditioned else _REFERENCE_GD
+    return StabilityThreshold(value, formula, name, rate, parameters, preconditioned, reference)
 
 
-def _learning_rate(optimizer: Any, config: Mapping[str, Any]) -> float:
-    """η: the optimizer's current learning rate (a schedule's value at its current step)."""
-    if not isinstance(optimizer, Mapping):
-        rate = getattr(optimizer, "learning_rate", None)
-        if rate is not None:
-            return _as_float(rate, "learning_rate")
+def _name_and_config(optimizer: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    if "class_name" in optimizer and isinstance(optimizer.get("config"), Mapping):
+        return str(optimizer["class_name"]), optimizer["config"]
+    if "name" in optimizer:
+        # A get_config() dictionary carries the instance name ("adam", "adam_1", "SGD").
+        return str(optimizer["name"]), optimizer
+    raise ValueError(
+        "an optimizer dictionary needs a 'name' (a get_config() dictionary) or "
+        "'class_name' and 'config' (a serialized optimizer)."
+    )
+
+
+def _configured_rate(config: Mapping[str, Any]) -> Any:
     rate = config.get("learning_rate")
     if isinstance(rate, Mapping):
         raise ValueError(
@@ -191,25 +327,4 @@ def _learning_rate(optimizer: Any, config: Mapping[str, Any]) -> float:
         )
     if rate is None:
         raise ValueError("the optimizer's configuration has no learning_rate.")
-    return _as_float(rate, "learning_rate")
-
-
-def _number(config: Mapping[str, Any], key: str, default: float) -> float:
-    value = config.get(key, default)
-    return default if value is None else _as_float(value, key)
-
-
-def _as_float(value: Any, name: str) -> float:
-    if hasattr(value, "numpy"):
-        value = value.numpy()
-    try:
-        return float(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"the optimizer's {name} is not a number: {value!r}") from err
-
-
-def _check_rate(rate: float) -> float:
-    rate = float(rate)
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"the learning rate must be a positive finite number, got {rate!r}")
     return rate
