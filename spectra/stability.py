@@ -49,14 +49,29 @@ it moves the threshold of P⁻¹H by O(wd), which the formulas above neglect.
 Learning-rate schedules: for an optimizer object, η is the optimizer's current learning
 rate (``optimizer.learning_rate``, which evaluates a schedule at
 ``optimizer.iterations``: the rate of the next step).
+
+:func:`stability_threshold_of` gives the threshold with what a figure or a report needs:
+its formula, the optimizer, η, the momentum terms, the matrix it bounds and a legend text
+(:class:`StabilityThreshold`). It also reads an optimizer as a compiled ``.keras`` file
+stores it (``{"class_name": "SGD", "config": {...}}``) or its ``get_config()``
+dictionary. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["stability_threshold", "threshold_matrix"]
+__all__ = [
+    "StabilityThreshold",
+    "gradient_descent_threshold",
+    "stability_threshold",
+    "stability_threshold_of",
+    "threshold_matrix",
+]
 
 # Hyperparameters each optimizer's threshold depends on, with Keras' defaults.
 _RELEVANT = {
@@ -179,3 +194,137 @@ def stability_threshold(
     if kind == "rmsprop":
         return (2.0 + 2.0 * _check_fraction("momentum", values["momentum"])) / eta
     return 2.0 / eta
+
+
+# --------------------------------------------------------------------------- described thresholds
+
+_REFERENCE_GD = "Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021"
+_REFERENCE_ADAPTIVE = "Cohen et al., Adaptive gradient methods at the edge of stability, 2022"
+_NAMES = {
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+}
+_SYMBOLS = {("sgd", "momentum"): "β", ("rmsprop", "momentum"): "μ", ("adam", "beta_1"): "β₁"}
+
+
+@dataclass(frozen=True)
+class StabilityThreshold:
+    """A stability threshold with what it was computed from.
+
+    ``value`` is the threshold, ``formula`` its expression (``"2/η"``), ``optimizer`` the
+    optimizer's name, ``learning_rate`` the η used, ``parameters`` the momentum terms
+    (``{"β": 0.9}``, ``{"β₁": 0.9}``), ``preconditioned`` whether it bounds the
+    preconditioned sharpness λ_max(P⁻¹H) rather than λ_max(H) (:func:`threshold_matrix`),
+    ``reference`` the paper. :attr:`label` is a legend text.
+    """
+
+    value: float
+    formula: str
+    optimizer: str
+    learning_rate: float
+    parameters: dict[str, float]
+    preconditioned: bool
+    reference: str
+
+    @property
+    def label(self) -> str:
+        """E.g. ``"SGD with momentum (η = 0.1, β = 0.9): (2+2β)/η = 38"``."""
+        settings = [f"η = {self.learning_rate:g}"]
+        settings += [f"{name} = {value:g}" for name, value in self.parameters.items()]
+        text = f"{self.optimizer} ({', '.join(settings)}): {self.formula} = {self.value:.4g}"
+        if self.preconditioned:
+            text += " (for λ_max(P⁻¹H))"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "label": self.label}
+
+
+def gradient_descent_threshold(learning_rate: float) -> StabilityThreshold:
+    """2/η, the threshold of plain gradient descent with step size η (Cohen et al. 2021)."""
+    value = stability_threshold("sgd", learning_rate)
+    rate = float(learning_rate)
+    return StabilityThreshold(value, "2/η", "gradient descent", rate, {}, False, _REFERENCE_GD)
+
+
+def stability_threshold_of(
+    optimizer: Any, learning_rate: float | None = None
+) -> StabilityThreshold:
+    """:func:`stability_threshold` with its formula, parameters and matrix.
+
+    ``optimizer`` is what :func:`stability_threshold` takes (a Keras optimizer or a name
+    with ``learning_rate``), or an optimizer as a dictionary: its ``get_config()`` or the
+    serialized ``{"class_name": ..., "config": ...}`` a compiled ``.keras`` file stores.
+    ``learning_rate`` overrides the optimizer's η.
+
+    Raises:
+        ValueError: an optimizer without a known threshold, or a dictionary with a
+            learning-rate schedule (no single η) and no ``learning_rate``.
+    """
+    if isinstance(optimizer, Mapping):
+        name, config = _name_and_config(optimizer)
+        kind = _kind_of(re.sub(r"_\d+$", "", name.lower()))
+        if learning_rate is None:
+            learning_rate = _configured_rate(config)
+        hyper = {
+            key: config[key] for key in _RELEVANT[kind] if key in config and config[key] is not None
+        }
+        value = stability_threshold(kind, learning_rate, **hyper)
+        values = {**_RELEVANT[kind], **hyper}
+    else:
+        kind = _kind_of(optimizer)
+        value = stability_threshold(optimizer, learning_rate)
+        if isinstance(optimizer, str):
+            values = dict(_RELEVANT[kind])
+        else:
+            rate, values = _optimizer_hyperparameters(optimizer, kind)
+            learning_rate = rate if learning_rate is None else learning_rate
+    rate = float(learning_rate)
+    momentum = float(values.get("momentum", 0.0) or 0.0)
+    parameters: dict[str, float] = {}
+    name = _NAMES[kind]
+    if kind == "sgd" and momentum > 0:
+        parameters[_SYMBOLS["sgd", "momentum"]] = momentum
+        if values.get("nesterov"):
+            name, formula = "SGD with Nesterov momentum", "(2+2β)/((1+2β)η)"
+        else:
+            name, formula = "SGD with momentum", "(2+2β)/η"
+    elif kind in ("adam", "adamw"):
+        parameters[_SYMBOLS["adam", "beta_1"]] = float(values["beta_1"])
+        formula = "(2+2β₁)/((1−β₁)η)"
+    elif kind == "rmsprop" and momentum > 0:
+        parameters[_SYMBOLS["rmsprop", "momentum"]] = momentum
+        formula = "(2+2μ)/η"
+    else:
+        formula = "2/η"
+    preconditioned = _MATRIX[kind] == "preconditioned"
+    reference = _REFERENCE_ADAPTIVE if preconditioned else _REFERENCE_GD
+    return StabilityThreshold(value, formula, name, rate, parameters, preconditioned, reference)
+
+
+def _name_and_config(optimizer: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    if "class_name" in optimizer and isinstance(optimizer.get("config"), Mapping):
+        return str(optimizer["class_name"]), optimizer["config"]
+    if "name" in optimizer:
+        # A get_config() dictionary carries the instance name ("adam", "adam_1", "SGD").
+        return str(optimizer["name"]), optimizer
+    raise ValueError(
+        "an optimizer dictionary needs a 'name' (a get_config() dictionary) or "
+        "'class_name' and 'config' (a serialized optimizer)."
+    )
+
+
+def _configured_rate(config: Mapping[str, Any]) -> Any:
+    rate = config.get("learning_rate")
+    if isinstance(rate, Mapping):
+        raise ValueError(
+            "the optimizer uses a learning-rate schedule "
+            f"({rate.get('class_name', 'schedule')}), so there is no single threshold; give "
+            "the learning rate explicitly."
+        )
+    if rate is None:
+        raise ValueError("the optimizer's configuration has no learning_rate.")
+    return rate

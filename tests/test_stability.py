@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from spectra.stability import stability_threshold, threshold_matrix
+from spectra.stability import (
+    gradient_descent_threshold,
+    stability_threshold,
+    stability_threshold_of,
+    threshold_matrix,
+)
 
 
 def test_formulas_by_name():
@@ -108,3 +113,42 @@ def test_bad_input_is_refused_clearly():
         stability_threshold("adam", 0.1, beta_1=-0.1)
     with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['beta_1'\] for sgd"):
         stability_threshold("sgd", 0.1, beta_1=0.9)
+
+
+# --------------------------------------------------------------------------- described thresholds
+
+
+def test_described_thresholds_name_their_formula_and_matrix():
+    adam = stability_threshold_of(keras.optimizers.Adam(1e-3, beta_1=0.9))
+    assert adam.value == pytest.approx(38 / 1e-3, rel=1e-6)  # Keras keeps η in float32
+    assert adam.formula == "(2+2β₁)/((1−β₁)η)" and adam.preconditioned
+    assert "Cohen" in adam.reference
+    assert adam.label.startswith("Adam (η = 0.001, β₁ = 0.9): (2+2β₁)/((1−β₁)η) = 3.8e+04")
+    assert adam.label.endswith("(for λ_max(P⁻¹H))")
+    nesterov = stability_threshold_of(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True))
+    assert nesterov.optimizer == "SGD with Nesterov momentum" and not nesterov.preconditioned
+    assert nesterov.formula == "(2+2β)/((1+2β)η)" and nesterov.parameters == {
+        "β": pytest.approx(0.9)
+    }
+    assert stability_threshold_of("rmsprop", 0.1).formula == "2/η"
+    assert gradient_descent_threshold(0.2).label == "gradient descent (η = 0.2): 2/η = 10"
+    assert gradient_descent_threshold(0.2).to_dict()["value"] == pytest.approx(10.0)
+
+
+def test_optimizers_as_stored_in_a_keras_file():
+    stored = keras.optimizers.serialize(keras.optimizers.SGD(0.05, momentum=0.5))
+    described = stability_threshold_of(stored)
+    assert described.value == pytest.approx(3.0 / 0.05)
+    assert described.optimizer == "SGD with momentum"
+    config = keras.optimizers.Adam(1e-2).get_config()  # named "adam", "adam_1", ...
+    assert stability_threshold_of(config).value == pytest.approx(38 / 1e-2)
+    # The learning rate can be overridden (a command line's --lr).
+    overridden = stability_threshold_of(stored, learning_rate=0.1)
+    assert overridden.value == pytest.approx(30.0) and overridden.learning_rate == 0.1
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    with pytest.raises(ValueError, match="schedule"):
+        stability_threshold_of(keras.optimizers.serialize(keras.optimizers.SGD(schedule)))
+    with pytest.raises(ValueError, match="no stability threshold"):
+        stability_threshold_of({"class_name": "Lion", "config": {"learning_rate": 0.1}})
+    with pytest.raises(ValueError, match="needs a 'name'"):
+        stability_threshold_of({"learning_rate": 0.1})
