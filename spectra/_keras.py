@@ -27,9 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _tf_compat
+from spectra._validation import check_float_dtype
 
 LossCallable = Callable[..., Any]
-SUPPORTED_DTYPES = ("float32", "float64")
 
 
 def check_model(model: Any) -> None:
@@ -44,22 +44,6 @@ def check_model(model: Any) -> None:
             f"model {model.name!r} is not built: it has no weights yet. Build it first, "
             "e.g. model.build(input_shape) or call it once on a batch of inputs."
         )
-
-
-def _check_compute_dtype(dtype: Any) -> tf.DType:
-    supported = ", ".join(SUPPORTED_DTYPES)
-    try:
-        target = tf.as_dtype(dtype)
-    except TypeError as err:
-        raise TypeError(f"dtype must be one of {supported}; got {dtype!r}.") from err
-    if target.name not in SUPPORTED_DTYPES:
-        why = (
-            " Hessian products in half precision lose most of their digits."
-            if target.is_floating
-            else ""
-        )
-        raise TypeError(f"dtype must be one of {supported}; got {target.name}.{why}")
-    return target
 
 
 def resolve_variables_and_dtype(
@@ -89,7 +73,7 @@ def resolve_variables_and_dtype(
                 "parameter may appear once."
             )
         positions.append(matches[0])
-    target = _check_compute_dtype(chosen[0].dtype if dtype is None else dtype)
+    target = check_float_dtype(chosen[0].dtype if dtype is None else dtype, allow_none=False)
     return chosen, positions, target
 
 

@@ -19,14 +19,13 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
 * :func:`seed_state_variables` finds the state variables of a model's
   ``keras.random.SeedGenerator``s (``Layer._seed_generators``); fallback: the
   non-trainable variables whose path ends in ``seed_generator_state``.
-* :func:`root_cause` reads the cause of a ``tf.errors.OpError`` raised by a graph out of
-  TensorFlow's multi-line message ("Graph execution error: ... Detected at node ...");
-  fallback: the last line that is not a stack frame.
+
+(The checks of a model's data that read Keras' functional structure live with the other
+data checks in :mod:`spectra._validation`.)
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,61 +123,3 @@ def _seed_states_by_name(model: Any) -> list[Any]:
         for v in model.non_trainable_variables
         if str(getattr(v, "path", v.name)).endswith("seed_generator_state")
     ]
-
-
-_NODE = re.compile(r"\[\[\{\{node ([^}]*)\}\}\]\]")
-
-
-def root_cause(error: tf.errors.OpError) -> str:
-    """The cause of a graph error in one line, with the node it came from.
-
-    TensorFlow's message reads "Graph execution error:", then "Detected at node X defined
-    at (most recent call last):" and a Python stack, and only then the cause, followed by
-    ``[[{{node X}}]]``. This returns "<cause> (node X)".
-    """
-    message = str(getattr(error, "message", "") or error)
-    lines = [line.rstrip() for line in message.splitlines()]
-    node_match = _NODE.search(message)
-    node = node_match.group(1) if node_match else None
-    cause = _cause_after_stack(lines)
-    if cause is None:
-        cause = _last_plain_line(lines) or message.strip() or type(error).__name__
-    return f"{cause} (node {node})" if node and node not in cause else cause
-
-
-def _cause_after_stack(lines: list[str]) -> str | None:
-    """The text between the reported stack and the ``[[{{node ...}}]]`` marker."""
-    try:
-        start = next(i for i, line in enumerate(lines) if line.startswith("Detected at node"))
-    except StopIteration:
-        return None
-    cause: list[str] = []
-    for line in lines[start + 1 :]:
-        stripped = line.strip()
-        if stripped.startswith("[[") or stripped.startswith("[Op:"):
-            break
-        if (
-            not stripped
-            or line.startswith("  ")
-            or stripped == "<stack traces unavailable>"
-            or stripped.startswith("File ")
-        ):
-            continue
-        cause.append(_NODE.sub("", stripped).strip())
-    text = " ".join(c for c in cause if c)
-    return text or None
-
-
-def _last_plain_line(lines: list[str]) -> str | None:
-    for line in reversed(lines):
-        stripped = _NODE.sub("", line).strip()
-        stripped = re.sub(r"\[Op:[^\]]*\]", "", stripped).strip()
-        if (
-            stripped
-            and not line.startswith("  ")
-            and not stripped.startswith("File ")
-            and stripped != "Graph execution error:"
-            and not stripped.startswith("Detected at node")
-        ):
-            return stripped
-    return None

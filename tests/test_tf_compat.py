@@ -12,7 +12,6 @@ from pathlib import Path
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 from _dense import dense_hessian, relative_error
 
@@ -156,21 +155,3 @@ def test_seed_state_variables_and_its_fallback():
     assert len(primary) == 2
     fallback = _tf_compat.seed_state_variables(_Hidden(model, "_seed_generators"))
     assert {id(v) for v in fallback} == {id(v) for v in primary}
-
-
-def test_root_cause_of_a_graph_error_and_its_fallback():
-    @tf.function(autograph=False)
-    def gather(indices):
-        return tf.gather(tf.ones((6, 2)), indices)
-
-    with pytest.raises(tf.errors.InvalidArgumentError) as info:
-        gather(tf.constant([1, 9]))
-    assert str(info.value).startswith("Graph execution error")
-    cause = _tf_compat.root_cause(info.value)
-    assert cause.startswith("indices[1] = 9 is not in [0, 6)"), cause
-    assert "(node " in cause
-    # A message without TensorFlow's "Detected at node" layout: its last plain line.
-    plain = tf.errors.InvalidArgumentError(
-        None, None, "Graph execution error:\n\n  File x.py\nsomething failed\n\t [[{{node N}}]]"
-    )
-    assert _tf_compat.root_cause(plain) == "something failed (node N)"

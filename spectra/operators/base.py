@@ -34,8 +34,9 @@ import numpy as np
 import tensorflow as tf
 from scipy.sparse.linalg import LinearOperator
 
-from spectra import _keras, _tf_compat
+from spectra import _keras
 from spectra._replicas import Replicas
+from spectra._validation import check_bool, check_keras_data, check_seed, root_cause
 from spectra.data import Batches
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.problem import Curvature, FunctionProgram, variable_name
@@ -66,20 +67,14 @@ def _default_cache_bytes() -> int:
     return int(min(limit, physical // 4))
 
 
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False; got {value!r}.")
-    return bool(value)
-
-
 def _check_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or None; got {seed!r}.")
-    if not 0 <= int(seed) < 2**62:
-        raise ValueError(f"seed must be in [0, 2**62); got {seed}.")
-    return int(seed)
+    """None or a non-negative int (a numpy Generator gives one draw)."""
+    seed = check_seed(seed)
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(2**62))
+    if seed is not None and seed >= 2**62:
+        raise ValueError(f"seed must be below 2**62; got {seed}.")
+    return seed
 
 
 def _as_tf_variable(variable: Any) -> tf.Variable:
@@ -104,15 +99,17 @@ def _outside_strategy(fn: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def _graph_errors(what: str) -> Iterator[None]:
-    """Re-raise a TensorFlow graph error with its root cause on the first line."""
+    """Re-raise a TensorFlow graph error with ``what`` and its root cause on the first
+    line (the original chained)."""
     try:
         yield
     except tf.errors.OpError as err:
-        message = f"{what}: {_tf_compat.root_cause(err)}"
+        cause = root_cause(err.message) or err.message.strip() or type(err).__name__
+        message = f"{what}: {cause}"
         try:
-            raised = type(err)(getattr(err, "node_def", None), getattr(err, "op", None), message)
+            raised = type(err)(err.node_def, err.op, message)
         except TypeError:
-            raised = tf.errors.OpError(None, None, message, err.error_code)
+            raised = tf.errors.OpError(err.node_def, err.op, message, err.error_code)
         raise raised from err
 
 
@@ -179,13 +176,15 @@ class CurvatureOperator(LinearOperator):
         variables: Sequence[Any],
         data: Any,
         *,
-        batch_size: int | None,
-        cache: bool | str,
-        cache_bytes: int | None,
-        max_block_size: int | None,
-        allow_unused: bool,
-        strategy: tf.distribute.Strategy | None,
+        batch_size: int | None = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int | None = None,
+        allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> None:
+        """Set up ``self`` as the ``curvature`` matrix of ``loss_fn(batch)`` with respect to
+        ``variables`` (the keywords as in :class:`~spectra.operators.HessianOperator`)."""
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable; got {type(loss_fn).__name__}.")
         if curvature.needs_model_outputs:
@@ -193,7 +192,7 @@ class CurvatureOperator(LinearOperator):
                 f"the {curvature.name} matrix needs the model's outputs; build it with "
                 "from_keras(model, loss, data)."
             )
-        allow_unused = _check_bool(allow_unused, "allow_unused")
+        allow_unused = check_bool(allow_unused, "allow_unused")
         user_variables = list(variables)
         if not user_variables:
             raise ValueError("variables is empty: there are no parameters to differentiate.")
@@ -232,22 +231,25 @@ class CurvatureOperator(LinearOperator):
         loss: Any,
         data: Any,
         *,
-        variables: Sequence[Any] | None,
-        batch_size: int | None,
-        training: bool,
-        include_regularization: bool,
-        dtype: Any,
-        seed: int | None,
-        cache: bool | str,
-        cache_bytes: int | None,
-        max_block_size: int | None,
-        allow_unused: bool,
-        strategy: tf.distribute.Strategy | None,
+        variables: Sequence[Any] | None = None,
+        batch_size: int | None = None,
+        training: bool = False,
+        include_regularization: bool = True,
+        dtype: Any = None,
+        seed: int | None = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int | None = None,
+        allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> CurvatureOperator:
+        """A new ``cls`` operator: the ``curvature`` matrix of a Keras model's dataset loss
+        at its current weights (the keywords as in
+        :meth:`~spectra.operators.HessianOperator.from_keras`)."""
         _keras.check_model(model)
-        training = _check_bool(training, "training")
-        include_regularization = _check_bool(include_regularization, "include_regularization")
-        allow_unused = _check_bool(allow_unused, "allow_unused")
+        training = check_bool(training, "training")
+        include_regularization = check_bool(include_regularization, "include_regularization")
+        allow_unused = check_bool(allow_unused, "allow_unused")
         seed = _check_seed(seed)
         if data is None:
             raise ValueError(
@@ -263,6 +265,7 @@ class CurvatureOperator(LinearOperator):
             loss_weights = None
         structured = _keras.StructuredLoss(loss, loss_weights, target)
         batches = Batches(data, batch_size, cast_floats_to=target)
+        check_keras_data(model, loss, batches)
         spec = batches.element_spec
         loss_id, loss_owners = _keras.loss_key((loss, loss_weights))
         key = (
@@ -292,6 +295,7 @@ class CurvatureOperator(LinearOperator):
 
         engine = cached_engine(key, (model, *loss_owners), build)
         program = engine.program
+        _check_no_clone_reads(engine, model, program.model)  # type: ignore[attr-defined]
         replicas = Replicas(strategy, engine.dtype)
         state = _keras.snapshot_state(model, program.model, replicas.devices)  # type: ignore[attr-defined]
         seed_positions = list(program.seed_indices)  # type: ignore[attr-defined]
@@ -644,6 +648,25 @@ def _check_batch_finite(
         "(NaN/Inf inputs or sample weights, labels out of range) or at an overflow in the "
         "model."
     )
+
+
+def _check_no_clone_reads(engine: Engine, model: Any, run_model: Any) -> None:
+    """Refuse a compute clone whose own variables the traced graph reads.
+
+    Layers read their variables through ``keras.StatelessScope``, which hands them the
+    snapshot values; a layer that reads a variable's ``tf.Variable`` directly would read
+    the clone's (stale) weights instead of the snapshot.
+    """
+    if run_model is model or not engine.captured_variables:
+        return
+    clone = {id(getattr(v, "value", v)) for v in run_model.variables}
+    read = [variable_name(v) for v in engine.captured_variables if id(v) in clone]
+    if read:
+        raise TypeError(
+            f"the model reads {read} directly (not through Keras' stateless scope), so a "
+            "copy of it in another dtype cannot be fed the snapshot values. Build the model "
+            "in the compute dtype yourself and pass it with dtype=None."
+        )
 
 
 def _check_distinct(user_variables: Sequence[Any], tf_variables: Sequence[tf.Variable]) -> None:
