@@ -99,13 +99,14 @@ def _outside_strategy(fn: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def _graph_errors(what: str) -> Iterator[None]:
-    """Re-raise a TensorFlow graph error with ``what`` and its root cause on the first
-    line (the original chained)."""
+    """Re-raise a TensorFlow graph error with its root cause, and where it happened
+    (``what``), on the first line; the original is chained."""
     try:
         yield
     except tf.errors.OpError as err:
         cause = root_cause(err.message) or err.message.strip() or type(err).__name__
-        message = f"{what}: {cause}"
+        first, _, rest = cause.partition("\n")
+        message = f"{first} (in {what})" + (f"\n{rest}" if rest else "")
         try:
             raised = type(err)(err.node_def, err.op, message)
         except TypeError:
@@ -563,7 +564,7 @@ class CurvatureOperator(LinearOperator):
         ]
         sums = [self._replicas.accumulator() for _ in blocks]
         for cache, weight, replica, index in self._iterate_caches():
-            with self._replicas.device(replica), _graph_errors(f"product on batch {index}"):
+            with self._replicas.device(replica), _graph_errors(f"the product on batch {index}"):
                 w = tf.constant(weight, self._engine.dtype)
                 for block, total in zip(blocks, sums):
                     total.add(replica, self._engine.apply(cache, block) * w)
