@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from _dense import relative_error
-from _zoo import ZOO, N, ZooEntry, cast, dense_reference, float64_copy, operator_for
+from _zoo import ZOO, ZooEntry, operator_for, zoo_case
 
 from spectra import _keras
 from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE
@@ -38,17 +38,8 @@ from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE
 
 def errors(entry: ZooEntry) -> tuple[float, float | None, str]:
     """Relative product errors (float64, float32) at the test size, and the path."""
-    keras.utils.set_random_seed(5)
     rng = np.random.default_rng(12345)
-    model = entry.build("float32")
-    data = entry.data(rng, N, 4)
-    model64 = float64_copy(entry, model)
-    if entry.kwargs.get("training"):
-        for a, b in zip(model.non_trainable_variables, model64.non_trainable_variables):
-            b.assign(a.numpy())
-    op64 = operator_for(entry, model64, cast(data, "float64"))
-    op32 = operator_for(entry, model, data)
-    H, _, _ = dense_reference(entry, model64, data)
+    _, _, op64, op32, (H, _, _) = zoo_case(entry, rng)
     V = rng.standard_normal((H.shape[0], 3))
     e64 = relative_error(op64.matmat(V), H @ V)
     e32 = None

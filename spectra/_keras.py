@@ -18,6 +18,7 @@ Private to :mod:`spectra.operators`. Conventions (see :meth:`HessianOperator.fro
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -548,18 +549,10 @@ def check_finite(value: tf.Tensor, name: str) -> None:
 
 def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Tensor:
     """A copy of ``value`` in ``dtype`` on ``device`` that shares no buffer with it."""
-    with tf.device(device) if device is not None else _no_device():
+    with tf.device(device) if device is not None else contextlib.nullcontext():
         if value.dtype != dtype:
             return tf.cast(value, dtype)
         return tf.raw_ops.DeepCopy(x=value)
-
-
-class _no_device:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 # -- compute-dtype clones ---------------------------------------------------------------

@@ -412,6 +412,22 @@ def operator_for(entry: ZooEntry, model: keras.Model, data: tuple, **kwargs) -> 
     )
 
 
+def zoo_case(entry: ZooEntry, rng: np.random.Generator) -> tuple:
+    """The entry's float32 model on test data, its float64 copy, the float64 and float32
+    operators, and the dense reference ``(H, gradient, loss)`` of the copy."""
+    keras.utils.set_random_seed(5)
+    model = entry.build("float32")
+    data = entry.data(rng, N, 4)
+    model64 = float64_copy(entry, model)
+    if entry.kwargs.get("training"):
+        # The float64 copy draws from the same seed generator states as the model.
+        for a, b in zip(model.non_trainable_variables, model64.non_trainable_variables):
+            b.assign(a.numpy())
+    op64 = operator_for(entry, model64, cast(data, "float64"))
+    op32 = operator_for(entry, model, data)
+    return model, model64, op64, op32, dense_reference(entry, model64, data)
+
+
 # -- dense ground truth -----------------------------------------------------------------
 def float64_copy(entry: ZooEntry, model: keras.Model) -> keras.Model:
     copy = entry.build("float64")

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 from _dense import relative_error
-from _zoo import ZOO, N, ZooEntry, cast, dense_reference, float64_copy, operator_for
+from _zoo import ZOO, N, ZooEntry, operator_for, zoo_case
 
 import spectra
 from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE, clear_engine_cache
@@ -27,19 +27,17 @@ def _fresh_engines():
     clear_engine_cache()
 
 
-@pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
+# Recurrent models take seconds each to trace (TensorFlow differentiating While loops).
+_SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [pytest.param(e, marks=[pytest.mark.slow] if e.name in _SLOW else []) for e in ZOO],
+    ids=[e.name for e in ZOO],
+)
 def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
-    keras.utils.set_random_seed(5)
-    model = entry.build("float32")
-    data = entry.data(rng, N, 4)
-    model64 = float64_copy(entry, model)
-    if entry.kwargs.get("training"):
-        # The float64 copy draws from the same seed generator states as the model.
-        for a, b in zip(model.non_trainable_variables, model64.non_trainable_variables):
-            b.assign(a.numpy())
-    op64 = operator_for(entry, model64, cast(data, "float64"))
-    op32 = operator_for(entry, model, data)
-    H, g, loss = dense_reference(entry, model64, data)
+    _, _, op64, op32, (H, g, loss) = zoo_case(entry, rng)
     n = H.shape[0]
     assert op64.shape == (n, n) and n <= 300
     assert op64.product_path == "split", op64.fallback_reason
@@ -57,7 +55,7 @@ def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
     assert abs(top.eigenvalues[0] - exact) <= 1e-8 * abs(exact)
 
 
-@pytest.mark.parametrize("name", ["mlp", "lstm-masked"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("lstm-masked", marks=pytest.mark.slow)])
 def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
     entry = next(e for e in ZOO if e.name == name)
     keras.utils.set_random_seed(5)
@@ -76,6 +74,7 @@ def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
         np.testing.assert_allclose(recompute.gradient(), split.gradient(), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
     # Loop accumulators (TensorLists) are cached; products must never consume them.
     entry = next(e for e in ZOO if e.name == "lstm-masked")

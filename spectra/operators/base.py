@@ -36,7 +36,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from spectra import _keras
 from spectra._replicas import Replicas
-from spectra._validation import check_bool, check_keras_data, check_seed, root_cause
+from spectra._validation import check_bool, check_int, check_keras_data, check_seed, root_cause
 from spectra.data import Batches
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.problem import Curvature, FunctionProgram, variable_name
@@ -338,12 +338,8 @@ class CurvatureOperator(LinearOperator):
             raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
         if max_block_size is None:
             max_block_size = block_size_for(engine.size, engine.dtype.size)
-        if isinstance(max_block_size, (bool, np.bool_)) or not isinstance(
-            max_block_size, (int, np.integer)
-        ):
-            raise TypeError(f"max_block_size must be an int; got {max_block_size!r}.")
-        if int(max_block_size) < 1:
-            raise ValueError(f"max_block_size must be >= 1; got {max_block_size}.")
+        max_block_size = check_int(max_block_size, "max_block_size")
+        cache_bytes = check_int(cache_bytes, "cache_bytes", minimum=0, allow_none=True)
         self._engine = engine
         self._batches = batches
         self._replicas = replicas

@@ -27,13 +27,14 @@ rather than stored.
 **Fallback.** If a graph cannot be split (extraction fails), or when the split is turned
 off (environment variable ``SPECTRA_GRAPH_SPLIT=0``, read when an engine is built), the
 product is one compiled function of (state, batch, vectors) that recomputes the forward
-pass and the gradient on every call — exact, about 1.5x the time of a split product on
-an MLP and 1.6x on an LSTM (see ``benchmarks/hvp_speed.py``). The engine warns once
-when it falls back, with the reason. Forward-over-reverse products
-(``tf.autodiff.ForwardAccumulator``) were measured as the alternative fallback: slower
-than the recomputed reverse-over-reverse product on an MLP (2.2x against 2.2x a gradient
-per vector, without the shared forward pass of a block) and failing inside Keras RNN
-loops (TensorFlow 2.21), so they are not used.
+pass and the gradient on every call — exact; measured 1.4x the time of a split ``matvec``
+on the digits MLP and 1.6x on an LSTM classifier (``benchmarks/hvp_speed.py``). The
+engine warns once when it falls back, with the reason. Forward-over-reverse products
+(``tf.autodiff.ForwardAccumulator`` around the gradient) were measured as the
+alternative fallback: no faster than the recomputed reverse-over-reverse product on the
+digits MLP (2.24x against 2.18x a gradient per vector, and a block cannot share its
+forward pass) and failing inside Keras RNN loops (TensorFlow 2.21, a ``variant``
+dtype error), so they are not used.
 
 **State is never in the engine.** Engines are cached and shared by operators built on
 the same model, loss and data shapes; each operator feeds its own snapshot (parameter

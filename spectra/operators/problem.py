@@ -10,28 +10,32 @@ weights, batches and their weights, caching of the vector-independent part of th
 graph, blocks of vectors, replicas, counters, flattening — is common
 (:class:`spectra.operators.base.CurvatureOperator`).
 
-A curvature is a small class::
+A curvature is a small class (this is :class:`~spectra.operators.hessian.Hessian`)::
 
     class Hessian(Curvature):
         name = "hessian"
+        title = "Hessian"
 
         def build(self, problem):
-            with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
-                outer.watch(problem.parameters)
-                with tf.GradientTape(watch_accessed_variables=False) as inner:
-                    inner.watch(problem.parameters)
-                    loss = problem.loss()
-                grads = problem.gradients(inner, loss)
+            loss = problem.loss()
+            grads = problem.gradients(loss)           # ∇L_b, dense, one per block
 
-            def product(v):
-                hv = outer.gradient(grads, problem.parameters,
-                                    output_gradients=problem.unflatten(v))
-                return problem.flatten(hv)
+            def product(v):                           # H_b v = ∇_θ (∇L_b · v)
+                return problem.flatten(problem.vjp(grads, problem.unflatten(v)))
 
             return CurvatureParts(loss, problem.flatten(grads), product)
 
 ``product`` is called once for a single vector and inside ``tf.map_fn`` for a block;
 whatever of it does not depend on v is computed once per batch and cached by the engine.
+Derivatives are symbolic (``tf.gradients`` in the traced graph, through
+:meth:`BatchProblem.gradients` and :meth:`BatchProblem.vjp`): tracing nested tapes
+through the loops of recurrent layers took about twice as long. A matrix split at the
+model's output (generalized Gauss-Newton Jᵀ H_z J, Fisher) sets
+``needs_model_outputs = True`` and builds from :meth:`BatchProblem.model_outputs` and
+:meth:`BatchProblem.output_loss`; J v is a double VJP (the VJP of a VJP with a dummy
+cotangent, linear in it) or ``tf.autodiff.ForwardAccumulator`` on
+:attr:`BatchProblem.parameters`; Jᵀ u is :meth:`BatchProblem.vjp`. Per-batch random
+draws (sampled labels) use :attr:`BatchProblem.seed`.
 """
 
 from __future__ import annotations
