@@ -86,3 +86,25 @@ def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
         np.testing.assert_array_equal(op.matvec(v), first)
         np.testing.assert_array_equal(op.matmat(np.stack([v, v], 1))[:, 1], first)
     assert op.cache_nbytes > 0
+
+
+def test_a_graph_that_cannot_be_split_falls_back_with_one_warning(rng, monkeypatch):
+    from spectra.operators import engine
+
+    def fail(self, *args):
+        raise engine._ExtractionError("part 'apply' could not be compiled: simulated")
+
+    entry = next(e for e in ZOO if e.name == "mlp")
+    model = entry.build("float64")
+    data = entry.data(rng, N, 4)
+    reference = operator_for(entry, model, data)
+    monkeypatch.setattr(engine.Engine, "_build_split", fail)
+    clear_engine_cache()
+    with pytest.warns(RuntimeWarning, match="could not split.*simulated.*recompute") as caught:
+        first = operator_for(entry, model, data)
+        second = operator_for(entry, model, data)  # the same compiled engine: no new warning
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert first.product_path == second.product_path == "recompute"
+    assert "simulated" in first.fallback_reason
+    V = rng.standard_normal((first.shape[0], 3))
+    np.testing.assert_allclose(first.matmat(V), reference.matmat(V), rtol=1e-12)
