@@ -8,7 +8,7 @@ The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
 """
 
 from spectra.callback import SharpnessCallback
-from spectra.density import negative_mass_fraction, spectral_density
+from spectra.density import negative_mass_fraction, spectral_density, spectral_mass_below
 from spectra.diagonal import diagonal
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
 from spectra.lanczos import lanczos, tridiagonal_eigh
@@ -22,6 +22,7 @@ from spectra.results import (
     LanczosResult,
     Result,
     SpectralDensity,
+    SpectralMass,
     SpectralMoments,
     TraceResult,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Result",
     "SharpnessCallback",
     "SpectralDensity",
+    "SpectralMass",
     "SpectralMoments",
     "TraceResult",
     "diagonal",
@@ -53,6 +55,7 @@ __all__ = [
     "negative_mass_fraction",
     "random_direction",
     "spectral_density",
+    "spectral_mass_below",
     "trace",
     "tridiagonal_eigh",
     "xtrace",
