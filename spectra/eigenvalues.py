@@ -89,6 +89,10 @@ _BREAKDOWN_FACTOR = 100.0
 # Eigenvalue errors below factor · eps · ‖A‖ count as converged whatever ``tol``.
 _FLOOR_FACTOR = 10.0
 _DEFAULT_FAILURE_PROBABILITY = 1e-4
+# A pair is locked only once its residual is at most this fraction of its target: a
+# locked vector is frozen, and its residual also enters the residuals of the vectors
+# found after it (they are orthogonal to it, not to its error).
+_LOCK_RESIDUAL_FRACTION = 0.5
 
 
 def _order(values: np.ndarray, which: str) -> np.ndarray:
@@ -105,33 +109,51 @@ def _order(values: np.ndarray, which: str) -> np.ndarray:
 def _certified_bounds(
     values: np.ndarray,
     residuals: np.ndarray,
-    others: np.ndarray,
-    other_residuals: np.ndarray,
+    rest: tuple[float, float] | None = None,
 ) -> np.ndarray:
-    """Eigenvalue error bounds ``min(r, r²/δ)`` (Kato–Temple; Parlett 1998, §11.7).
+    """Eigenvalue error bounds for candidate values θ with residuals r = ‖Ay − θy‖
+    (orthonormal vectors y).
 
-    For each value θ with residual r, ``δ = min_j (|θ − θ_j| − r − r_j)`` over the
-    other values θ_j (with residuals r_j; each value's own entry in ``others`` is
-    skipped once): the distance between the residual intervals, within which the
-    eigenvalues they certify lie. Without a positive gap the bound is r itself.
+    Each θ certifies an eigenvalue in [θ − r, θ + r]. Candidates whose intervals
+    overlap form a cluster; for a cluster of c values Kahan's theorem (Parlett 1998,
+    Thm 11.5.2) gives c eigenvalues (with multiplicity) within ‖R‖₂ <= sqrt(Σ r²) of
+    them. A value alone in its interval gets Kato–Temple's ``min(r, r²/δ)`` (Parlett
+    1998, §10.2), δ the distance from its interval to the nearest other interval and to
+    ``rest``, the interval that holds every eigenvalue the candidates do not account
+    for (from the probabilistic bound). Without ``rest`` the gap is read off the
+    candidates alone, which holds unless an eigenvalue they have not seen lies in it.
     """
     if values.size == 0:
         return np.zeros(0)
-    quadratic = np.full(values.shape, np.inf)
-    if others.size >= 2:
-        distances = (
-            np.abs(values[:, None] - others[None, :])
-            - other_residuals[None, :]
-            - residuals[:, None]
-        )
-        for row, value in enumerate(values):
-            own = np.flatnonzero(others == value)
-            if own.size:
-                distances[row, own[0]] = np.inf
-        gap = distances.min(axis=1)
-        usable = np.isfinite(gap) & (gap > 0)
-        quadratic[usable] = residuals[usable] ** 2 / gap[usable]
-    return np.minimum(residuals, quadratic)
+    order = np.argsort(values, kind="stable")
+    low, high = values[order] - residuals[order], values[order] + residuals[order]
+    sorted_cluster = np.zeros(values.size, dtype=int)
+    reach = high[0]
+    for position in range(1, values.size):
+        separate = low[position] > reach
+        sorted_cluster[position] = sorted_cluster[position - 1] + separate
+        reach = high[position] if separate else max(reach, high[position])
+    cluster = np.empty(values.size, dtype=int)
+    cluster[order] = sorted_cluster
+    joint = np.sqrt(np.bincount(cluster, weights=residuals**2))
+    sizes = np.bincount(cluster)
+    bounds = np.where(sizes[cluster] > 1, joint[cluster], residuals)
+    for index in np.flatnonzero(sizes[cluster] == 1):
+        value, residual = values[index], residuals[index]
+        distances = np.abs(values - value) - residuals - residual
+        distances[index] = np.inf
+        gap = float(distances.min())
+        if rest is not None:
+            lower, upper = rest
+            if value > upper:
+                gap = min(gap, value - residual - upper)
+            elif value < lower:
+                gap = min(gap, lower - value - residual)
+            else:
+                gap = 0.0
+        if 0 < gap < np.inf:
+            bounds[index] = min(residual, residual**2 / gap)
+    return bounds
 
 
 def _log_inverse_delta(dimension: int, probability: float, warm: bool) -> float:
@@ -283,7 +305,10 @@ class _KrylovSchur:
         self.locked = np.zeros((0, self.n))
         self.locked_values = np.zeros(0)
         self.locked_residuals = np.zeros(0)
-        self.locked_certified = np.zeros(0)
+        # A y − θ y of every locked pair (rows), and their dot products with the active
+        # basis: the part of an active Ritz vector's residual along the locked vectors.
+        self.locked_residual_vectors = np.zeros((0, self.n))
+        self.coupled = np.zeros((0, ncv))
         self.basis = np.zeros((ncv, self.n))
         self.projected = np.zeros((ncv, ncv))
         self.coupling = np.zeros(ncv)
@@ -324,20 +349,27 @@ class _KrylovSchur:
         self._begin_segment(vector / norm, warm=False)
         return True
 
-    def _lock(self, active_indices: np.ndarray, certified: np.ndarray) -> None:
-        vectors = self.ritz_vectors[:, active_indices].T @ self.basis[: self.size]
+    def _lock(self, active_indices: np.ndarray) -> None:
+        j = self.size
+        selected = self.ritz_vectors[:, active_indices]
+        vectors = selected.T @ self.basis[:j]
+        # A y − θ y = f (bᵀs) + Σ_l (r_l·y) l over the earlier locked pairs l.
+        residual_vectors = np.outer(self.coupling[:j] @ selected, self.residual_direction)
+        residual_vectors += (self.coupled[:, :j] @ selected).T @ self.locked
+        self.locked_residual_vectors = np.vstack([self.locked_residual_vectors, residual_vectors])
         self.locked = np.vstack([self.locked, vectors])
         self.locked_values = np.concatenate([self.locked_values, self.theta[active_indices]])
         self.locked_residuals = np.concatenate(
             [self.locked_residuals, self.ritz_residuals[active_indices]]
         )
-        self.locked_certified = np.concatenate([self.locked_certified, certified])
+        self.coupled = np.zeros((self.locked.shape[0], self.ncv))
 
     # -- building blocks -----------------------------------------------------------
     def _extend(self) -> None:
         j = self.size
         q = self.residual_direction
         self.basis[j] = q
+        self.coupled[:, j] = self.locked_residual_vectors @ q
         w = self.counter.matvec(q)
         self.spent += 1
         self.anorm = max(self.anorm, float(np.linalg.norm(w)))
@@ -362,7 +394,11 @@ class _KrylovSchur:
         theta, vectors = np.linalg.eigh(self.projected[:j, :j])
         self.theta = theta
         self.ritz_vectors = vectors
-        self.ritz_residuals = np.abs(self.coupling[:j] @ vectors)
+        # ‖A y − θ y‖² = (bᵀs)² + ‖R_Lᵀ y‖²: the Krylov relation of the compressed
+        # operator plus the coupling to the locked vectors (their residuals R_L).
+        self.ritz_residuals = np.hypot(
+            self.coupling[:j] @ vectors, np.linalg.norm(self.coupled[:, :j] @ vectors, axis=0)
+        )
         if theta.size:
             self.anorm = max(self.anorm, float(np.abs(theta).max()))
 
@@ -374,6 +410,7 @@ class _KrylovSchur:
         self.segments[-1].discarded.extend(self.theta[drop].tolist())
         vectors = self.ritz_vectors[:, keep]
         self.basis[:keep_count] = vectors.T @ self.basis[:j]
+        self.coupled[:, :keep_count] = self.coupled[:, :j] @ vectors
         self.projected[:] = 0.0
         self.projected[np.arange(keep_count), np.arange(keep_count)] = self.theta[keep]
         new_coupling = self.coupling[:j] @ vectors
@@ -386,32 +423,36 @@ class _KrylovSchur:
 
     # -- decisions -----------------------------------------------------------------
     def _evaluate(self) -> dict[str, Any]:
-        """Candidates (locked first, then active), the wanted ones and their bounds."""
+        """Candidates (locked first, then active), the wanted ones and their bounds.
+
+        ``certified`` (used to decide when to lock) reads Kato–Temple gaps off the
+        candidates; the reported ``bounds`` take the gaps to the probabilistic bound of
+        the rest of the spectrum too, and add the probabilistic part.
+        """
         num_locked = self.locked.shape[0]
         values = np.concatenate([self.locked_values, self.theta])
         residuals = np.concatenate([self.locked_residuals, self.ritz_residuals])
-        certified = np.concatenate(
-            [
-                self.locked_certified,
-                _certified_bounds(self.theta, self.ritz_residuals, values, residuals),
-            ]
-        )
+        certified = _certified_bounds(values, residuals)
         wanted = _order(values, self.which)[: self.k]
         targets = np.maximum(self.tol * np.abs(values[wanted]), self._floor())
+        chosen = values[wanted]
         if num_locked >= self.n:
-            probable = np.zeros(wanted.size)  # the locked pairs are the whole spectrum
+            rest = None  # the locked pairs are the whole spectrum
+            probable = np.zeros(wanted.size)
         elif self.theta.size == 0:
-            probable = np.full(wanted.size, np.inf)  # the complement was not explored
+            rest = (-np.inf, np.inf)  # the complement was not explored
+            probable = np.full(wanted.size, np.inf)
         else:
             upper, lower = self.segments[-1].bounds(self.theta, self.which)
-            chosen = values[wanted]
+            rest = (lower, upper)
             if self.which == "largest":
                 probable = upper - chosen
             elif self.which == "smallest":
                 probable = chosen - lower
             else:
                 probable = max(upper, -lower) - np.abs(chosen)
-        bounds = np.maximum(certified[wanted], np.maximum(probable, 0.0))
+        rigorous = _certified_bounds(values, residuals, rest)[wanted]
+        bounds = np.maximum(rigorous, np.maximum(probable, 0.0))
         active_wanted = wanted[wanted >= num_locked] - num_locked
         ratio = float(np.max(bounds / np.maximum(targets, np.finfo(float).tiny)))
         return {
@@ -423,6 +464,9 @@ class _KrylovSchur:
             "bounds": bounds,
             "active_wanted": active_wanted,
             "all_certified": bool(np.all(certified[wanted] <= targets)),
+            "lockable": bool(
+                np.all(residuals[wanted] <= _LOCK_RESIDUAL_FRACTION * targets)
+            ),
             "done": values.size >= self.k and bool(np.all(bounds <= targets)),
             "ratio": ratio,
         }
@@ -459,14 +503,11 @@ class _KrylovSchur:
             self._plan(state["ratio"])
             if state["done"]:
                 return
-            num_locked = self.locked.shape[0]
             if self.segments[-1].exact:
                 # An invariant subspace: its Ritz pairs are exact eigenpairs.
-                everything = np.arange(self.size)
-                self._lock(everything, state["certified"][num_locked + everything])
-            elif state["all_certified"] and self._must_lock(state):
-                active = state["active_wanted"]
-                self._lock(active, state["certified"][num_locked + active])
+                self._lock(np.arange(self.size))
+            elif state["all_certified"] and state["lockable"] and self._must_lock(state):
+                self._lock(state["active_wanted"])
             else:
                 continue
             self._clear_active()
@@ -693,7 +734,7 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabi
         x, image = x @ rotation, image @ rotation
         all_residuals = np.linalg.norm(image - x * theta, axis=0)
         anorm = max(anorm, float(np.abs(theta).max()))
-        all_bounds = _certified_bounds(theta, all_residuals, theta, all_residuals)
+        all_bounds = _certified_bounds(theta, all_residuals)
         order = _order(theta, which)[:k]
         floor = _FLOOR_FACTOR * counter.eps * anorm
         values, vectors, bounds = theta[order], x[:, order], all_bounds[order]
