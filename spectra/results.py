@@ -98,8 +98,8 @@ class EigenResult(Result):
       ``eigenvalues[i]`` (from the residual, or Kato–Temple with a gap read off the
       Ritz values), and, with probability at least ``1 − failure_probability`` over
       the random start, the true i-th eigenvalue in ``which`` order does (for
-      "magnitude": its magnitude). Never below the operator's rounding eps·‖A‖
-      (about 1e-7·λ₁ for float32 Hessian products).
+      "magnitude": its magnitude). Never below 10·eps·‖A‖, the operator's rounding
+      with a margin (about 1.2e-6·λ₁ for float32 Hessian products).
     * ``failure_probability``: the probability bound of that statement. Whether the
       Krylov space has found the *extreme* eigenvalues cannot be certified from
       products; for "lanczos" it rests on the random start (a polynomial bound in the
@@ -107,7 +107,7 @@ class EigenResult(Result):
       converged; for "power" it is computed the same way and is often near 1 (power
       iteration rarely rules out a larger eigenvalue); None for "lobpcg", which makes
       no such statement (its bounds hold for *some* eigenvalue only).
-    * ``converged[i]``: ``error_bounds[i] <= tol·max(|λ_i|, 10·eps·‖A‖)``.
+    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)``.
     * ``residual_norms[i]``: ``‖A v − λ v‖`` of the returned vector from the method's
       own products (the Lanczos relation β|e_mᵀs| for "lanczos"), exact up to the
       operator's rounding; no extra product is spent on them.

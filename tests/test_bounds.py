@@ -90,6 +90,7 @@ def bound_table(k: int = 1):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3])
 def test_converged_values_lie_within_their_bounds(k):
     for name, tol, runs, converged, some, ith, worst in bound_table(k):
@@ -132,6 +133,31 @@ def test_issue_regression_converged_top_eigenvalue_was_wrong():
             assert abs(result.eigenvalues[0] - 10.472) <= result.error_bounds[0], (tol, seed)
 
 
+def test_hessian_operator_with_a_known_spectrum():
+    """A quadratic loss ½θᵀAθ through spectra.HessianOperator: its Hessian is A, whose
+    spectrum (hessian-like: outliers over a bulk with small negative values) is known."""
+    import tensorflow as tf
+
+    import spectra
+
+    spectrum = hard_spectra(80)["hessian-like"]
+    matrix = tf.Variable(with_spectrum(spectrum, seed=3), trainable=False)
+    theta = tf.Variable(np.random.default_rng(0).standard_normal(80))
+
+    def loss():
+        return 0.5 * tf.tensordot(theta, tf.linalg.matvec(matrix, theta), 1)
+
+    op = spectra.HessianOperator(loss, [theta])
+    for tol in TOLERANCES:
+        for seed in range(5):
+            for k in (1, 3):
+                result = eigenvalues(
+                    op, k=k, tol=tol, seed=seed, failure_probability=TEST_FAILURE_PROBABILITY
+                )
+                converged, some, ith, _ = check_bounds(result, spectrum)
+                assert converged == k and some == k and ith == k, (tol, seed, k)
+
+
 def test_start_orthogonal_to_the_top_eigenvector_still_finds_it():
     """A warm start that misses the top eigenvector (here: exactly the second one) is
     mixed with noise, so the probabilistic bound keeps its meaning and the run goes on
@@ -154,7 +180,11 @@ def test_bounds_hold_for_every_which(which):
     for tol in (0.05, 1e-6):
         for seed in range(5):
             result = eigenvalues(
-                matrix, k=3, which=which, tol=tol, seed=seed,
+                matrix,
+                k=3,
+                which=which,
+                tol=tol,
+                seed=seed,
                 failure_probability=TEST_FAILURE_PROBABILITY,
             )
             converged, some, ith, _ = check_bounds(result, spectrum, which)
@@ -181,9 +211,12 @@ def test_power_and_lobpcg_are_honest_about_what_they_do_not_know():
 if __name__ == "__main__":
     with single_blas_thread():
         for k in (1, 3):
-            print(f"\nk = {k}: spectrum, tol, values, converged, within a true eigenvalue, "
-                  "within the true i-th, worst error/bound")
+            print(
+                f"\nk = {k}: spectrum, tol, values, converged, within a true eigenvalue, "
+                "within the true i-th, worst error/bound"
+            )
             for row in bound_table(k):
                 name, tol, runs, converged, some, ith, worst = row
-                print(f"{name:14s} {tol:7g} {runs:4d} {converged:4d} {some:4d} {ith:4d} "
-                      f"{worst:.3f}")
+                print(
+                    f"{name:14s} {tol:7g} {runs:4d} {converged:4d} {some:4d} {ith:4d} {worst:.3f}"
+                )

@@ -94,9 +94,7 @@ def test_mass_below_brackets_each_probe_measure(matrix, spectrum):
 def _negative_tail_spectrum(n=400, seed=0):
     """Three outliers, a bulk near 0 and a wide negative tail (about 8% below −0.01·λ₁)."""
     rng = np.random.default_rng(seed)
-    bulk = np.concatenate(
-        [rng.gamma(0.5, 0.5, n - 3 - n // 4), -rng.gamma(0.5, 0.3, n // 4)]
-    )
+    bulk = np.concatenate([rng.gamma(0.5, 0.5, n - 3 - n // 4), -rng.gamma(0.5, 0.3, n // 4)])
     return np.concatenate([[20.0, 12.0, 8.0], bulk])
 
 

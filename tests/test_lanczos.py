@@ -1,6 +1,13 @@
 import numpy as np
 import pytest
-from _matrices import BlockOperator, MatvecOnly, random_symmetric, single_blas_thread, with_spectrum
+from _matrices import (
+    BlockOperator,
+    MatvecOnly,
+    hessian_like_spectrum,
+    random_symmetric,
+    single_blas_thread,
+    with_spectrum,
+)
 
 from spectra._estimator_utils import _as_symmetric_operator
 from spectra.lanczos import _batched_lanczos, lanczos, tridiagonal_eigh
@@ -113,3 +120,28 @@ def test_invalid_arguments():
         lanczos(np.ones((3, 4)), 2)
     with pytest.raises(ValueError, match="not symmetric"):
         lanczos(np.triu(np.ones((10, 10))), 2)
+
+
+def test_reorthogonalization_keeps_the_basis_orthonormal_where_plain_lanczos_loses_it():
+    """On a Hessian-like spectrum (outliers that converge fast over a dense bulk) plain
+    Lanczos loses orthogonality within 40 steps (Paige 1971); full reorthogonalization
+    keeps it at working precision, and T then has no spurious copies of λ₁."""
+    spectrum = hessian_like_spectrum(300, seed=0)
+    a = with_spectrum(spectrum, seed=0)
+    full = lanczos(a, 60, return_basis=True, seed=1)
+    q = full.basis
+    assert np.abs(q.T @ q - np.eye(60)).max() < 1e-12
+    plain = lanczos(a, 60, return_basis=True, reorthogonalize=False, seed=1)
+    p = plain.basis
+    assert np.abs(p.T @ p - np.eye(60)).max() > 0.5
+    # Ghost copies: plain Lanczos shows λ₁ = 40 more than once, the reorthogonalized T once.
+    assert np.sum(np.abs(plain.ritz_values() - 40.0) < 1e-6) >= 2
+    assert np.sum(np.abs(full.ritz_values() - 40.0) < 1e-6) == 1
+    # The density's batched recurrence reorthogonalizes as well.
+    counter = _as_symmetric_operator(a, "test", check_symmetry=False)
+    alpha, beta, _ = _batched_lanczos(
+        counter, np.random.default_rng(1).standard_normal((300, 2)), 60
+    )
+    for probe in range(2):
+        theta = tridiagonal_eigh(alpha[probe], beta[probe, :59], eigenvectors=False)[0]
+        assert np.sum(np.abs(theta - 40.0) < 1e-6) == 1
