@@ -23,6 +23,7 @@ from spectra._estimator_utils import (
     _check_choice,
     _check_int,
     _check_positive,
+    _one_blas_thread,
     _Progress,
     _rademacher,
     _rng,
@@ -73,7 +74,10 @@ def spectral_density(
     else:
         starts = rng.standard_normal((n, num_probes))
     steps = min(num_steps, n)
-    with _Progress(counter, num_probes * steps, "spectral density", progress) as bar:
+    with (
+        _one_blas_thread(),
+        _Progress(counter, num_probes * steps, "spectral density", progress) as bar,
+    ):
         alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
         counter.finish()
     width = int(steps_taken.max())

@@ -72,6 +72,7 @@ from spectra._estimator_utils import (
     _check_choice,
     _check_int,
     _check_positive,
+    _one_blas_thread,
     _orthogonalize,
     _ProductCounter,
     _Progress,
@@ -853,7 +854,10 @@ def eigenvalues(
         v0 = v0 / norms
     solvers = {"lanczos": _lanczos_method, "power": _power_method, "lobpcg": _lobpcg_method}
     planned = min(max_products, 20 * k) if method == "lanczos" else max_products
-    with _Progress(counter, planned, f"eigenvalues ({method})", progress) as bar:
+    with (
+        _one_blas_thread(),
+        _Progress(counter, planned, f"eigenvalues ({method})", progress) as bar,
+    ):
         values, vectors, bounds, residuals, converged, probability, info = solvers[method](
             counter, k, which, tol, max_products, rng, bar, v0, failure_probability
         )

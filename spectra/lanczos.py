@@ -21,6 +21,7 @@ from spectra._estimator_utils import (
     SeedLike,
     _as_symmetric_operator,
     _check_int,
+    _one_blas_thread,
     _orthogonalize,
     _ProductCounter,
     _rng,
@@ -118,10 +119,11 @@ def lanczos(
             raise ValueError(f"v0 must have length {n}, got {start.shape[0]}")
         if not np.linalg.norm(start) > 0 or not np.all(np.isfinite(start)):
             raise ValueError("v0 must be a finite, nonzero vector")
-    alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
-        counter, start, min(num_steps, n), reorthogonalize, return_basis
-    )
-    counter.finish()
+    with _one_blas_thread():
+        alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
+            counter, start, min(num_steps, n), reorthogonalize, return_basis
+        )
+        counter.finish()
     return LanczosResult(
         alpha=alpha,
         beta=beta,

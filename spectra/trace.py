@@ -31,6 +31,7 @@ from spectra._estimator_utils import (
     _check_choice,
     _check_int,
     _check_positive,
+    _one_blas_thread,
     _ProductCounter,
     _Progress,
     _rademacher,
@@ -204,7 +205,7 @@ def hutchpp_trace(
     remaining = num_products - 2 * sketch_size
     block_size = _block_size(block_size, remaining)
 
-    with _Progress(counter, num_products, "trace (hutch++)", progress) as bar:
+    with _one_blas_thread(), _Progress(counter, num_products, "trace (hutch++)", progress) as bar:
         sketch = counter.matmat(_rademacher(rng, (n, sketch_size)))
         bar.update()
         basis, _ = np.linalg.qr(sketch)
@@ -414,7 +415,7 @@ def xtrace(
         test *= math.sqrt(n) / np.linalg.norm(test, axis=0)
     else:
         test = _rademacher(rng, (n, s))
-    with _Progress(counter, 2 * s, "trace (xtrace)", progress) as bar:
+    with _one_blas_thread(), _Progress(counter, 2 * s, "trace (xtrace)", progress) as bar:
         image = counter.matmat(test)
         bar.update()
         estimates, interaction = _xtrace_estimates(test, image, counter)
