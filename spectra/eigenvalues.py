@@ -260,21 +260,23 @@ class _KrylovSchur:
     """Krylov–Schur restarted Lanczos with locking, stopping on certified and
     probabilistic bounds (see the module docstring).
 
-    Maintains ``A Vᵀ = Vᵀ H + f bᵀ`` for the active orthonormal rows V (j of them),
-    the symmetric projected matrix H (the Rayleigh quotient V A Vᵀ) and the unit
-    residual direction f; each step multiplies f once and fully reorthogonalizes
-    against the locked vectors and V. After every step the Ritz pairs of H are
-    checked; when the active space is full, the best Ritz vectors are kept and H
-    becomes diagonal plus the coupling b (thick restart). Ritz residuals come from the
-    Krylov relation, ``‖A y − θ y‖ = |bᵀs|``, without products.
+    Maintains ``P A P Vᵀ = Vᵀ H + f bᵀ`` for the active orthonormal rows V (j of
+    them), P the projector onto the complement of the locked vectors, the symmetric
+    projected matrix H (the Rayleigh quotient) and the unit residual direction f; each
+    step multiplies f once and fully reorthogonalizes it against the locked vectors
+    and V. After every step the Ritz pairs of H are checked; when the active space is
+    full, the best Ritz vectors are kept and H becomes diagonal plus the coupling b
+    (thick restart). Ritz residuals need no product: ``‖A y − θ y‖² = (bᵀs)² +
+    ‖R_L y‖²``, the Krylov relation plus the coupling to the locked vectors through
+    their residual vectors R_L.
 
     A run ends in one of three ways: the wanted values meet their bounds (done); the
     wanted values are certified but the run cannot meet the probabilistic bound
     (several wanted values in the active space, or one that is not the k-th: lock them
     and verify with a new run from a random start orthogonal to them); or the space
     is invariant (breakdown: its Ritz pairs are exact, lock them all and go on in the
-    complement). Each run draws its share of the
-    failure probability: 1/2, 1/4, ... of the requested total.
+    complement). Each run draws its share of the failure probability: 1/2, 1/4, ... of
+    the requested total.
     """
 
     def __init__(

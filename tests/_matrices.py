@@ -67,6 +67,29 @@ def low_rank_plus_noise(n: int, rank: int, noise: float, seed: int = 0) -> np.nd
     return with_spectrum(eigenvalues, seed)
 
 
+def in_which_order(eigenvalues, which: str) -> np.ndarray:
+    """All eigenvalues in the order an estimator reports them for ``which``."""
+    values = np.sort(np.asarray(eigenvalues, dtype=np.float64))
+    if which == "largest":
+        return values[::-1]
+    if which == "smallest":
+        return values
+    return values[np.argsort(-np.abs(values), kind="stable")]
+
+
+def trace_errors(matrix: np.ndarray, method: str, num_products: int, seeds) -> tuple:
+    """(estimate − tr A, stderr) of ``spectra.trace`` over seeds."""
+    from spectra.trace import trace
+
+    truth = np.trace(matrix)
+    results = [
+        trace(matrix, method=method, num_products=num_products, seed=s, check_symmetry=False)
+        for s in seeds
+    ]
+    errors = np.array([r.estimate - truth for r in results])
+    return errors, np.array([r.stderr for r in results])
+
+
 class MatvecOnly(LinearOperator):
     """Exposes only ``matvec``: scipy applies ``matmat`` column by column."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _matrices import hard_spectra, single_blas_thread, with_spectrum
+from _matrices import hard_spectra, in_which_order, single_blas_thread, with_spectrum
 
 from spectra.eigenvalues import eigenvalues
 
@@ -36,19 +36,10 @@ def _one_blas_thread():
         yield
 
 
-def ordered_truth(spectrum: np.ndarray, which: str) -> np.ndarray:
-    values = np.sort(spectrum)
-    if which == "largest":
-        return values[::-1]
-    if which == "smallest":
-        return values
-    return values[np.argsort(-np.abs(values), kind="stable")]
-
-
 def check_bounds(result, spectrum, which="largest"):
     """(converged, within the bound of some eigenvalue, within the bound of the true
     i-th eigenvalue, worst error/bound against the i-th) over the converged values."""
-    truth = ordered_truth(spectrum, which)
+    truth = in_which_order(spectrum, which)
     converged = within_some = within_ith = 0
     worst = 0.0
     for i, (value, bound, ok) in enumerate(

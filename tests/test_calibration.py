@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _matrices import low_rank_plus_noise, random_symmetric, single_blas_thread, with_spectrum
+from _matrices import (
+    low_rank_plus_noise,
+    random_symmetric,
+    single_blas_thread,
+    trace_errors,
+    with_spectrum,
+)
 
 from spectra.diagonal import diagonal
-from spectra.trace import frobenius_norm, trace
+from spectra.trace import frobenius_norm
 
 N = 200
 NUM_PRODUCTS = 100
@@ -34,14 +40,7 @@ def _matrices() -> dict[str, np.ndarray]:
 
 
 def _standardized(method: str, matrix: np.ndarray, seeds=SEEDS, num_products=NUM_PRODUCTS):
-    truth = np.trace(matrix)
-    results = [
-        trace(matrix, method=method, num_products=num_products, seed=s, check_symmetry=False)
-        for s in seeds
-    ]
-    errors = np.array([r.estimate - truth for r in results])
-    stderrs = np.array([r.stderr for r in results])
-    return errors, stderrs
+    return trace_errors(matrix, method, num_products, seeds)
 
 
 def coverage_table():

@@ -4,6 +4,7 @@ from _matrices import (
     BlockOperator,
     MatvecOnly,
     hessian_like_spectrum,
+    in_which_order,
     random_symmetric,
     single_blas_thread,
     with_spectrum,
@@ -20,12 +21,7 @@ def _one_blas_thread():
 
 
 def reference(matrix_eigenvalues, which, k):
-    values = np.sort(matrix_eigenvalues)
-    if which == "largest":
-        return values[::-1][:k]
-    if which == "smallest":
-        return values[:k]
-    return values[np.argsort(-np.abs(values), kind="stable")][:k]
+    return in_which_order(matrix_eigenvalues, which)[:k]
 
 
 def relative_error(estimate, truth):

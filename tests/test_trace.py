@@ -7,6 +7,7 @@ from _matrices import (
     low_rank_plus_noise,
     random_symmetric,
     single_blas_thread,
+    trace_errors,
     with_spectrum,
 )
 
@@ -23,14 +24,7 @@ SEEDS = range(200)
 
 
 def errors_and_stderrs(matrix, method, num_products, seeds=SEEDS):
-    truth = np.trace(matrix)
-    results = [
-        trace(matrix, method=method, num_products=num_products, seed=s, check_symmetry=False)
-        for s in seeds
-    ]
-    errors = np.array([r.estimate - truth for r in results])
-    stderrs = np.array([r.stderr for r in results])
-    return errors, stderrs
+    return trace_errors(matrix, method, num_products, seeds)
 
 
 def rms(values):
