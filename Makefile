@@ -5,9 +5,6 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
-# TensorFlow logs its CUDA probing on CPU-only machines; keep the console readable.
-export TF_CPP_MIN_LOG_LEVEL ?= 2
-
 .PHONY: help venv install run test test-fast lint bench clean
 
 help:
@@ -33,7 +30,7 @@ run: $(VENV)/.installed
 	$(BIN)/python -m spectra sharpness data/gd_trajectory --data data/digits.npz \
 		--loss sparse_categorical_crossentropy --out $(OUT)/sharpness
 	@echo "Figures: $(OUT)/analyze/eigenvalues.png $(OUT)/analyze/density.png" \
-		"$(OUT)/sharpness/sharpness.png"
+		"$(OUT)/sharpness/sharpness.png (add --format png,pdf,svg for more formats)"
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check spectra tests benchmarks data notebooks
@@ -49,6 +46,8 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/hvp_speed.py
 	$(BIN)/python benchmarks/estimators_digits.py
 	$(BIN)/python benchmarks/memory_streaming.py
+	$(BIN)/python benchmarks/trajectory.py
+	$(BIN)/python benchmarks/cli_help.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache

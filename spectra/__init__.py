@@ -3,60 +3,101 @@
 The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
 (:class:`HessianOperator`), and estimators that read its spectrum through products:
 :func:`eigenvalues`, :func:`lanczos`, :func:`trace`, :func:`diagonal`,
-:func:`spectral_density`, :func:`frobenius_norm`. Estimators accept any symmetric
-``LinearOperator`` (or a dense array), so they run on plain matrices too.
+:func:`spectral_density`, :func:`frobenius_norm`; per-layer spectra (:func:`layerwise`),
+the optimizer-preconditioned Hessian (:func:`preconditioned`, :func:`stability_threshold`)
+and subspace overlaps (:func:`subspace_overlap`, :func:`gradient_overlap`). Estimators
+accept any symmetric ``LinearOperator`` (or a dense array), so they run on plain matrices
+too.
+
+Names are imported on first use: ``import spectra`` and the NumPy-only estimators do not
+import TensorFlow; ``spectra.HessianOperator`` does. Submodules (``spectra.plotting``,
+``spectra.checkpoints``, ``spectra.trajectory``, …) are attributes too.
 """
 
-from spectra.callback import SharpnessCallback
-from spectra.density import negative_mass_fraction, spectral_density, spectral_mass_below
-from spectra.diagonal import diagonal
-from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
-from spectra.lanczos import lanczos, tridiagonal_eigh
-from spectra.landscape import LandscapeResult, loss_landscape, random_direction
-from spectra.operator import HessianOperator
-from spectra.results import (
-    DensityCurve,
-    DiagonalResult,
-    EigenResult,
-    FrobeniusResult,
-    LanczosResult,
-    Result,
-    SpectralDensity,
-    SpectralMass,
-    SpectralMoments,
-    TraceResult,
-)
-from spectra.trace import frobenius_norm, hutchinson_trace, hutchpp_trace, trace, xtrace
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DensityCurve",
-    "DiagonalResult",
-    "EigenResult",
-    "FrobeniusResult",
-    "HessianOperator",
-    "LanczosResult",
-    "LandscapeResult",
-    "Result",
-    "SharpnessCallback",
-    "SpectralDensity",
-    "SpectralMass",
-    "SpectralMoments",
-    "TraceResult",
-    "diagonal",
-    "eigenvalue_ratio",
-    "eigenvalues",
-    "frobenius_norm",
-    "hutchinson_trace",
-    "hutchpp_trace",
-    "lanczos",
-    "loss_landscape",
-    "negative_mass_fraction",
-    "random_direction",
-    "spectral_density",
-    "spectral_mass_below",
-    "trace",
-    "tridiagonal_eigh",
-    "xtrace",
-]
+# The public names, one list per module. To export a new name, add it to its module's list.
+_EXPORTS: dict[str, list[str]] = {
+    "spectra._console": ["quiet_tensorflow"],
+    "spectra.callback": ["SharpnessCallback"],
+    "spectra.density": ["negative_mass_fraction", "spectral_density", "spectral_mass_below"],
+    "spectra.diagonal": ["diagonal"],
+    "spectra.eigenvalues": ["eigenvalue_ratio", "eigenvalues"],
+    "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
+    "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
+    "spectra.layerwise": ["LayerwiseResult", "layerwise"],
+    "spectra.operator": ["HessianOperator"],
+    "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
+    "spectra.results": [
+        "DensityCurve",
+        "DiagonalResult",
+        "EigenResult",
+        "FrobeniusResult",
+        "LanczosResult",
+        "Result",
+        "SpectralDensity",
+        "SpectralMass",
+        "SpectralMoments",
+        "TraceResult",
+    ],
+    "spectra.stability": ["stability_threshold"],
+    "spectra.subspace": ["GradientOverlapResult", "gradient_overlap", "subspace_overlap"],
+    "spectra.trace": ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"],
+    "spectra.tridiagonal": ["gauss_quadrature"],
+}
+
+# Submodules reachable as attributes (``spectra.plotting``) without an explicit import.
+_SUBMODULES = (
+    "callback",
+    "checkpoints",
+    "cli",
+    "datasets",
+    "landscape",
+    "plotting",
+    "results",
+    "stability",
+    "trajectory",
+)
+
+_SOURCE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_SOURCE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCE.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})
+
+
+class _Package(types.ModuleType):
+    """The package module: a public function keeps its name when its submodule is imported.
+
+    Importing a submodule binds it to the package under its name, so a later
+    ``import spectra.trace`` would replace the function ``spectra.trace`` with the module
+    ``spectra/trace.py``. Exported names are kept.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _SOURCE:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

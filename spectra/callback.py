@@ -1,13 +1,16 @@
 """Sharpness (top Hessian eigenvalues) during Keras training, as a callback.
 
 :class:`SharpnessCallback` measures the largest eigenvalue(s) of the Hessian of the loss on a
-fixed data set, and optionally its Hutchinson trace, every few epochs or optimizer steps. It
-composes :class:`spectra.HessianOperator` with :func:`spectra.eigenvalues` and
-:func:`spectra.trace`; a fresh operator is built per measurement (cheap: the compiled
-functions are reused).
+fixed data set, and optionally its Hutchinson trace, at the start of training and every few
+epochs or optimizer steps. Each measurement is :func:`spectra.trajectory.measure_sharpness`
+(the one ``spectra sharpness`` makes per checkpoint) on a :class:`spectra.HessianOperator`
+built at the current weights (cheap: the compiled functions are reused), with the eigensolver
+started from the previous measurement's eigenvectors.
 
 Under full-batch gradient descent with step size η the sharpness λ₁ rises to about 2/η and
-hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021).
+hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021); the
+threshold of the model's optimizer (:mod:`spectra.stability`) is recorded with each
+measurement.
 """
 
 from __future__ import annotations
@@ -16,19 +19,24 @@ import contextlib
 import math
 import os
 import random
-import time
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from spectra._files import atomic_write_json
-from spectra.eigenvalues import eigenvalues
+from spectra._files import atomic_write_json, prepare_directory
 from spectra.operator import HessianOperator
-from spectra.trace import trace as estimate_trace
+from spectra.stability import stability_threshold_of
+from spectra.trajectory import (
+    SharpnessMeasurement,
+    SharpnessSettings,
+    explain_null,
+    measure_sharpness,
+)
 
 __all__ = ["SharpnessCallback"]
 
@@ -67,40 +75,51 @@ def _describe_loss(loss: Any) -> str:
 class SharpnessCallback(keras.callbacks.Callback):
     """Measure the top Hessian eigenvalues (the sharpness λ₁) of the loss during training.
 
-    Every ``every`` epochs (``unit="epoch"``, after epochs ``every``, ``2·every``, … counted
-    from 1) or every ``every`` optimizer steps (``unit="step"``, counted across epochs by the
-    optimizer's ``iterations``, with a first measurement at the start of training: step 0 for
-    a fresh optimizer), the callback builds the Hessian of the mean loss on ``data`` at the
-    current weights (:meth:`HessianOperator.from_keras`, inference mode: Dropout off,
-    BatchNorm moving statistics) and computes its ``top_k`` largest eigenvalues with
-    :func:`spectra.eigenvalues` and, with ``trace=True``, its Hutchinson trace with
-    ``trace_products`` products (:func:`spectra.trace`). Under full-batch gradient descent with
-    learning rate η, λ₁ rises to about 2/η and hovers there (Cohen et al. 2021).
+    Measurement points, the same rule in both units: the start of each ``fit`` (step 0 and
+    epoch 0 for a fresh model; skipped when that point was measured already), then every
+    ``every`` epochs (``unit="epoch"``: after epochs ``every``, ``2·every``, …, Keras' epoch
+    numbers, which follow ``initial_epoch``) or every ``every`` optimizer steps
+    (``unit="step"``: steps ``every``, ``2·every``, … counted across epochs and ``fit`` calls
+    by the optimizer's ``iterations``). At each point the callback builds the Hessian of the
+    mean loss on ``data`` at the current weights (:meth:`HessianOperator.from_keras`, inference
+    mode: Dropout off, BatchNorm moving statistics) and measures it with
+    :func:`spectra.trajectory.measure_sharpness`: the ``top_k`` largest eigenvalues with
+    :func:`spectra.eigenvalues`, started from the previous point's eigenvectors, and, with
+    ``trace=True``, a Hutchinson trace of ``trace_products`` products. Under full-batch
+    gradient descent with learning rate η, λ₁ rises to about 2/η and hovers there (Cohen et
+    al. 2021).
+
+    Checked in ``on_train_begin``, before any training step: the loss (given, or the
+    compiled one), that the operator can be built on ``data`` (shapes, dtype), and that
+    ``log_file`` can be written.
 
     Results
     -------
-    ``callback.history`` is a list with one dict per measurement: ``step`` (optimizer steps
-    taken), ``epoch`` (epochs completed), ``loss`` (the loss on ``data``), ``eigenvalues``
-    (largest first), ``residual_norms``, ``error_bounds``, ``converged``, ``trace`` and
-    ``trace_stderr`` (None without ``trace=True``), ``num_products``, ``wall_time`` (seconds)
-    and ``seed``. It keeps growing over several ``fit`` calls.
+    ``callback.history`` is a list with one dict per measurement, in order: ``step``
+    (optimizer steps taken), ``epoch`` (epochs completed), ``loss`` (the loss on ``data``),
+    ``eigenvalues`` (largest first), ``residual_norms``, ``error_bounds``, ``converged``,
+    ``trace`` and ``trace_stderr`` (None without ``trace=True``), ``num_parameters``,
+    ``num_products``, ``num_data_passes``, ``wall_time`` (seconds), ``seed``, ``warm_start``
+    and ``threshold`` (the stability threshold of the model's optimizer at that point,
+    :func:`spectra.stability.stability_threshold`, or None for an optimizer without one).
+    ``callback.points`` lists the measurement points in the callback's unit (the ``step`` or
+    ``epoch`` of each record). The history keeps growing over several ``fit`` calls.
 
-    The values also go into the Keras logs, so they appear in the ``History`` returned by
-    ``fit``: ``sharpness`` (λ₁), ``sharpness_2`` … ``sharpness_{top_k}``, and
-    ``hessian_trace``, ``hessian_trace_stderr`` with ``trace=True``. With ``unit="epoch"``
-    only measured epochs get these keys (with ``every=2`` the epochs 1, 3, … have none, so
-    ``history.history["sharpness"]`` has one value per *measurement*); with ``unit="step"``
-    each epoch's logs get the latest measurement taken so far.
+    Keras logs: with ``unit="epoch"`` the logs of each measured epoch get ``sharpness`` (λ₁),
+    ``sharpness_2`` … ``sharpness_{top_k}`` and, with ``trace=True``, ``hessian_trace`` and
+    ``hessian_trace_stderr``, so ``fit``'s ``History`` holds one value per measurement after
+    an epoch (the point at the start of training is in ``callback.history`` only). With
+    ``unit="step"`` nothing goes into the per-epoch logs: the measurements belong to steps,
+    and ``callback.history`` (or ``log_file``) holds them keyed by ``step``.
 
-    With ``log_file`` the settings and the whole history are written as JSON after every
-    measurement, atomically (temporary file and ``os.replace``), so an interrupted run keeps
-    everything it measured.
+    With ``log_file`` the settings and the whole history are written as strict JSON after
+    every measurement, atomically (temporary file and ``os.replace``), so an interrupted run
+    keeps everything it measured.
 
     Training is not changed: the model runs through ``stateless_call`` (no state updates), no
     weight, optimizer variable or Keras/TensorFlow seed is touched, the estimators draw from
-    NumPy Generators seeded with ``seed + i`` for measurement ``i`` (so
-    ``eigenvalues(op, seed=seed + i)`` reproduces it), and Python's and NumPy's global random
-    states are restored after each measurement.
+    NumPy Generators seeded with ``seed + i`` for measurement ``i``, and Python's and NumPy's
+    global random states are restored after each measurement.
 
     Parameters
     ----------
@@ -123,6 +142,9 @@ class SharpnessCallback(keras.callbacks.Callback):
         Relative eigenvalue tolerance and method of :func:`spectra.eigenvalues`.
     seed:
         Base seed (int >= 0) of the random start vectors and probes.
+    warm_start:
+        Start each eigensolve from the previous measurement's eigenvectors (default True):
+        fewer products for the same tolerance.
     log_file:
         Path of a JSON file rewritten after each measurement.
     verbose:
@@ -145,6 +167,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         tol: float = 1e-6,
         method: str = "lanczos",
         seed: int = 0,
+        warm_start: bool = True,
         log_file: str | os.PathLike | None = None,
         verbose: int = 0,
     ) -> None:
@@ -171,6 +194,16 @@ class SharpnessCallback(keras.callbacks.Callback):
         self.trace_products = _check_positive_int("trace_products", trace_products)
         if self.trace and self.trace_products < 2:
             raise ValueError(f"trace_products must be >= 2; got {trace_products!r}.")
+        self.settings = SharpnessSettings(
+            top_k=self.top_k,
+            method=method,
+            tol=float(tol),
+            trace=self.trace,
+            trace_method="hutchinson",
+            trace_products=self.trace_products,
+            seed=int(seed),
+            warm_start=bool(warm_start),
+        )
         self.batch_size = batch_size
         self.variables = None if variables is None else list(variables)
         self.dtype = dtype
@@ -183,18 +216,38 @@ class SharpnessCallback(keras.callbacks.Callback):
         self._resolved_loss: Any = None
         self._epochs_completed = 0
         self._next_step = 0
+        self._fit_started = False
+        self._previous: SharpnessMeasurement | None = None
+
+    @property
+    def points(self) -> list[int]:
+        """The measurement points in the callback's unit (steps or epochs), in order."""
+        return [record[self.unit] for record in self.history]
 
     # -- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._resolved_loss = self._resolve_loss()
-        if self.unit == "step":
-            step = self._current_step()
-            if not self.history or self.history[-1]["step"] != step:
-                self._measure(step)
-            self._next_step = (step // self.every + 1) * self.every
+        self._current_step()  # a compiled model (it has an optimizer)
+        self._check_log_file()
+        try:
+            with _global_rng_preserved():
+                self._operator()
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"SharpnessCallback cannot measure the Hessian of this model on its data: {err}"
+            ) from err
+        self._fit_started = True
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epochs_completed = int(epoch)
+        if not self._fit_started:
+            return
+        # The start of this fit: measured unless this point was measured already.
+        self._fit_started = False
+        step = self._current_step()
+        if not self.history or self.history[-1]["step"] != step:
+            self._measure(step)
+        self._next_step = (step // self.every + 1) * self.every
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.unit != "step":
@@ -206,14 +259,14 @@ class SharpnessCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epochs_completed = int(epoch) + 1
-        if self.unit == "epoch":
-            if self._epochs_completed % self.every != 0:
-                return
-            record = self._measure(self._current_step())
-        elif self.history:
-            record = self.history[-1]
-        else:
+        if self.unit != "epoch" or self._epochs_completed % self.every != 0:
             return
+        step = self._current_step()
+        if self.history and self.history[-1]["step"] == step:
+            record = self.history[-1]
+            record["epoch"] = self._epochs_completed
+        else:
+            record = self._measure(step)
         if logs is not None:
             logs.update(self._log_entries(record))
 
@@ -235,63 +288,56 @@ class SharpnessCallback(keras.callbacks.Callback):
             )
         return compiled
 
+    def _check_log_file(self) -> None:
+        if self.log_file is None:
+            return
+        path = Path(self.log_file)
+        if path.is_dir():
+            raise ValueError(f"log_file '{path}' is a directory; give a file path.")
+        prepare_directory(path.parent, "the directory of log_file")
+
     def _current_step(self) -> int:
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             raise ValueError("SharpnessCallback needs a compiled model (it has no optimizer).")
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
+    def _operator(self) -> HessianOperator:
+        return HessianOperator.from_keras(
+            self.model,
+            self._resolved_loss,
+            self.data,
+            variables=self.variables,
+            batch_size=self.batch_size,
+            dtype=self.dtype,
+        )
+
+    def _threshold(self) -> float | None:
+        try:
+            return stability_threshold_of(self.model.optimizer).value
+        except (ValueError, TypeError, AttributeError):
+            return None
+
     def _measure(self, step: int) -> dict[str, Any]:
-        """Compute the eigenvalues (and trace) at the current weights and record them."""
+        """Measure at the current weights and record it."""
         index = len(self.history)
-        seed = self.seed + index
-        started = time.perf_counter()
         with _global_rng_preserved():
-            operator = HessianOperator.from_keras(
-                self.model,
-                self._resolved_loss,
-                self.data,
-                variables=self.variables,
-                batch_size=self.batch_size,
-                dtype=self.dtype,
-            )
-            eig = eigenvalues(
-                operator,
-                k=self.top_k,
-                which="largest",
-                method=self.method,
-                tol=self.tol,
-                seed=seed,
+            measurement = measure_sharpness(
+                self._operator(),
+                self.settings,
+                seed=self.seed + index,
+                v0=None if self._previous is None else self._previous.eigenvectors,
                 progress=False,
             )
-            trace_result = None
-            if self.trace:
-                trace_result = estimate_trace(
-                    operator,
-                    method="hutchinson",
-                    num_products=self.trace_products,
-                    seed=seed,
-                    progress=False,
-                )
-            loss_value = operator.loss()
+        self._previous = measurement
         record: dict[str, Any] = {
             "step": int(step),
             "epoch": self._epochs_completed,
-            "loss": float(loss_value),
-            "eigenvalues": [float(v) for v in eig.eigenvalues],
-            "residual_norms": [float(v) for v in eig.residual_norms],
-            "error_bounds": [float(v) for v in eig.error_bounds],
-            "converged": [bool(c) for c in eig.converged],
-            "trace": None if trace_result is None else float(trace_result.estimate),
-            "trace_stderr": None if trace_result is None else float(trace_result.stderr),
-            "num_products": int(
-                eig.num_products + (0 if trace_result is None else trace_result.num_products)
-            ),
-            "wall_time": time.perf_counter() - started,
-            "seed": seed,
+            **measurement.record(),
+            "threshold": self._threshold(),
         }
         self.history.append(record)
-        if not eig.all_converged:
+        if not all(record["converged"]):
             warnings.warn(
                 f"SharpnessCallback: at step {step} the eigenvalues did not all converge to "
                 f"tol={self.tol:g} (error bounds {record['error_bounds']}).",
@@ -300,7 +346,9 @@ class SharpnessCallback(keras.callbacks.Callback):
             )
         if self.log_file is not None:
             atomic_write_json(
-                self.log_file, {"settings": self._settings(), "history": self.history}
+                self.log_file,
+                {"settings": self._settings(), "history": self.history},
+                explain_null,
             )
         if self.verbose >= 1:
             print(self._summary_line(record))
@@ -320,19 +368,14 @@ class SharpnessCallback(keras.callbacks.Callback):
         return {
             "unit": self.unit,
             "every": self.every,
-            "top_k": self.top_k,
-            "trace": self.trace,
-            "trace_products": self.trace_products if self.trace else None,
             "loss": None if loss is None else _describe_loss(loss),
             "batch_size": self.batch_size,
             "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
-            "tol": self.tol,
-            "method": self.method,
-            "seed": self.seed,
+            **self.settings.numbers(),
+            "warm_start": self.settings.warm_start,
         }
 
-    @staticmethod
-    def _summary_line(record: dict[str, Any]) -> str:
+    def _summary_line(self, record: dict[str, Any]) -> str:
         values = record["eigenvalues"]
         line = (
             f"SharpnessCallback step {record['step']} (epoch {record['epoch']}): "
@@ -340,6 +383,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         )
         if len(values) > 1:
             line += " (top " + ", ".join(f"{v:.4g}" for v in values) + ")"
+        if record["threshold"] is not None:
+            line += f" = {values[0] / record['threshold']:.3f} × threshold"
         if record["trace"] is not None:
             line += f", trace = {record['trace']:.4g} ± {record['trace_stderr']:.2g}"
         if not all(record["converged"]):

@@ -13,8 +13,10 @@ A builder is a callable taking no arguments, or a string ``"module:function"`` o
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -22,12 +24,14 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import keras
-import tensorflow as tf
+if TYPE_CHECKING:
+    import keras
 
-Builder = Callable[[], keras.Model] | str
+# TensorFlow and Keras are imported where a model is loaded, so that finding and hashing
+# checkpoints (the bookkeeping of a run) does not import them.
+Builder = Callable[[], Any] | str
 PathLike = str | os.PathLike
 
 _MODEL_SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -111,18 +115,9 @@ def load_model(
 def _load_keras_archive(
     path: Path, compile: bool, custom_objects: Mapping[str, Any] | None
 ) -> keras.Model:
-    if not zipfile.is_zipfile(path):
-        raise ValueError(
-            f"'{path}' is not a valid .keras archive (a .keras file is a zip archive): the file "
-            "is truncated or corrupted. Save it again with model.save('model.keras')."
-        )
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-    if "config.json" not in names:
-        raise ValueError(
-            f"'{path}' is a zip archive but not a Keras model (no config.json inside; it "
-            f"holds {sorted(names)[:5]}). Save a model with model.save('model.keras')."
-        )
+    _read_archive_config(path)
+    import keras
+
     try:
         model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
     except Exception as err:
@@ -135,27 +130,42 @@ def _load_keras_archive(
     return _require_model(model, path)
 
 
+def _read_archive_config(path: Path) -> dict[str, Any]:
+    """The ``config.json`` of a ``.keras`` archive, after checking the archive."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"'{path}' is not a valid .keras archive (a .keras file is a zip archive): the file "
+            "is truncated or corrupted. Save it again with model.save('model.keras')."
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if "config.json" not in names:
+                raise ValueError(
+                    f"'{path}' is a zip archive but not a Keras model (no config.json inside; "
+                    f"it holds {sorted(names)[:5]}). Save a model with model.save('model.keras')."
+                )
+            config = json.loads(archive.read("config.json"))
+    except (zipfile.BadZipFile, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"'{path}' is a damaged .keras archive ({type(err).__name__}: {err}). Save it again "
+            "with model.save('model.keras')."
+        ) from err
+    if not isinstance(config, dict):
+        raise ValueError(f"'{path}' has a config.json that is not a Keras model configuration.")
+    return config
+
+
 def _load_h5(
     path: Path,
     builder: Builder | None,
     compile: bool,
     custom_objects: Mapping[str, Any] | None,
 ) -> keras.Model:
-    import h5py
-
-    if not h5py.is_hdf5(path):
-        raise ValueError(
-            f"'{path}' is not a valid HDF5 file: it is truncated, corrupted or of another "
-            "format. Save the weights again with model.save_weights('model.weights.h5')."
-        )
-    try:
-        with h5py.File(path, "r") as h5:
-            is_full_model = "model_config" in h5.attrs
-            num_stored = _count_stored_weights(h5)
-    except OSError as err:
-        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
-
+    is_full_model = _inspect_h5(path)
     if is_full_model and builder is None:
+        import keras
+
         try:
             model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
         except Exception as err:
@@ -170,12 +180,47 @@ def _load_h5(
             "on the command line --builder), or save the whole model with "
             "model.save('model.keras')."
         )
+    model = _build_model(builder)
+    _load_weights_file(model, path)
+    return model
+
+
+def _inspect_h5(path: Path) -> bool:
+    """Check that ``path`` is a readable HDF5 file; True when it holds a whole legacy model."""
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        raise ValueError(
+            f"'{path}' is not a valid HDF5 file: it is truncated, corrupted or of another "
+            "format. Save the weights again with model.save_weights('model.weights.h5')."
+        )
+    try:
+        with h5py.File(path, "r") as h5:
+            return "model_config" in h5.attrs
+    except OSError as err:
+        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
+
+
+def _load_weights_file(model: keras.Model, path: Path) -> None:
+    """``model.load_weights(path)`` for a Keras weights file, with errors that say what to do.
+
+    Any layout Keras writes is accepted (Sequential and functional models keep their weights
+    under ``layers/``, subclassed models under their attribute names); the one check beyond
+    Keras' own is that the file holds no more weight arrays than the model has, because Keras
+    loads such a file into a smaller model without complaint.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as h5:
+            num_stored = _count_stored_weights(h5)
+    except OSError as err:
+        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
     if num_stored is None:
         raise ValueError(
-            f"'{path}' is an HDF5 file but not a Keras weights file (no 'layers' group). "
+            f"'{path}' is an HDF5 file but not a Keras weights file (no 'vars' groups). "
             "Save the weights with model.save_weights('model.weights.h5')."
         )
-    model = _build_model(builder)
     num_expected = len(model.weights)
     if num_stored > num_expected:
         raise ValueError(
@@ -190,29 +235,33 @@ def _load_h5(
             f"The weights in '{path}' do not fit the builder's model: {err}\n"
             "Check that the builder builds the architecture the weights were saved from."
         ) from err
-    return model
 
 
 def _count_stored_weights(h5: Any) -> int | None:
-    """Number of weight arrays under the ``layers`` group of a Keras 3 weights file."""
+    """Number of weight arrays in a Keras 3 weights file (datasets in its ``vars`` groups).
+
+    None when the file has no ``vars`` group at all (not a Keras weights file).
+    """
     import h5py
 
-    if "layers" not in h5:
-        return None
     count = 0
+    found = False
 
-    def visit(_name: str, obj: Any) -> None:
-        nonlocal count
-        if isinstance(obj, h5py.Dataset):
+    def visit(name: str, obj: Any) -> None:
+        nonlocal count, found
+        parts = name.split("/")
+        if isinstance(obj, h5py.Group) and parts[-1] == "vars":
+            found = True
+        if isinstance(obj, h5py.Dataset) and "vars" in parts[:-1]:
             count += 1
 
-    h5["layers"].visititems(visit)
-    if "vars" in h5:
-        h5["vars"].visititems(visit)
-    return count
+    h5.visititems(visit)
+    return count if found else None
 
 
 def _latest_checkpoint_in(directory: Path) -> str:
+    import tensorflow as tf
+
     prefix = tf.train.latest_checkpoint(str(directory))
     if prefix is not None:
         return prefix
@@ -244,6 +293,15 @@ def _load_tf_checkpoint(prefix: str, builder: Builder | None, checkpoint_key: st
             "pass builder=... (a function returning the built model, or 'module:function' / "
             "'path/to/file.py:function')."
         )
+    _check_tf_checkpoint(prefix, checkpoint_key)
+    model = _build_model(builder)
+    _restore_tf_checkpoint(model, prefix, checkpoint_key)
+    return model
+
+
+def _check_tf_checkpoint(prefix: str, checkpoint_key: str) -> None:
+    import tensorflow as tf
+
     try:
         stored = [name for name, _ in tf.train.list_variables(prefix)]
     except (tf.errors.OpError, ValueError) as err:
@@ -257,7 +315,11 @@ def _load_tf_checkpoint(prefix: str, builder: Builder | None, checkpoint_key: st
             f"{top_level}). Save with tf.train.Checkpoint({checkpoint_key}=model), or pass "
             "checkpoint_key= with the name the model was saved under."
         )
-    model = _build_model(builder)
+
+
+def _restore_tf_checkpoint(model: keras.Model, prefix: str, checkpoint_key: str) -> None:
+    import tensorflow as tf
+
     try:
         status = tf.train.Checkpoint(**{checkpoint_key: model}).restore(prefix).expect_partial()
         status.assert_existing_objects_matched()
@@ -266,10 +328,11 @@ def _load_tf_checkpoint(prefix: str, builder: Builder | None, checkpoint_key: st
             f"The tf.train.Checkpoint '{prefix}' does not fit the builder's model: {err}\n"
             "Check that the builder builds the architecture the checkpoint was saved from."
         ) from err
-    return model
 
 
 def _require_model(obj: Any, path: Path) -> keras.Model:
+    import keras
+
     if not isinstance(obj, keras.Model):
         raise ValueError(
             f"'{path}' holds a {type(obj).__name__}, not a keras.Model; wrap it in a model "
@@ -340,6 +403,8 @@ def _import_file(file: Path, builder: str) -> Any:
 
 
 def _build_model(builder: Builder) -> keras.Model:
+    import keras
+
     function = resolve_builder(builder)
     model = function()
     if not isinstance(model, keras.Model):
@@ -475,3 +540,164 @@ def _step_from_name(path: Path) -> int:
 
 def _natural_key(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+# --------------------------------------------------------------------------- run metadata
+
+
+def step_unit(paths: Sequence[PathLike]) -> str:
+    """What the integers in the file names count: ``"epoch"``, ``"step"`` or ``"checkpoint"``.
+
+    Read from the word before the last integer of each name (``epoch_005.keras`` -> epoch,
+    ``step_0200.keras``, ``iter-300.weights.h5`` -> step); names that disagree or say neither
+    (``ckpt-12``: tf.train.CheckpointManager numbers its saves) give ``"checkpoint"``.
+    """
+    units = set()
+    for path in paths:
+        name = Path(path).name
+        suffix = _model_suffix(name)
+        stem = name[: -len(suffix)] if suffix else name
+        before = re.split(r"\d+(?=\D*$)", stem)[0].lower()
+        words = re.findall(r"[a-z]+", before)
+        last = words[-1] if words else ""
+        if last in ("epoch", "epochs", "ep", "e"):
+            units.add("epoch")
+        elif last in ("step", "steps", "iter", "iteration", "it", "global", "globalstep"):
+            units.add("step")
+        else:
+            units.add("checkpoint")
+    return units.pop() if len(units) == 1 else "checkpoint"
+
+
+def checkpoint_files(path: PathLike) -> list[Path]:
+    """The files that hold a checkpoint: the file itself, or a tf.train.Checkpoint's
+    ``PREFIX.index`` and ``PREFIX.data-*`` files."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    index = Path(str(path) + _CHECKPOINT_INDEX_SUFFIX)
+    if index.exists():
+        shards = sorted(path.parent.glob(glob.escape(path.name) + ".data-*"))
+        return [index, *shards]
+    raise FileNotFoundError(f"No checkpoint file or tf.train.Checkpoint prefix '{path}'.")
+
+
+def checkpoint_sha256(path: PathLike) -> str:
+    """SHA-256 of a checkpoint's content (all its files, with their names for several).
+
+    Cost: reading the files once.
+    """
+    files = checkpoint_files(path)
+    digest = hashlib.sha256()
+    for file in files:
+        if len(files) > 1:
+            digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def recorded_optimizer(path: PathLike) -> dict[str, Any] | None:
+    """The optimizer a compiled ``.keras`` file was saved with, serialized, or None.
+
+    ``{"class_name": "SGD", "config": {"learning_rate": 0.1, "momentum": 0.9, ...}}`` as Keras
+    stores it in the archive's ``compile_config``; None for an uncompiled model or another
+    format. Reads ``config.json`` only; no model is built.
+    """
+    path = Path(path)
+    if not path.name.lower().endswith(".keras") or not path.is_file():
+        return None
+    try:
+        config = _read_archive_config(path)
+    except ValueError:
+        return None
+    optimizer = (config.get("compile_config") or {}).get("optimizer")
+    if isinstance(optimizer, str):
+        return {"class_name": optimizer, "config": {"name": optimizer}}
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+        return {"class_name": optimizer.get("class_name", "?"), "config": optimizer["config"]}
+    return None
+
+
+class CheckpointLoader:
+    """Loads the checkpoints of a training run into as few model instances as possible.
+
+    Checkpoints of one architecture share one model: the first is loaded with
+    :func:`load_model`, each further one only has its weights loaded into that model
+    (``model.load_weights`` for ``.keras`` and ``.weights.h5`` files, a restore for
+    tf.train.Checkpoints). The engine behind :meth:`HessianOperator.from_keras` is cached per
+    model, so its traced functions then serve the whole run: no retrace per checkpoint.
+
+    The architecture is the model configuration inside a ``.keras`` archive (compared as
+    text), or the builder for weights files and tf.train.Checkpoints. A new architecture, or
+    a checkpoint that failed to load (it may have left the model half overwritten), gets a
+    fresh model. ``num_models_built`` counts the models made.
+    """
+
+    def __init__(
+        self,
+        builder: Builder | None = None,
+        *,
+        custom_objects: Mapping[str, Any] | None = None,
+        checkpoint_key: str = "model",
+    ) -> None:
+        self.builder = builder
+        self.custom_objects = custom_objects
+        self.checkpoint_key = checkpoint_key
+        self.num_models_built = 0
+        self._model: keras.Model | None = None
+        self._architecture: Any = None
+
+    def load(self, path: PathLike) -> keras.Model:
+        """The model with the weights of the checkpoint at ``path`` (see the class docstring).
+
+        Raises the errors of :func:`load_model`.
+        """
+        path = Path(path)
+        architecture = self._architecture_of(path)
+        model = self._model
+        self._model = None
+        if model is not None and architecture is not None and architecture == self._architecture:
+            self._load_weights(model, path)
+        else:
+            model = load_model(
+                path,
+                builder=self.builder,
+                custom_objects=self.custom_objects,
+                checkpoint_key=self.checkpoint_key,
+            )
+            self.num_models_built += 1
+        self._model, self._architecture = model, architecture
+        return model
+
+    def _architecture_of(self, path: Path) -> Any:
+        name = path.name.lower()
+        if name.endswith(".keras") and path.is_file():
+            config = _read_archive_config(path)
+            return ("keras", json.dumps(config.get("config"), sort_keys=True))
+        if self.builder is not None and (
+            name.endswith(".weights.h5") or _is_tf_prefix(path) or path.is_dir()
+        ):
+            return ("builder", self.builder if isinstance(self.builder, str) else id(self.builder))
+        return None
+
+    def _load_weights(self, model: keras.Model, path: Path) -> None:
+        name = path.name.lower()
+        if name.endswith(".keras"):
+            try:
+                model.load_weights(path)
+            except Exception as err:
+                raise ValueError(
+                    f"Could not load the weights of '{path}': {type(err).__name__}: {err}\n"
+                    "If the file is corrupted, save it again."
+                ) from err
+        elif name.endswith(".weights.h5"):
+            _inspect_h5(path)
+            _load_weights_file(model, path)
+        else:
+            prefix = _latest_checkpoint_in(path) if path.is_dir() else str(path)
+            if prefix.endswith(_CHECKPOINT_INDEX_SUFFIX):
+                prefix = prefix[: -len(_CHECKPOINT_INDEX_SUFFIX)]
+            _check_tf_checkpoint(prefix, self.checkpoint_key)
+            _restore_tf_checkpoint(model, prefix, self.checkpoint_key)

@@ -145,6 +145,15 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         )
     x, y = arrays["x"], arrays["y"]
     weight = arrays.get("sample_weight")
+    for key in ("x", "y", "sample_weight"):
+        array = arrays.get(key)
+        if array is not None and array.ndim == 0:
+            raise ValueError(
+                f"'{key}' in '{path}' is a scalar ({array!r}), not an array with one row per "
+                "example. Write the data with np.savez(path, x=x, y=y), x of shape (n, ...)."
+            )
+    if len(x) == 0:
+        raise ValueError(f"'{path}' holds no examples (x has shape {x.shape}).")
     lengths = {"x": len(x), "y": len(y)}
     if weight is not None:
         lengths["sample_weight"] = len(weight)

@@ -3,9 +3,13 @@
 Every plotting function draws into a given ``Axes`` (or a new figure when
 ``ax`` is None) and returns the ``Axes``; nothing is shown and no global
 matplotlib setting is changed. Default colors are the Okabe–Ito palette
-(safe for the common forms of color blindness); legends appear only when an
-axes holds more than one labelled artist; no titles are set (captions carry
-them in papers). :func:`save_figure` writes a figure file atomically.
+(safe for the common forms of color blindness). Legends say what each mark
+means: error bars and confidence bands are named in them (with a note when the
+bars are smaller than the markers), and single unexplained series get none.
+:func:`add_title` puts a title and a caption-like line (model, data, matrix,
+estimator settings; see :func:`figure_caption`) on a figure, and
+:func:`save_figure` writes it atomically in any format matplotlib knows
+(png, pdf, svg, …).
 
 Matplotlib is imported on first use (inside the functions), not with the module.
 """
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "add_title",
+    "figure_caption",
     "plot_eigenvalues",
     "plot_loss_landscape_1d",
     "plot_loss_landscape_2d",
@@ -48,6 +54,17 @@ _LOG_FLOOR = 1e-6
 # More points than this are drawn without markers.
 _MAX_MARKED_POINTS = 50
 _TRACE_LABEL = "Trace of H"
+_LOSS_LABEL = "Loss"
+# Error bars shorter than this fraction of the plotted range hide under the markers.
+_VISIBLE_ERROR_FRACTION = 0.01
+# A threshold more than this many times above the data is named, not drawn.
+_OFF_SCALE_FACTOR = 3.0
+_CAPTION_FONTSIZE = 8
+# A loss spanning more than this factor goes on a log axis (two decades or more get
+# labelled ticks).
+_LOG_LOSS_SPAN = 100.0
+# Up to this many eigenvalues get their value written beside the marker.
+_MAX_ANNOTATED = 10
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
@@ -71,11 +88,13 @@ def _style_axes(ax: Axes) -> None:
     ax.set_axisbelow(True)
 
 
-def _refresh_legend(*axes: Axes) -> None:
-    """Legend over all ``axes`` when they hold > 1 labelled artist.
+def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) -> None:
+    """Legend over all ``axes`` when they hold > 1 labelled artist (or any, with ``always``).
 
     The legend goes on the last axes (the one drawn on top, e.g. a twin), so
-    that no line of the others can cover it.
+    that no line of the others can cover it; with ``outside`` (and a
+    constrained layout) it goes above the axes instead, where it covers no
+    data. Labels starting with "_" are matplotlib's hidden ones.
     """
     handles: list[Any] = []
     labels: list[str] = []
@@ -85,8 +104,20 @@ def _refresh_legend(*axes: Axes) -> None:
         labels += more_labels
         if holder.get_legend() is not None:
             holder.get_legend().remove()
-    if len(handles) > 1:
-        axes[-1].legend(handles, labels, framealpha=0.9)
+    figure = axes[0].figure
+    for legend in list(figure.legends):
+        if legend.get_gid() == _SERIES_GID:
+            legend.remove()
+    if not (len(handles) > 1 or (always and handles)):
+        return
+    engine = figure.get_layout_engine()
+    if outside and engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine":
+        legend = figure.legend(
+            handles, labels, loc="outside lower center", fontsize="small", frameon=False, ncols=2
+        )
+        legend.set_gid(_SERIES_GID)
+    else:
+        axes[-1].legend(handles, labels, framealpha=0.9, fontsize="small")
 
 
 def _subscript(index: int) -> str:
@@ -128,6 +159,9 @@ def plot_spectral_density(
     clipped at 1e-6 of the highest density, so that the bulk near zero and the
     outliers both show while the Gaussian tails stay out of the way, as in
     Ghorbani, Krishnan & Xiao (ICML 2019), Fig. 1.
+
+    The legend names the line (``label``, else "SLQ density") with the kernel
+    width σ, and the band as "±2 s.e. across P probes" (no band for one probe).
     """
     if not isinstance(density, SpectralDensity):
         raise TypeError(f"density must be a SpectralDensity, got {type(density).__name__}")
@@ -148,7 +182,16 @@ def plot_spectral_density(
     shown_floor = 0.1 * bottom if log_scale else 0.0
     values = np.maximum(curve.values, shown_floor)
 
-    if band:
+    name = label if label else "SLQ density"
+    (line,) = ax.plot(
+        curve.grid,
+        values,
+        color=color,
+        linewidth=1.4,
+        label=f"{name}, σ = {curve.sigma:.2g}",
+    )
+    line.set_gid(_SERIES_GID)
+    if band and density.num_probes > 1:
         ax.fill_between(
             curve.grid,
             np.maximum(curve.lower, shown_floor),
@@ -156,9 +199,8 @@ def plot_spectral_density(
             color=color,
             alpha=0.25,
             linewidth=0,
+            label=f"±2 s.e. across {density.num_probes} probes",
         )
-    (line,) = ax.plot(curve.grid, values, color=color, linewidth=1.4, label=label)
-    line.set_gid(_SERIES_GID)
     if curve.grid.min() <= 0.0 <= curve.grid.max():
         ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=0.8, zorder=0.5)
 
@@ -171,7 +213,7 @@ def plot_spectral_density(
         ax.set_ylabel("Density")
     ax.set_xlabel("Eigenvalue λ")
     _style_axes(ax)
-    _refresh_legend(ax)
+    _refresh_legend(ax, always=True)
     return ax
 
 
@@ -188,18 +230,46 @@ def _eigen_errors(result: EigenResult) -> np.ndarray:
     return np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
 
 
+def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: bool) -> str:
+    """ " (bars smaller than the markers, largest ±e)" when the bars cannot be seen, else ""."""
+    if errors is None or errors.size == 0:
+        return ""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return ""
+    largest = float(np.max(errors[finite]))
+    if log_scale:
+        positive = finite & (values > 0)
+        relative = errors[positive] / values[positive] if positive.any() else np.zeros(0)
+        hidden = relative.size == 0 or float(relative.max()) < 0.05
+    else:
+        shown = values[finite]
+        span = float(shown.max() - shown.min()) or float(np.abs(shown).max()) or 1.0
+        hidden = largest < _VISIBLE_ERROR_FRACTION * span
+    if not hidden:
+        return ""
+    return f" (bars smaller than the markers: at most ±{largest:.1e})"
+
+
 def plot_eigenvalues(
     result: EigenResult,
     ax: Axes | None = None,
     *,
     label: str | None = None,
     color: Any = None,
+    log_scale: bool = False,
+    annotate: bool | None = None,
 ) -> Axes:
     """The computed eigenvalues against their index i = 1, 2, … with error bars.
 
     Error bars are ``result.error_bounds`` (the residual norms where no bound
-    is available). Eigenpairs that did not converge are drawn as hollow
-    markers and named "not converged" in the legend.
+    is available); the legend names them, and says when they are smaller than
+    the markers (with the largest bound), which is the usual case for
+    converged eigenvalues. Eigenpairs that did not converge are drawn as hollow
+    markers and named "not converged" in the legend. ``log_scale`` draws the
+    y axis logarithmically (symmetric-log when some eigenvalues are ≤ 0).
+    ``annotate`` writes each value beside its marker (default: for up to 10
+    eigenvalues).
     """
     if not isinstance(result, EigenResult):
         raise TypeError(f"result must be an EigenResult, got {type(result).__name__}")
@@ -216,13 +286,12 @@ def plot_eigenvalues(
     reused = ax.has_data()
     previous_limits = ax.get_xlim()
     color = _next_color(ax, color)
+    name = f"{label}: λᵢ ± error bound" if label else "λᵢ ± error bound"
+    note = _hidden_bars_note(values, errors, log_scale)
 
     some_unconverged = not converged.all()
     if converged.any():
-        if some_unconverged:
-            filled_label = f"{label} (converged)" if label else "converged"
-        else:
-            filled_label = label
+        filled_label = f"{name} (converged)" if some_unconverged else name
         filled = ax.errorbar(
             indices[converged],
             values[converged],
@@ -230,9 +299,9 @@ def plot_eigenvalues(
             fmt="o",
             color=color,
             markersize=6,
-            capsize=3,
-            elinewidth=1.0,
-            label=filled_label,
+            capsize=4,
+            elinewidth=1.2,
+            label=filled_label + note,
         )
         filled.lines[0].set_gid(_SERIES_GID)
     if some_unconverged:
@@ -245,12 +314,26 @@ def plot_eigenvalues(
             markerfacecolor="none",
             markeredgewidth=1.4,
             markersize=6,
-            capsize=3,
-            elinewidth=1.0,
-            label=f"{label} (not converged)" if label else "not converged",
+            capsize=4,
+            elinewidth=1.2,
+            label=f"{name} (not converged)" + ("" if converged.any() else note),
         )
         if not converged.any():
             hollow.lines[0].set_gid(_SERIES_GID)
+
+    if annotate is None:
+        annotate = values.size <= _MAX_ANNOTATED
+    if annotate:
+        for index, value in zip(indices, values):
+            ax.annotate(
+                f"{value:.4g}",
+                (index, value),
+                xytext=(7, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize="small",
+                color=color,
+            )
 
     from matplotlib.ticker import MaxNLocator
 
@@ -259,13 +342,16 @@ def plot_eigenvalues(
     if reused:
         left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
     ax.set_xlim(left, right)
+    if log_scale:
+        if np.all(values > 0):
+            ax.set_yscale("log")
+        else:
+            scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
+            ax.set_yscale("symlog", linthresh=scale)
     ax.set_xlabel("Index i")
-    ax.set_ylabel("Eigenvalue λᵢ")
+    ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)
-    _refresh_legend(ax)
-    if some_unconverged and ax.get_legend() is None:
-        # Hollow markers always need their note, even as the only entry.
-        ax.legend(framealpha=0.9)
+    _refresh_legend(ax, always=True)
     return ax
 
 
@@ -300,12 +386,59 @@ def _line_with_errors(
     return line
 
 
-def _find_trace_axes(ax: Axes) -> Axes | None:
-    """A twin of ``ax`` made earlier by :func:`plot_sharpness` for the trace."""
+def _find_twin(ax: Axes, ylabel: str) -> Axes | None:
+    """A twin of ``ax`` made earlier by :func:`plot_sharpness` with this y label."""
     for other in ax.get_shared_x_axes().get_siblings(ax):
-        if other is not ax and other.get_ylabel() == _TRACE_LABEL:
+        if other is not ax and other.get_ylabel() == ylabel:
             return other
     return None
+
+
+def _twin(ax: Axes, ylabel: str) -> Axes:
+    """The twin y axis labelled ``ylabel``, made if needed; a second twin's spine is moved
+    out to the right so that the two scales do not overlap."""
+    found = _find_twin(ax, ylabel)
+    if found is not None:
+        return found
+    existing = [other for other in ax.get_shared_x_axes().get_siblings(ax) if other is not ax]
+    twin = ax.twinx()
+    if existing:
+        twin.spines["right"].set_position(("axes", 1.0 + 0.2 * len(existing)))
+    twin.set_ylabel(ylabel)
+    twin.grid(False)
+    return twin
+
+
+def _per_step(name: str, values: Any, size: int) -> np.ndarray:
+    """``values`` as a 1-D array of one value per step."""
+    array = _as_1d(name, values)
+    if array.size != size:
+        raise ValueError(
+            f"steps and {name} must have the same length: {size} steps but {array.size} {name}"
+        )
+    return array
+
+
+def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
+    """(value, legend text) of the stability threshold, from ``lr`` or ``threshold``."""
+    if lr is not None and threshold is not None:
+        raise ValueError("give lr (gradient descent's 2/η) or threshold, not both")
+    if lr is not None:
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a positive finite step size, got {lr}")
+        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (gradient descent)"
+    if threshold is None:
+        return None
+    if hasattr(threshold, "value") and hasattr(threshold, "label"):
+        value, text = float(threshold.value), str(threshold.label)
+    elif isinstance(threshold, tuple) and len(threshold) == 2:
+        value, text = float(threshold[0]), str(threshold[1])
+    else:
+        value = float(threshold)
+        text = f"stability threshold = {value:.4g}"
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"the threshold must be a positive finite number, got {value}")
+    return value, text
 
 
 def plot_sharpness(
@@ -313,21 +446,36 @@ def plot_sharpness(
     values: Any,
     *,
     lr: float | None = None,
+    threshold: Any = None,
     errors: Any = None,
     traces: Any = None,
     trace_errors: Any = None,
+    losses: Any = None,
+    xlabel: str = "Training step",
+    log_scale: bool = False,
     ax: Axes | None = None,
     label: str | None = None,
 ) -> Axes:
-    """Sharpness (top Hessian eigenvalue λ₁) against training step.
+    """Sharpness (top Hessian eigenvalue λ₁) along training.
 
     ``values`` of shape (steps,) draws λ₁; of shape (steps, k) draws the top k
-    eigenvalues as k lines. With ``lr`` = η the edge-of-stability threshold
-    2/η is drawn as a dashed line: under full-batch gradient descent the
-    sharpness rises to about 2/η and hovers there (Cohen, Kaur, Li, Kolter &
-    Talwalkar, ICLR 2021). ``errors`` (shape of ``values``) adds error bars.
-    ``traces`` (and ``trace_errors``) draw the Hessian trace on a twin y axis.
-    Returns the primary (sharpness) axes.
+    eigenvalues as k lines; ``errors`` (shape of ``values``) adds error bars,
+    named in the legend with a note when they hide under the markers.
+
+    A stability threshold is drawn as a dashed line: with ``lr`` = η the
+    threshold 2/η of gradient descent (Cohen, Kaur, Li, Kolter & Talwalkar,
+    ICLR 2021: under full-batch gradient descent the sharpness rises to about
+    2/η and hovers there), or ``threshold``, a
+    :class:`spectra.stability.StabilityThreshold` (its ``label`` names the
+    optimizer and formula), a ``(value, label)`` pair or a number. A threshold
+    more than 3× above the data is named in the legend as off the scale instead
+    of flattening the curves.
+
+    ``losses`` (one per step) go on a twin y axis on the right, on a log scale
+    when they span more than two decades; ``traces`` (and ``trace_errors``) on
+    another. ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …);
+    ``log_scale`` makes the sharpness axis logarithmic. Returns the primary
+    (sharpness) axes.
     """
     step_array = _as_1d("steps", steps)
     value_array = np.asarray(values, dtype=np.float64)
@@ -342,28 +490,24 @@ def plot_sharpness(
         )
     if step_array.size == 0:
         raise ValueError("steps is empty")
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite step size, got {lr}")
+    line_threshold = _threshold_of(lr, threshold)
     error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
-    trace_array = None
+    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
     trace_error_array = None
-    if traces is not None:
-        trace_array = _as_1d("traces", traces)
-        if trace_array.size != step_array.size:
-            raise ValueError(
-                f"steps and traces must have the same length: {step_array.size} steps "
-                f"but {trace_array.size} traces"
-            )
-        if trace_errors is not None:
-            trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
-    elif trace_errors is not None:
-        raise ValueError("trace_errors given without traces")
+    if trace_errors is not None:
+        if trace_array is None:
+            raise ValueError("trace_errors given without traces")
+        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
+    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
 
     if ax is None:
         ax = _new_axes()
     columns = value_array.reshape(step_array.size, -1)
     column_errors = None if error_array is None else error_array.reshape(columns.shape)
     marker = "o" if step_array.size <= _MAX_MARKED_POINTS else None
+    note = _hidden_bars_note(
+        columns.ravel(), None if column_errors is None else column_errors.ravel(), log_scale
+    )
     colors = []
     for column in range(columns.shape[1]):
         color = _next_color(ax)
@@ -371,6 +515,8 @@ def plot_sharpness(
         name = "Sharpness λ₁" if value_array.ndim == 1 else f"λ{_subscript(column + 1)}"
         if label:
             name = label if value_array.ndim == 1 else f"{label}, {name}"
+        if column_errors is not None and column == 0:
+            name += " ± error bound" + note
         _line_with_errors(
             ax,
             step_array,
@@ -381,45 +527,90 @@ def plot_sharpness(
             label=name,
         ).set_gid(_SERIES_GID)
 
-    if lr is not None:
-        threshold = 2.0 / lr
-        ax.axhline(
-            threshold,
-            color=_REFERENCE_COLOR,
-            linestyle="--",
-            linewidth=1.2,
-            label=f"2/η = {threshold:.4g}",
-        )
-    ax.set_xlabel("Training step")
+    if log_scale:
+        ax.set_yscale("log")
+    if line_threshold is not None:
+        value, text = line_threshold
+        shown = columns[np.isfinite(columns)]
+        top = float(shown.max()) if shown.size else value
+        if top > 0 and value > _OFF_SCALE_FACTOR * top:
+            # A proxy entry: the line itself would squash the data to the bottom.
+            ax.plot(
+                [],
+                [],
+                color=_REFERENCE_COLOR,
+                linestyle="--",
+                linewidth=1.2,
+                label=f"{text}, above the plotted range",
+            )
+        else:
+            ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("Sharpness λ₁" if value_array.ndim == 1 else "Top Hessian eigenvalues")
     _style_axes(ax)
 
-    trace_ax = _find_trace_axes(ax)
+    twins = []
+    next_color = _PALETTE[(_PALETTE.index(colors[-1]) + 1) % len(_PALETTE)]
+    if loss_array is not None:
+        loss_ax = _twin(ax, _LOSS_LABEL)
+        loss_color = _REFERENCE_COLOR if trace_array is None else "0.45"
+        loss_ax.plot(
+            step_array,
+            loss_array,
+            color=loss_color,
+            linestyle=":",
+            linewidth=1.4,
+            marker="." if marker else None,
+            label=_LOSS_LABEL if not label else f"{label}, loss",
+        )
+        positive = loss_array[np.isfinite(loss_array) & (loss_array > 0)]
+        if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
+            from matplotlib.ticker import NullFormatter
+
+            loss_ax.set_yscale("log")
+            # Labelled decades only: a twin axis has no room for minor-tick labels.
+            loss_ax.yaxis.set_minor_formatter(NullFormatter())
+        loss_ax.tick_params(axis="y", which="both", colors=loss_color)
+        loss_ax.yaxis.label.set_color(loss_color)
+        twins.append(loss_ax)
+    else:
+        existing = _find_twin(ax, _LOSS_LABEL)
+        if existing is not None:
+            twins.append(existing)
     if trace_array is not None:
-        if trace_ax is None:
-            trace_ax = ax.twinx()
-        trace_color = _PALETTE[(_PALETTE.index(colors[-1]) + 1) % len(_PALETTE)]
+        trace_ax = _twin(ax, _TRACE_LABEL)
         _line_with_errors(
             trace_ax,
             step_array,
             trace_array,
             trace_error_array,
-            color=trace_color,
+            color=next_color,
             marker="s" if marker else None,
             linestyle="-.",
-            label=_TRACE_LABEL if not label else f"{label}, trace",
+            label=(_TRACE_LABEL if not label else f"{label}, trace")
+            + ("" if trace_error_array is None else " ± s.e."),
         )
-        trace_ax.set_ylabel(_TRACE_LABEL, color=trace_color)
-        trace_ax.tick_params(axis="y", colors=trace_color)
-        trace_ax.grid(False)
-        if value_array.ndim == 1 and len(colors) == 1:
-            ax.yaxis.label.set_color(colors[0])
-            ax.tick_params(axis="y", colors=colors[0])
-    if trace_ax is None:
-        _refresh_legend(ax)
+        trace_ax.yaxis.label.set_color(next_color)
+        trace_ax.tick_params(axis="y", which="both", colors=next_color)
+        twins.append(trace_ax)
     else:
-        _refresh_legend(ax, trace_ax)
+        existing = _find_twin(ax, _TRACE_LABEL)
+        if existing is not None:
+            twins.append(existing)
+    if twins and value_array.ndim == 1 and len(colors) == 1:
+        ax.yaxis.label.set_color(colors[0])
+        ax.tick_params(axis="y", which="both", colors=colors[0])
+    _refresh_legend(ax, *twins, always=column_errors is not None, outside=True)
     return ax
+
+
+def _curve(name: str, values: Any, alphas: np.ndarray) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != alphas.shape:
+        raise ValueError(
+            f"{name} must have one value per alpha ({alphas.size}), got shape {array.shape}"
+        )
+    return np.where(np.isfinite(array), array, np.nan)
 
 
 def plot_loss_landscape_1d(
@@ -428,12 +619,17 @@ def plot_loss_landscape_1d(
     ax: Axes | None = None,
     *,
     xlabel: str = "Step size α along direction",
+    references: Mapping[str, tuple[str, Any]] | None = None,
 ) -> Axes:
     """Loss along directions through the current parameters, L(θ + α d).
 
     ``losses`` maps a direction label (e.g. "top eigenvector v₁", "random
     direction") to the losses at ``alphas``; one line each, with a marker at
     α = 0 (the current parameters). A plain array draws one unlabelled line.
+    ``references`` maps legend labels to ``(direction label, curve)``: curves
+    at the same ``alphas`` drawn thin and dashed in the color of that
+    direction's line (e.g. its quadratic model L + α gᵀv + λα²/2). Few points
+    (≤ 5) get markers.
     """
     alpha_array = _as_1d("alphas", alphas)
     if alpha_array.size == 0:
@@ -441,23 +637,28 @@ def plot_loss_landscape_1d(
     curves = dict(losses) if isinstance(losses, Mapping) else {None: losses}
     if not curves:
         raise ValueError("losses is empty: give at least one direction")
-    checked = {}
-    for name, curve in curves.items():
-        array = np.asarray(curve, dtype=np.float64)
-        if array.shape != alpha_array.shape:
+    checked = {
+        name: _curve(f"losses[{name!r}]", curve, alpha_array) for name, curve in curves.items()
+    }
+    extra = {}
+    for name, pair in dict(references or {}).items():
+        if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in checked):
             raise ValueError(
-                f"losses[{name!r}] must have one value per alpha ({alpha_array.size}), "
-                f"got shape {array.shape}"
+                f"references[{name!r}] must be (label of one of the losses, curve), got {pair!r}"
             )
-        checked[name] = np.where(np.isfinite(array), array, np.nan)
+        extra[name] = (pair[0], _curve(f"references[{name!r}]", pair[1], alpha_array))
 
     if ax is None:
         ax = _new_axes()
     order = np.argsort(alpha_array, kind="stable")
     sorted_alphas = alpha_array[order]
+    marker = "o" if alpha_array.size <= 5 else None
+    colors = {}
     for name, curve in checked.items():
-        color = _next_color(ax)
-        (line,) = ax.plot(sorted_alphas, curve[order], color=color, linewidth=1.5, label=name)
+        color = colors[name] = _next_color(ax)
+        (line,) = ax.plot(
+            sorted_alphas, curve[order], color=color, linewidth=1.5, marker=marker, label=name
+        )
         line.set_gid(_SERIES_GID)
         known = np.isfinite(curve[order])
         if sorted_alphas[known].size and sorted_alphas[known][0] <= 0 <= sorted_alphas[known][-1]:
@@ -473,6 +674,15 @@ def plot_loss_landscape_1d(
                 linestyle="none",
                 zorder=3,
             )
+    for name, (owner, curve) in extra.items():
+        ax.plot(
+            sorted_alphas,
+            curve[order],
+            color=colors[owner],
+            linewidth=1.0,
+            linestyle="--",
+            label=name,
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Loss")
     _style_axes(ax)
@@ -562,6 +772,51 @@ def _root_figure(fig_or_ax: Any) -> Figure:
         if isinstance(figure, Figure):
             return figure
     raise TypeError(f"expected a matplotlib Figure or Axes, got {type(fig_or_ax).__name__}")
+
+
+def figure_caption(*parts: Any) -> str:
+    """One caption line from its parts, joined by " · " (empty and None parts left out).
+
+    E.g. ``figure_caption("digits_mlp, 85,002 parameters", "digits, 1,797 examples",
+    "Hessian", "Lanczos, k = 5, tol = 1e-08")``.
+    """
+    return " · ".join(str(part) for part in parts if part not in (None, ""))
+
+
+def _wrap_caption(caption: str, width: int) -> str:
+    """Lines of at most ``width`` characters, broken between the " · " parts when possible."""
+    import textwrap
+
+    lines: list[str] = []
+    for part in caption.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.extend(textwrap.wrap(part, width=width) or [""])
+    return "\n".join(lines)
+
+
+def add_title(fig_or_ax: Any, title: str, caption: str | None = None) -> Figure:
+    """Put a ``title`` above the figure and a small ``caption`` line under it.
+
+    The caption (model, data, matrix, estimator settings: :func:`figure_caption`) is
+    wrapped to the figure's width and set as the title of the first axes, so that the
+    layout keeps it clear of the title above and of the legend or labels below. Returns
+    the figure.
+    """
+    figure = _root_figure(fig_or_ax)
+    figure.suptitle(title, fontsize=12, fontweight="bold")
+    if caption:
+        axes = fig_or_ax if not isinstance(fig_or_ax, type(figure)) else None
+        if axes is None and figure.axes:
+            axes = figure.axes[0]
+        width = max(40, int(figure.get_figwidth() * 72.0 / (0.52 * _CAPTION_FONTSIZE)))
+        text = _wrap_caption(caption, width)
+        if axes is None:
+            figure.supxlabel(text, fontsize=_CAPTION_FONTSIZE, color="0.3")
+        else:
+            axes.set_title(text, fontsize=_CAPTION_FONTSIZE, color="0.3", pad=8)
+    return figure
 
 
 def save_figure(fig_or_ax: Any, path: str | os.PathLike, *, dpi: float = 150) -> pathlib.Path:

@@ -40,3 +40,21 @@ def build_unbuilt_mlp() -> keras.Model:
 def build_layer() -> keras.layers.Layer:
     """Returns a layer, not a model."""
     return keras.layers.Dense(3)
+
+
+class SubclassedNet(keras.Model):
+    """A subclassed model: Keras saves its weights under the attribute names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(6, activation="tanh")
+        self.head = keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.head(self.hidden(inputs))
+
+
+def build_subclassed() -> keras.Model:
+    model = SubclassedNet()
+    model(keras.ops.zeros((1, 4)))
+    return model

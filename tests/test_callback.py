@@ -66,14 +66,15 @@ def _fit(model, data, callbacks, epochs=3, shuffle=False):
 
 
 # -- epoch mode ---------------------------------------------------------------------------
-def test_epoch_mode_records_every_epoch(data):
+def test_epoch_mode_records_the_start_and_every_epoch(data):
     model = _model()
     callback = SharpnessCallback(data)
     history = _fit(model, data, [callback])
-    assert len(history.history["sharpness"]) == 3
-    assert [r["epoch"] for r in callback.history] == [1, 2, 3]
-    assert [r["step"] for r in callback.history] == [5, 10, 15]
-    assert history.history["sharpness"] == [r["eigenvalues"][0] for r in callback.history]
+    assert [r["epoch"] for r in callback.history] == [0, 1, 2, 3]
+    assert [r["step"] for r in callback.history] == [0, 5, 10, 15]
+    assert callback.points == [0, 1, 2, 3]
+    # Keras' per-epoch history holds the measurements after each epoch.
+    assert history.history["sharpness"] == [r["eigenvalues"][0] for r in callback.history[1:]]
     assert "sharpness_2" not in history.history
     assert "hessian_trace" not in history.history
     record = callback.history[0]
@@ -87,13 +88,22 @@ def test_epoch_mode_records_every_epoch(data):
         "converged",
         "trace",
         "trace_stderr",
+        "num_parameters",
         "num_products",
+        "num_data_passes",
         "wall_time",
         "seed",
+        "warm_start",
+        "threshold",
     }
     assert record["trace"] is None and record["trace_stderr"] is None
     assert record["num_products"] > 0 and record["wall_time"] > 0
-    assert [r["seed"] for r in callback.history] == [0, 1, 2]
+    assert record["num_parameters"] == 5 * 8 + 8 + 8 * 3 + 3
+    assert [r["seed"] for r in callback.history] == [0, 1, 2, 3]
+    # Each eigensolve after the first starts from the previous eigenvector.
+    assert [r["warm_start"] for r in callback.history] == [False, True, True, True]
+    # SGD with momentum 0.9 and η = 0.1: (2 + 2β)/η.
+    assert record["threshold"] == pytest.approx(38.0, rel=1e-6)
 
 
 def test_every_two_epochs_skipped_epochs_have_no_key(data):
@@ -101,16 +111,41 @@ def test_every_two_epochs_skipped_epochs_have_no_key(data):
     callback = SharpnessCallback(data, every=2, top_k=3)
     recorder = _LogRecorder()
     history = _fit(model, data, [callback, recorder], epochs=5)
-    assert [r["epoch"] for r in callback.history] == [2, 4]
-    # History holds one value per measurement, not per epoch.
+    assert [r["epoch"] for r in callback.history] == [0, 2, 4]
+    # History holds one value per measurement after an epoch, not per epoch.
     assert len(history.history["sharpness"]) == 2
     assert len(history.history["sharpness_3"]) == 2
     measured = [i + 1 for i, logs in enumerate(recorder.epoch_logs) if "sharpness" in logs]
     assert measured == [2, 4]
-    for logs, record in zip([recorder.epoch_logs[1], recorder.epoch_logs[3]], callback.history):
+    for logs, record in zip([recorder.epoch_logs[1], recorder.epoch_logs[3]], callback.history[1:]):
         top = record["eigenvalues"]
         assert len(top) == 3 and top[0] >= top[1] >= top[2]
         assert [logs["sharpness"], logs["sharpness_2"], logs["sharpness_3"]] == top
+
+
+def test_both_units_measure_at_the_start_and_at_multiples(data):
+    """The same rule in both units: the start of each fit, then every multiple of every."""
+    by_epoch = SharpnessCallback(data, every=2)
+    by_step = SharpnessCallback(data, unit="step", every=10)
+    _fit(_model(), data, [by_epoch], epochs=4)
+    _fit(_model(), data, [by_step], epochs=4)
+    assert by_epoch.points == [0, 2, 4]
+    assert by_step.points == [0, 10, 20]
+    # Same weights at the same points (both models start from seed 0, 5 steps per epoch).
+    for a, b in zip(by_epoch.history, by_step.history):
+        assert a["step"] == b["step"]
+        assert a["eigenvalues"][0] == pytest.approx(b["eigenvalues"][0], rel=1e-4)
+
+
+def test_epoch_mode_continues_with_initial_epoch(data):
+    model = _model()
+    callback = SharpnessCallback(data, every=2)
+    _fit(model, data, [callback], epochs=2)
+    batches = tf.data.Dataset.from_tensor_slices(data).batch(BATCH_SIZE)
+    model.fit(batches, epochs=4, initial_epoch=2, shuffle=False, verbose=0, callbacks=[callback])
+    # The start of the second fit (epoch 2) was measured already: not again.
+    assert callback.points == [0, 2, 4]
+    assert [r["step"] for r in callback.history] == [0, 10, 20]
 
 
 def test_values_match_an_independent_computation_at_the_final_weights(data):
@@ -138,7 +173,7 @@ def test_trace_keys_in_logs(data):
     assert len(history.history["hessian_trace"]) == 2
     assert len(history.history["hessian_trace_stderr"]) == 2
     for record, value, stderr in zip(
-        callback.history,
+        callback.history[1:],
         history.history["hessian_trace"],
         history.history["hessian_trace_stderr"],
     ):
@@ -152,15 +187,14 @@ def test_step_mode_measures_at_zero_and_every_k_steps(data):
     callback = SharpnessCallback(data, unit="step", every=4)
     recorder = _LogRecorder()
     history = _fit(model, data, [callback, recorder], epochs=3)  # 15 steps
-    assert [r["step"] for r in callback.history] == [0, 4, 8, 12]
+    assert callback.points == [0, 4, 8, 12]
     assert [r["epoch"] for r in callback.history] == [0, 0, 1, 2]
-    # Each epoch's logs carry the latest measurement: steps 4, 8 and 12.
-    latest = [callback.history[i]["eigenvalues"][0] for i in (1, 2, 3)]
-    assert history.history["sharpness"] == latest
-    assert [logs["sharpness"] for logs in recorder.epoch_logs] == latest
+    # Step measurements are not per-epoch values: the epoch logs do not get them.
+    assert "sharpness" not in history.history
+    assert not any("sharpness" in logs for logs in recorder.epoch_logs)
     # A second fit continues counting the optimizer's steps; step 15 is measured at its start.
     _fit(model, data, [callback], epochs=1)
-    assert [r["step"] for r in callback.history] == [0, 4, 8, 12, 15, 16, 20]
+    assert callback.points == [0, 4, 8, 12, 15, 16, 20]
 
 
 def test_step_mode_with_a_dataset(data):
@@ -211,7 +245,7 @@ def test_log_file_is_replaced_atomically(data, tmp_path, monkeypatch):
     assert target == os.fspath(path)
     assert os.path.dirname(source) == os.fspath(tmp_path) and not os.path.exists(source)
     after = path.read_text()
-    assert len(json.loads(after)["history"]) == 3
+    assert len(json.loads(after)["history"]) == 4
 
     def failing_replace(source, target):
         raise OSError("disk full")
@@ -262,6 +296,7 @@ def test_measurement_leaves_global_random_states_alone(data):
     callback.set_model(model)
     python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
     callback.on_train_begin()  # builds the float64 clone, which draws layer seeds
+    callback.on_epoch_begin(0)
     assert len(callback.history) == 1
     assert random.getstate() == python_state
     after = np.random.get_state()  # noqa: NPY002
@@ -275,12 +310,40 @@ def test_compiled_loss_is_used_when_no_loss_is_given(data):
     callback = SharpnessCallback(data)
     _fit(by_name, data, [callback], epochs=1)
     explicit = eigenvalues(HessianOperator.from_keras(by_name, LOSS, data), tol=1e-6)
-    assert callback.history[0]["eigenvalues"][0] == pytest.approx(explicit.eigenvalues[0], rel=1e-4)
+    assert callback.history[-1]["eigenvalues"][0] == pytest.approx(
+        explicit.eigenvalues[0], rel=1e-4
+    )
 
     by_object = _model(loss=keras.losses.SparseCategoricalCrossentropy())
     callback = SharpnessCallback(data)
     _fit(by_object, data, [callback], epochs=1)
-    assert callback.history[0]["eigenvalues"][0] == pytest.approx(explicit.eigenvalues[0], rel=1e-4)
+    assert callback.history[-1]["eigenvalues"][0] == pytest.approx(
+        explicit.eigenvalues[0], rel=1e-4
+    )
+
+
+@pytest.mark.parametrize("problem", ["unknown loss", "log_file under a file", "wrong data"])
+def test_problems_are_found_before_the_first_training_step(data, tmp_path, problem):
+    model = _model()
+    kwargs = {}
+    if problem == "unknown loss":
+        kwargs["loss"] = "not_a_loss"
+        message = "not_a_loss"
+    elif problem == "log_file under a file":
+        (tmp_path / "file").write_text("")
+        kwargs["log_file"] = tmp_path / "file" / "sharpness.json"
+        message = "log_file"
+    else:
+        data = (np.zeros((NUM_EXAMPLES, 7), np.float32), data[1])
+        message = "cannot measure the Hessian"
+    callback = SharpnessCallback(data, **kwargs)
+    before = [w.numpy() for w in model.weights]
+    with pytest.raises((ValueError, OSError), match=message):
+        _fit(model, (np.zeros((NUM_EXAMPLES, 5), np.float32), data[1]), [callback], epochs=1)
+    assert int(model.optimizer.iterations.numpy()) == 0
+    assert callback.history == []
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
 
 
 def test_error_when_no_loss_is_known(data):

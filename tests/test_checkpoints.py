@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from spectra.checkpoints import CheckpointRef, find_checkpoints, load_model, resolve_builder
+from spectra.checkpoints import (
+    CheckpointRef,
+    checkpoint_files,
+    checkpoint_sha256,
+    find_checkpoints,
+    load_model,
+    recorded_optimizer,
+    resolve_builder,
+    step_unit,
+)
 
 TESTS = Path(__file__).resolve().parent
 BUILDERS_FILE = TESTS / "_builders.py"
@@ -152,7 +161,7 @@ def test_corrupted_keras_content(saved, tmp_path):
         for name in source.namelist():
             content = b"{ not json" if name == "config.json" else source.read(name)
             target.writestr(name, content)
-    with pytest.raises(ValueError, match="Could not load the Keras model"):
+    with pytest.raises(ValueError, match="damaged .keras archive.*JSONDecodeError"):
         load_model(path)
 
 
@@ -434,3 +443,60 @@ def test_gd_trajectory_asset(readme, trajectory):
         loss = float(keras.losses.SparseCategoricalCrossentropy()(y, model(x)))
         assert loss == pytest.approx(trajectory["checkpoints"][index]["loss"], rel=1e-5)
         assert loss == pytest.approx(trajectory["train_loss"][steps[index]], rel=1e-5)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_subclassed_model_weights_load_with_a_builder(tmp_path, builders_importable):
+    import _builders
+
+    keras.utils.set_random_seed(3)
+    model = _builders.build_subclassed()
+    model.save_weights(tmp_path / "net.weights.h5")  # as the error message tells users to
+    loaded = load_model(tmp_path / "net.weights.h5", builder="_builders:build_subclassed")
+    for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # A smaller model than the file: refused (Keras would load it silently).
+    with pytest.raises(
+        ValueError, match="holds 4 weight arrays but the builder's model has only 2"
+    ):
+        load_model(tmp_path / "net.weights.h5", builder="_builders:build_shallow_model")
+
+
+def test_step_unit_from_names():
+    assert step_unit(["run/epoch_001.keras", "run/epoch_010.keras"]) == "epoch"
+    assert step_unit(["step_0000.keras", "step-20.weights.h5"]) == "step"
+    assert step_unit(["ckpt-3", "ckpt-4"]) == "checkpoint"
+    assert step_unit(["model_03.keras"]) == "checkpoint"
+    assert step_unit(["epoch_1.keras", "step_2.keras"]) == "checkpoint"
+
+
+def test_checkpoint_hash_covers_every_file_of_a_tf_checkpoint(saved, tmp_path):
+    prefix = Path(saved["prefix"])
+    first = checkpoint_sha256(prefix)
+    assert {p.name for p in checkpoint_files(prefix)} == {
+        p.name for p in prefix.parent.glob(prefix.name + ".*")
+    }
+    copy = tmp_path / "ckpt-1"
+    for file in checkpoint_files(prefix):
+        data = bytearray(file.read_bytes())
+        if ".data-" in file.name:
+            data[-1] ^= 1  # one bit of the variables
+        (tmp_path / file.name).write_bytes(bytes(data))
+    assert checkpoint_sha256(copy) != first
+    assert checkpoint_sha256(saved["root"] / "model.keras") != checkpoint_sha256(
+        saved["root"] / "model.weights.h5"
+    )
+
+
+def test_recorded_optimizer_of_a_compiled_keras_file(tmp_path, saved):
+    assert recorded_optimizer(saved["root"] / "model.keras") is None  # saved uncompiled
+    assert recorded_optimizer(saved["root"] / "model.weights.h5") is None
+    model = load_model(saved["root"] / "model.keras")
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.8), loss="mse")
+    model.save(tmp_path / "compiled.keras")
+    optimizer = recorded_optimizer(tmp_path / "compiled.keras")
+    assert optimizer["class_name"] == "SGD"
+    assert optimizer["config"]["momentum"] == pytest.approx(0.8)
+    assert optimizer["config"]["learning_rate"] == pytest.approx(0.05)

@@ -4,10 +4,12 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -229,12 +231,17 @@ def test_sharpness_json_csv_and_figure(sharpness_run):
     assert [entry["file"] for entry in entries] == [f"step_{s:04d}.keras" for s in steps]
     assert report["learning_rate"] == 0.2
     assert report["learning_rate_source"].endswith("trajectory.json")
-    assert report["edge_of_stability"] == pytest.approx(10.0)
-    assert "learning rate 0.2 from" in printed and "2/lr = 10" in printed
+    assert report["threshold"]["value"] == pytest.approx(10.0)
+    assert report["threshold"]["formula"] == "2/η" and report["threshold"]["optimizer"] == "SGD"
+    assert report["step_unit"] == "step" and report["step_source"] == "file names"
+    assert "SGD (η = 0.2): 2/η = 10" in printed
     for entry in entries:
         for key in ("eigenvalues", "error_bounds", "residual_norms", "trace", "trace_stderr"):
             assert entry[key] is not None, key
         assert entry["num_products"] > 0 and entry["wall_time"] > 0 and entry["loss"] > 0
+        assert entry["status"] == "done" and len(entry["sha256"]) == 64
+    # One model for the four checkpoints; each eigensolve after the first starts warm.
+    assert [entry["warm_start"] for entry in entries] == [False, True, True, True]
     # progressive sharpening at the start of the run
     sharpness = [entry["eigenvalues"][0] for entry in entries]
     assert sharpness == sorted(sharpness)
@@ -242,6 +249,7 @@ def test_sharpness_json_csv_and_figure(sharpness_run):
     with open(out / "sharpness.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert [int(row["step"]) for row in rows] == steps
+    assert all(row["status"] == "done" for row in rows)
     for row, entry in zip(rows, entries, strict=True):
         assert row["file"] == entry["file"]
         assert float(row["eigenvalue_1"]) == entry["eigenvalues"][0]
@@ -275,14 +283,25 @@ def test_sharpness_resumes_after_being_killed(tmp_path, sharpness_run):
     status, printed = _run(args)
     assert status == 0
     assert f"resuming: {done_at_kill} of 4 checkpoints already done" in printed
-    assert printed.count("already done, skipped") == done_at_kill
+    assert sum(line.startswith("step ") for line in printed.splitlines()) == 4 - done_at_kill
     resumed = json.loads(json_path.read_text())
     assert [e["step"] for e in resumed["checkpoints"]] == [0, 20, 40, 60]
     for got, want in zip(resumed["checkpoints"], uninterrupted["checkpoints"], strict=True):
-        for key in ("eigenvalues", "error_bounds", "trace", "trace_stderr", "loss"):
+        # The first checkpoint after the resume starts cold, the uninterrupted run warm:
+        # the eigenvalues agree within their error bounds, the traces exactly (same probes).
+        slack = np.array(got["error_bounds"]) + np.array(want["error_bounds"])
+        assert np.all(np.abs(np.array(got["eigenvalues"]) - want["eigenvalues"]) <= slack)
+        for key in ("trace", "trace_stderr", "loss"):
             np.testing.assert_allclose(got[key], want[key], rtol=1e-9, err_msg=key)
     with open(out / "sharpness.csv", newline="") as stream:
-        assert len(list(csv.DictReader(stream))) == 4
+        rows = list(csv.DictReader(stream))
+    assert [int(row["step"]) for row in rows] == [0, 20, 40, 60]
+    # Nothing of the killed run is left: no temporary files, no lock.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "sharpness.csv",
+        "sharpness.json",
+        "sharpness.png",
+    ]
 
 
 def test_sharpness_refuses_changed_settings_and_restarts(tmp_path, capsys):
@@ -316,7 +335,11 @@ def test_sharpness_refuses_changed_settings_and_restarts(tmp_path, capsys):
     assert len(report["checkpoints"][0]["eigenvalues"]) == 2
 
     assert main([*first, "--top-k", "2"]) == 0
-    assert "already done, skipped" in capsys.readouterr().out
+    assert "resuming: 1 of 1 checkpoints already done" in capsys.readouterr().out
+    # Nothing was loaded this time; the model's description is kept from the first run.
+    report = json.loads((out / "sharpness.json").read_text())
+    assert report["model"]["name"] == "digits_gd_mlp"
+    assert report["model"]["num_parameters"] == 3466
 
 
 # --------------------------------------------------------------------------- landscape
@@ -408,3 +431,329 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     assert captured.err.count("\n") == 1, captured.err
     assert expected in captured.err
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+# --------------------------------------------------------------------------- more errors
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    assert captured.err.startswith("spectra: error: "), captured.err
+    assert captured.err.count("\n") == 1, captured.err
+    return captured.err
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty npz",
+        "scalar npz",
+        "top-k above the parameters",
+        "hutch++ with 2 products",
+        "out is a file",
+        "missing option",
+        "bad format",
+        "surface of one point",
+    ],
+)
+def test_more_errors_are_one_line_before_any_computation(case, tmp_path, capsys):
+    out = tmp_path / "out"
+    data, extra, command = DIGITS, [], "analyze"
+    if case == "empty npz":
+        data = _npz(tmp_path / "empty.npz", x=np.zeros((0, 64)), y=np.zeros(0, np.int64))
+        expected = "holds no examples"
+    elif case == "scalar npz":
+        data = _npz(tmp_path / "scalar.npz", x=np.float32(1.0), y=np.int64(0))
+        expected = "'x' in"
+    elif case == "top-k above the parameters":
+        tiny = tmp_path / "tiny.keras"
+        keras = pytest.importorskip("keras")
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1, use_bias=False)])
+        model.save(tiny)
+        data = _npz(tmp_path / "d.npz", x=np.ones((4, 64), np.float32), y=np.ones((4, 1)))
+        extra = ["--top-k", "65"]
+        expected = "--top-k 65 is more than the 64 trainable parameters"
+    elif case == "hutch++ with 2 products":
+        extra = ["--trace", "--trace-method", "hutch++", "--trace-products", "2"]
+        expected = "trace_products 2 does not suit trace method 'hutch++'"
+    elif case == "out is a file":
+        out.write_text("a file")
+        expected = "is a file, not a directory"
+    elif case == "missing option":
+        expected = "the following arguments are required: --loss"
+    elif case == "bad format":
+        extra = ["--format", "png,docx"]
+        expected = "unknown figure format"
+    else:
+        command, extra = "landscape", ["--directions", "2", "--points", "1"]
+        expected = "needs --points 3 or more"
+    model = str(tmp_path / "tiny.keras") if case == "top-k above the parameters" else MLP
+    loss = [] if case == "missing option" else ["--loss", "mse" if "top-k" in case else LOSS]
+    args = [command, model, "--data", data, *loss, "--out", str(out), "--no-progress", *extra]
+    if case in ("missing option", "bad format"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        status = exit_info.value.code
+    else:
+        status = main(args)
+    assert status == 2
+    assert expected in _one_line_error(capsys)
+    assert not (out / "results.json").exists() if out.is_dir() else True
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(Exception, match="No data file"):
+        main(
+            [
+                "analyze",
+                MLP,
+                "--data",
+                str(tmp_path / "x.npz"),
+                "--loss",
+                LOSS,
+                "--out",
+                str(tmp_path / "out"),
+                "--debug",
+            ]
+        )
+
+
+def _unwritable_directory(tmp_path: Path) -> Path:
+    """An existing directory this process cannot write in."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        return locked
+    # root writes anywhere but on a read-only file system such as sysfs.
+    for candidate in (Path("/sys/kernel"), Path("/sys")):
+        try:
+            tempfile.TemporaryFile(dir=candidate).close()
+        except OSError:
+            return candidate
+    pytest.skip("no unwritable directory for root on this machine")
+
+
+def test_unwritable_out_is_refused_before_anything_is_computed(tmp_path, monkeypatch, capsys):
+    out = _unwritable_directory(tmp_path)
+    before = sorted(p.name for p in out.iterdir())
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a checkpoint was measured")
+
+    monkeypatch.setattr("spectra.trajectory.measure_sharpness", must_not_run)
+    monkeypatch.setattr("spectra.cli.sharpness.measure_sharpness", must_not_run)
+    assert main([*SHARPNESS_ARGS, "--out", str(out)]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"spectra: error: --out: cannot write to the output directory '{out}'")
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_second_run_on_the_same_out_refuses_at_once(tmp_path):
+    from spectra.trajectory import SharpnessRun
+
+    out = tmp_path / "out"
+    with SharpnessRun(out):
+        process = _spectra_process([*SHARPNESS_ARGS, "--out", str(out)])
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert f"another spectra run (pid {os.getpid()}) is writing to" in stderr
+    assert stderr.count("\n") == 1
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _small(command: str, target: str | Path, out: Path, *extra: str) -> list[str]:
+    """A command on 60 examples of the digits, without progress bars."""
+    return [
+        command,
+        str(target),
+        "--data",
+        DIGITS,
+        "--loss",
+        LOSS,
+        "--max-examples",
+        "60",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def _small_sharpness(directory: Path, out: Path, *extra: str) -> list[str]:
+    return _small("sharpness", directory, out, *extra)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("step_0000.keras", "step_0020.keras"):
+        (run / name).write_bytes((DATA / "gd_trajectory" / name).read_bytes())
+    return run
+
+
+def test_resume_refuses_changed_steps_and_another_run(tmp_path, two_checkpoints, capsys):
+    out = tmp_path / "out"
+    assert main(_small_sharpness(two_checkpoints, out)) == 0
+    before = (out / "sharpness.json").read_text()
+    capsys.readouterr()
+    assert main(_small_sharpness(two_checkpoints, out, "--steps", "0", "40")) == 2
+    assert "steps changed: step_0020.keras 20 -> 40" in _one_line_error(capsys)
+    # Another run whose checkpoints have the same names.
+    other = tmp_path / "other"
+    other.mkdir()
+    for source, name in (("0100", "0000"), ("0120", "0020")):
+        (other / f"step_{name}.keras").write_bytes(
+            (DATA / "gd_trajectory" / f"step_{source}.keras").read_bytes()
+        )
+    assert main(_small_sharpness(other, out)) == 2
+    assert "checkpoint contents changed: step_0000.keras" in _one_line_error(capsys)
+    assert (out / "sharpness.json").read_text() == before
+    assert main(_small_sharpness(other, out, "--restart")) == 0
+    report = json.loads((out / "sharpness.json").read_text())
+    assert len(report["checkpoints"]) == 2
+
+
+def test_skip_bad_records_a_corrupt_checkpoint_and_goes_on(tmp_path, two_checkpoints, capsys):
+    broken = two_checkpoints / "step_0010.keras"
+    broken.write_bytes((DATA / "gd_trajectory" / "step_0040.keras").read_bytes()[:500])
+    out = tmp_path / "out"
+    assert main(_small_sharpness(two_checkpoints, out)) == 2
+    error = _one_line_error(capsys)
+    assert "step_0010.keras" in error and "--skip-bad" in error
+
+    assert main(_small_sharpness(two_checkpoints, out, "--skip-bad")) == 1
+    captured = capsys.readouterr()
+    assert "1 of 3 checkpoints failed" in captured.err
+    report = json.loads((out / "sharpness.json").read_text())
+    statuses = {entry["file"]: entry["status"] for entry in report["checkpoints"]}
+    assert statuses == {
+        "step_0000.keras": "done",
+        "step_0010.keras": "failed",
+        "step_0020.keras": "done",
+    }
+    (failed,) = [e for e in report["checkpoints"] if e["status"] == "failed"]
+    assert (
+        failed["error"].startswith("ValueError: ")
+        and "not a valid .keras archive" in failed["error"]
+    )
+    assert failed["eigenvalues"] is None
+    # The failed one is tried again by the next run.
+    assert main(_small_sharpness(two_checkpoints, out, "--skip-bad")) == 1
+    assert "retrying 1 checkpoints that failed before" in capsys.readouterr().out
+    # Repaired (a new content is no conflict for a checkpoint without a result), it is measured.
+    broken.write_bytes((DATA / "gd_trajectory" / "step_0040.keras").read_bytes())
+    assert main(_small_sharpness(two_checkpoints, out)) == 0
+    assert "resuming: 2 of 3 checkpoints already done" in capsys.readouterr().out
+    report = json.loads((out / "sharpness.json").read_text())
+    assert [e["status"] for e in report["checkpoints"]] == ["done"] * 3
+
+
+# --------------------------------------------------------------------------- thresholds, units
+
+
+def test_recorded_optimizer_threshold_and_epoch_unit(tmp_path, capsys):
+    import keras
+
+    run = tmp_path / "run"
+    run.mkdir()
+    model = keras.models.load_model(DATA / "gd_trajectory" / "step_0000.keras", compile=False)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=LOSS)
+    for epoch in (1, 2):
+        model.save(run / f"epoch_{epoch:03d}.keras")
+    out = tmp_path / "out"
+    assert main(_small_sharpness(run, out, "--lr", "0.002")) == 0
+    captured = capsys.readouterr()
+    assert "--lr 0.002 differs from the learning rate 0.001" in captured.err
+    assert "λ_max(P⁻¹H)" in captured.err
+    report = json.loads((out / "sharpness.json").read_text())
+    threshold = report["threshold"]
+    assert threshold["optimizer"] == "Adam" and threshold["learning_rate"] == 0.002
+    assert threshold["value"] == pytest.approx(38 / 0.002)
+    assert report["step_unit"] == "epoch"
+    assert "epoch      2  λ1 = " in captured.out
+
+
+def test_gradient_descent_line_with_lr_alone(tmp_path, two_checkpoints, capsys):
+    out = tmp_path / "out"
+    assert main(_small_sharpness(two_checkpoints, out, "--lr", "0.5", "--quiet")) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    report = json.loads((out / "sharpness.json").read_text())
+    assert report["threshold"]["optimizer"] == "gradient descent"
+    assert report["threshold"]["value"] == pytest.approx(4.0)
+
+
+# --------------------------------------------------------------------------- analyze, landscape
+
+
+def test_strict_json_with_one_density_probe(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = _small(
+        "analyze",
+        MLP,
+        out,
+        *("--top-k", "1", "--density", "--density-probes", "1", "--density-steps", "8"),
+        *("--format", "png,svg,pdf"),
+    )
+    assert main(args) == 0
+
+    def refuse(token):
+        raise AssertionError(f"non-JSON token {token}")
+
+    results = json.loads((out / "results.json").read_text(), parse_constant=refuse)
+    assert results["density_moments"]["stderr"] == [None] * 5
+    reasons = results["null_values"]
+    assert reasons["density_moments.stderr[0]"].startswith("NaN: a standard error needs")
+    for stem in ("eigenvalues", "density"):
+        for fmt in ("png", "svg", "pdf"):
+            assert (out / f"{stem}.{fmt}").stat().st_size > 1000
+    assert results["files"]["density_figure"] == [
+        str(out / f"density.{f}") for f in ("png", "svg", "pdf")
+    ]
+
+
+def test_landscape_with_one_point_evaluates_alpha_zero(tmp_path):
+    out = tmp_path / "out"
+    args = _small("landscape", MLP, out, "--points", "1")
+    status, printed = _run(args)
+    assert status == 0
+    report = json.loads((out / "landscape.json").read_text())
+    assert report["curves"]["alphas"] == [0.0]
+    base = report["curves"]["base_loss"]
+    assert report["curves"]["losses"]["v1"] == [pytest.approx(base, rel=1e-6)]
+    assert "loss at α = 0: " in printed and "±" not in printed.split("radius")[1]
+
+
+def test_landscape_default_radius_follows_the_curvature(tmp_path):
+    out = tmp_path / "out"
+    args = _small("landscape", MLP, out, "--points", "5")
+    assert main(args) == 0
+    report = json.loads((out / "landscape.json").read_text())
+    loss, top = report["curves"]["base_loss"], report["eigenvalues"]["eigenvalues"][0]
+    radius = 2 * math.sqrt(2 * loss / top)
+    assert report["radius"]["value"] == pytest.approx(radius)
+    np.testing.assert_allclose(report["curves"]["alphas"], np.linspace(-radius, radius, 5))
+
+
+def test_help_and_numpy_estimators_do_not_import_tensorflow():
+    code = (
+        "import sys, numpy as np, spectra, spectra.cli\n"
+        "from spectra.cli._parser import build_parser\n"
+        "build_parser().format_help()\n"
+        "spectra.eigenvalues(np.diag([3.0, 2.0, 1.0]), k=1)\n"
+        "assert isinstance(spectra.plotting.plot_sharpness, object)\n"
+        "assert callable(spectra.trace) and callable(spectra.eigenvalues)\n"
+        "import spectra.trace, spectra.eigenvalues\n"
+        "assert callable(spectra.trace) and callable(spectra.eigenvalues)\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -17,6 +17,8 @@ from matplotlib.contour import ContourSet
 from spectra.density import spectral_density
 from spectra.eigenvalues import eigenvalues
 from spectra.plotting import (
+    add_title,
+    figure_caption,
     plot_eigenvalues,
     plot_loss_landscape_1d,
     plot_loss_landscape_2d,
@@ -24,6 +26,7 @@ from spectra.plotting import (
     plot_spectral_density,
     save_figure,
 )
+from spectra.stability import stability_threshold_of
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = np.arange(0, 201, 20)
@@ -62,8 +65,11 @@ def _series_lines(ax: Axes):
 
 
 def _legend_texts(ax: Axes) -> list[str]:
-    legend = ax.get_legend()
-    return [] if legend is None else [text.get_text() for text in legend.get_texts()]
+    """The texts of the axes' legend, or of the figure legend drawn for it."""
+    legends = [ax.get_legend(), *ax.figure.legends]
+    return [
+        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
+    ]
 
 
 # --- spectral density ---------------------------------------------------------
@@ -86,7 +92,8 @@ def test_density_log_scale_band_and_zero_line(density):
     assert np.any(curve.upper - curve.lower > 1e-3 * curve.values.max())
     zero_lines = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0, 0.0]]
     assert len(zero_lines) == 1
-    assert ax.get_legend() is None
+    sigma = density.default_sigma()
+    assert _legend_texts(ax) == [f"SLQ density, σ = {sigma:.2g}", "±2 s.e. across 6 probes"]
     assert ax.get_title() == ""
 
 
@@ -111,10 +118,11 @@ def test_density_linear_without_band(density):
 
 
 def test_density_overlay_gets_legend_and_distinct_colors(density):
-    ax = plot_spectral_density(density, label="σ default")
-    assert ax.get_legend() is None
-    plot_spectral_density(density, ax=ax, sigma=0.05, label="σ = 0.05")
-    assert _legend_texts(ax) == ["σ default", "σ = 0.05"]
+    ax = plot_spectral_density(density, label="default", band=False)
+    sigma = density.default_sigma()
+    assert _legend_texts(ax) == [f"default, σ = {sigma:.2g}"]
+    plot_spectral_density(density, ax=ax, sigma=0.05, label="narrow", band=False)
+    assert _legend_texts(ax) == [f"default, σ = {sigma:.2g}", "narrow, σ = 0.05"]
     first, second = _series_lines(ax)
     assert first.get_color() != second.get_color()
 
@@ -137,7 +145,20 @@ def test_eigenvalues_against_index(eigen):
     np.testing.assert_allclose(y, [12.0, 7.0, 4.0], rtol=1e-8)
     ticks = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
     assert ticks and all(float(tick).is_integer() for tick in ticks)
-    assert ax.get_legend() is None
+    # The bars (bounds ~1e-13 of λ) are invisible: the legend says so, with their size.
+    (text,) = _legend_texts(ax)
+    largest = float(np.max(eigen.error_bounds))
+    assert text == f"λᵢ ± error bound (bars smaller than the markers: at most ±{largest:.1e})"
+    # Each value is written beside its marker.
+    assert [t.get_text() for t in ax.texts] == ["12", "7", "4"]
+
+
+def test_eigenvalues_log_scale(eigen):
+    ax = plot_eigenvalues(eigen, log_scale=True)
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylabel() == "Eigenvalue λᵢ (log scale)"
+    negative = dataclasses.replace(eigen, eigenvalues=np.array([3.0, 0.5, -2.0]))
+    assert plot_eigenvalues(negative, log_scale=True).get_yscale() == "symlog"
 
 
 def test_eigenvalues_error_bars_and_unconverged_hollow(eigen):
@@ -157,13 +178,18 @@ def test_eigenvalues_error_bars_and_unconverged_hollow(eigen):
     np.testing.assert_allclose(half_heights, [0.5, 0.25])
     (hollow_bar,) = hollow.lines[2][0].get_segments()
     assert abs(hollow_bar[1][1] - hollow_bar[0][1]) / 2 == pytest.approx(1.5)
-    assert _legend_texts(ax) == ["top-3 (converged)", "top-3 (not converged)"]
+    # Visible bars: no note.
+    assert _legend_texts(ax) == [
+        "top-3: λᵢ ± error bound (converged)",
+        "top-3: λᵢ ± error bound (not converged)",
+    ]
 
 
 def test_eigenvalues_all_unconverged_still_explained(eigen):
     result = dataclasses.replace(eigen, converged=np.zeros(3, dtype=bool))
     ax = plot_eigenvalues(result)
-    assert _legend_texts(ax) == ["not converged"]
+    (text,) = _legend_texts(ax)
+    assert text.startswith("λᵢ ± error bound (not converged) (bars smaller than the markers")
     assert ax.containers[0].lines[0].get_markerfacecolor() == "none"
 
 
@@ -175,28 +201,64 @@ def test_eigenvalues_rejects_other_results(density):
 # --- sharpness ----------------------------------------------------------------
 
 
-def test_sharpness_with_threshold_and_trace():
+def test_sharpness_with_threshold_trace_and_loss():
     lr = 0.2
+    losses = np.geomspace(2.3, 0.01, STEPS.size)
     ax = plot_sharpness(
-        STEPS, SHARPNESS, lr=lr, errors=0.02 * SHARPNESS, traces=TRACES, trace_errors=TRACES / 20
+        STEPS,
+        SHARPNESS,
+        lr=lr,
+        errors=0.02 * SHARPNESS,
+        traces=TRACES,
+        trace_errors=TRACES / 20,
+        losses=losses,
+        xlabel="Epoch",
     )
-    assert ax.get_xlabel() == "Training step"
+    assert ax.get_xlabel() == "Epoch"
     assert ax.get_ylabel() == "Sharpness λ₁"
-    thresholds = [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
-    (threshold,) = thresholds
+    (threshold,) = [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
     assert list(threshold.get_ydata()) == [2 / lr, 2 / lr]
     assert threshold.get_linestyle() == "--"
-    assert threshold.get_label() == "2/η = 10"
+    assert threshold.get_label() == "2/η = 10 (gradient descent)"
     assert ax.get_ylim()[1] > 2 / lr
     assert any(isinstance(c, LineCollection) for c in ax.collections)  # error bars
-    figure_axes = ax.figure.axes
-    assert len(figure_axes) == 2
-    (twin,) = [other for other in figure_axes if other is not ax]
-    assert twin.get_ylabel() == "Trace of H"
-    (trace_line,) = [line for line in twin.get_lines() if line.get_label() == "Trace of H"]
+    twins = [other for other in ax.figure.axes if other is not ax]
+    assert [twin.get_ylabel() for twin in twins] == ["Loss", "Trace of H"]
+    loss_ax, trace_ax = twins
+    assert loss_ax.get_yscale() == "log"  # the loss spans more than two decades
+    np.testing.assert_array_equal(loss_ax.get_lines()[0].get_ydata(), losses)
+    (trace_line,) = [
+        line for line in trace_ax.get_lines() if line.get_label() == "Trace of H ± s.e."
+    ]
     np.testing.assert_array_equal(trace_line.get_ydata(), TRACES)
     assert trace_line.get_color() != _series_lines(ax)[0].get_color()
-    assert _legend_texts(twin) == ["Sharpness λ₁", "2/η = 10", "Trace of H"]
+    # The second twin's scale is moved out so that the two do not overlap.
+    assert trace_ax.spines["right"].get_position() != loss_ax.spines["right"].get_position()
+    # 2 % error bars are visible: no note.
+    assert _legend_texts(ax) == [
+        "Sharpness λ₁ ± error bound",
+        "2/η = 10 (gradient descent)",
+        "Loss",
+        "Trace of H ± s.e.",
+    ]
+
+
+def test_sharpness_threshold_of_an_optimizer_far_above_the_data():
+    adam = stability_threshold_of({"class_name": "Adam", "config": {"learning_rate": 1e-3}})
+    ax = plot_sharpness(STEPS, SHARPNESS, threshold=adam)
+    # 38000 would flatten the curve: it is named, not drawn.
+    assert ax.get_ylim()[1] < 20
+    texts = _legend_texts(ax)
+    assert texts[1] == f"{adam.label}, above the plotted range"
+    assert "(2+2β₁)/((1−β₁)η) = 3.8e+04" in texts[1] and "P⁻¹H" in texts[1]
+    momentum = stability_threshold_of(
+        {"class_name": "SGD", "config": {"learning_rate": 0.2, "momentum": 0.9}}
+    )
+    ax = plot_sharpness(STEPS, SHARPNESS, threshold=momentum)
+    (line,) = [line for line in ax.get_lines() if line.get_label() == momentum.label]
+    assert list(line.get_ydata()) == [pytest.approx(19.0)] * 2
+    with pytest.raises(ValueError, match="not both"):
+        plot_sharpness(STEPS, SHARPNESS, lr=0.1, threshold=momentum)
 
 
 def test_sharpness_top_k_lines_without_legend_clutter():
@@ -211,14 +273,15 @@ def test_sharpness_top_k_lines_without_legend_clutter():
 
 def test_sharpness_single_series_has_no_legend():
     ax = plot_sharpness(STEPS, SHARPNESS)
-    assert ax.get_legend() is None
+    assert _legend_texts(ax) == []
     assert not [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
 
 
-def test_sharpness_reuses_trace_axis():
+def test_sharpness_reuses_twin_axes():
     ax = plot_sharpness(STEPS, SHARPNESS, lr=0.2, traces=TRACES, label="η = 0.2")
     plot_sharpness(STEPS, SHARPNESS / 2, lr=0.4, traces=TRACES / 2, ax=ax, label="η = 0.4")
     assert len(ax.figure.axes) == 2
+    assert len(ax.figure.legends) == 1
 
 
 @pytest.mark.parametrize(
@@ -270,6 +333,38 @@ def test_landscape_1d_rejects_bad_input():
         plot_loss_landscape_1d(alphas, {"v₁": np.ones(4)})
     with pytest.raises(ValueError, match="empty"):
         plot_loss_landscape_1d(alphas, {})
+    with pytest.raises(ValueError, match="label of one of the losses"):
+        plot_loss_landscape_1d(alphas, {"v₁": alphas}, references={"q": ("v₂", alphas)})
+
+
+def test_landscape_1d_reference_curve_in_its_direction_color():
+    alphas = np.linspace(-1, 1, 21)
+    losses = {"v₁": 0.3 + 5 * alphas**2 + alphas**3, "random": 0.3 + 0.2 * alphas**2}
+    quadratic = 0.3 + 5 * alphas**2
+    ax = plot_loss_landscape_1d(alphas, losses, references={"quadratic model": ("v₁", quadratic)})
+    (reference,) = [line for line in ax.get_lines() if line.get_label() == "quadratic model"]
+    assert reference.get_linestyle() == "--"
+    assert reference.get_color() == _series_lines(ax)[0].get_color()
+    np.testing.assert_allclose(reference.get_ydata(), quadratic)
+
+
+def test_landscape_1d_single_point_is_visible():
+    ax = plot_loss_landscape_1d(np.zeros(1), {"v₁": [0.3]})
+    assert _series_lines(ax)[0].get_marker() == "o"
+
+
+def test_title_and_caption():
+    caption = figure_caption(
+        "mlp, 1,234 parameters", None, "digits, 100 examples", "", "Hessian", "Lanczos, k = 3"
+    )
+    assert caption == "mlp, 1,234 parameters · digits, 100 examples · Hessian · Lanczos, k = 3"
+    ax = plot_sharpness(STEPS, SHARPNESS)
+    figure = add_title(ax, "Sharpness along training", caption + " · " + "x" * 150)
+    assert figure._suptitle.get_text() == "Sharpness along training"
+    lines = ax.get_title().split("\n")
+    # Wrapped to the figure width, between the parts where possible.
+    assert len(lines) >= 2 and lines[0].startswith("mlp, 1,234 parameters · digits")
+    assert all(len(line) <= 120 for line in lines)
 
 
 def test_landscape_2d_contours_colorbar_and_origin():

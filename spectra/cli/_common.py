@@ -1,0 +1,309 @@
+"""What the subcommands share: errors, console output, inputs, reports and figures.
+
+TensorFlow is imported only by :func:`require_tensorflow` (quietly, see
+:mod:`spectra._console`) and by the functions that load models, after the cheap checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spectra import __version__
+from spectra._files import DirectoryLock, DirectoryLocked, prepare_directory, remove_temporaries
+from spectra.results import Result
+from spectra.trajectory import SharpnessSettings
+
+# The curvature matrix the commands measure; other matrices (GGN, Fisher) name themselves.
+MATRIX = "Hessian"
+
+
+class UserError(Exception):
+    """A problem with the command's inputs: reported in one line, exit status 2."""
+
+
+class SettingError(UserError):
+    """A setting that does not fit the model (found once it is loaded): never skipped."""
+
+
+@contextlib.contextmanager
+def user_errors(context: str | None = None) -> Iterator[None]:
+    """Turn the errors that checking and loading user inputs raise into :class:`UserError`."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (OSError, ValueError, ImportError, DirectoryLocked) as err:
+        text = str(err) or type(err).__name__
+        raise UserError(f"{context}: {text}" if context else text) from err
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- console
+
+
+class Console:
+    """What a command prints: results on stdout (nothing with ``--quiet``), details with
+    ``--verbose``, warnings on stderr, progress bars on a terminal."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quiet = bool(args.quiet)
+        self.verbose = bool(args.verbose)
+        self.progress: bool | None = False if (args.no_progress or args.quiet) else None
+
+    def info(self, text: str) -> None:
+        if not self.quiet:
+            self._write(text, sys.stdout)
+
+    def detail(self, text: str) -> None:
+        if self.verbose:
+            self._write(text, sys.stdout)
+
+    def warn(self, text: str) -> None:
+        self._write(f"spectra: warning: {one_line(text)}", sys.stderr)
+
+    @staticmethod
+    def _write(text: str, stream: Any) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=stream)
+        stream.flush()
+
+    def bar(self, total: int, desc: str, unit: str) -> Any:
+        """A tqdm bar over ``total`` planned items, shown on a terminal unless turned off."""
+        from tqdm import tqdm
+
+        enabled = self.progress
+        if enabled is None:
+            isatty = getattr(sys.stderr, "isatty", None)
+            enabled = bool(isatty()) if callable(isatty) else False
+        return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False)
+
+
+def require_tensorflow(args: argparse.Namespace) -> Any:
+    """TensorFlow, imported without its C++ log lines unless ``--verbose``."""
+    from spectra._console import quiet_tensorflow
+
+    return quiet_tensorflow(verbose=bool(args.verbose))
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def measurement_settings(args: argparse.Namespace) -> SharpnessSettings:
+    """The eigenvalue (and trace) settings of ``analyze`` and ``sharpness``, checked."""
+    with user_errors():
+        return SharpnessSettings(
+            top_k=args.top_k,
+            method=args.method,
+            tol=args.tol,
+            trace=bool(getattr(args, "trace", False)),
+            trace_method=args.trace_method,
+            trace_products=args.trace_products,
+            seed=args.seed,
+            warm_start=not getattr(args, "cold_start", False),
+        )
+
+
+def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> dict[str, Any]:
+    """Every option that decides the numbers of ``analyze`` and ``sharpness``."""
+    return {
+        "loss": args.loss,
+        "max_examples": args.max_examples,
+        **settings.numbers(),
+        "batch_size": args.batch_size,
+        "float64": args.float64,
+        "training": args.training,
+        "builder": args.builder,
+        "matrix": MATRIX,
+    }
+
+
+@contextlib.contextmanager
+def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[Path]:
+    """``--out``, created, proven writable and locked for this run (before anything is
+    computed), with the temporary files a killed run left of ``outputs`` removed."""
+    with user_errors("--out"):
+        out = prepare_directory(args.out)
+        lock = DirectoryLock(out).acquire()
+    try:
+        remove_temporaries(out, outputs)
+        yield out
+    finally:
+        lock.release()
+
+
+def load_data(args: argparse.Namespace) -> Any:
+    from spectra.datasets import load_data as load
+
+    with user_errors("--data"):
+        return load(args.data, args.max_examples, args.seed)
+
+
+def check_loss(args: argparse.Namespace) -> None:
+    """An unknown loss name is a user error (needs TensorFlow)."""
+    import tensorflow as tf
+
+    from spectra import _keras
+
+    with user_errors("--loss"):
+        _keras.resolve_loss(args.loss, tf.float32)
+
+
+def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) -> int:
+    """Check that the data and the loss fit ``model`` (2 examples) and that ``--top-k`` is
+    not more than its parameters; returns the number of parameters."""
+    from spectra.datasets import check_data_fits_model
+
+    with user_errors(source):
+        check_data_fits_model(model, data.x, data.y, args.loss)
+    size = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    option = "--top-k" if hasattr(args, "top_k") else "--directions"
+    top_k = getattr(args, "top_k", getattr(args, "directions", 1))
+    if top_k > size:
+        raise SettingError(
+            f"{option} {top_k} is more than the {size} trainable parameters of {source}."
+        )
+    return size
+
+
+def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
+    from spectra.operator import HessianOperator
+
+    with user_errors():
+        return HessianOperator.from_keras(
+            model,
+            args.loss,
+            data.as_tuple(),
+            batch_size=args.batch_size,
+            training=args.training,
+            dtype=np.float64 if args.float64 else None,
+        )
+
+
+def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
+    """The model of ``args.model`` (checked against the data, the loss and ``--top-k``), its
+    number of parameters, and its Hessian operator. Imports TensorFlow."""
+    require_tensorflow(args)
+    check_loss(args)
+    from spectra.checkpoints import load_model
+
+    with user_errors(args.model):
+        model = load_model(args.model, builder=args.builder)
+    size = check_model(model, args, data, args.model)
+    return model, size, make_operator(model, args, data)
+
+
+def data_fingerprint(data: Any) -> str:
+    """SHA-256 of the arrays (values, dtypes and shapes)."""
+    digest = hashlib.sha256()
+    for array in (data.x, data.y, data.sample_weight):
+        if array is not None:
+            digest.update(np.ascontiguousarray(array).tobytes())
+            digest.update(str((array.dtype, array.shape)).encode())
+    return digest.hexdigest()
+
+
+def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
+    return {
+        "spec": args.data,
+        "name": data.name,
+        "description": data.description,
+        "num_examples": data.num_examples,
+        "x_shape": list(data.x.shape),
+        "y_shape": list(data.y.shape),
+        "sample_weights": data.sample_weight is not None,
+        "sha256": data_fingerprint(data),
+    }
+
+
+def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:
+    return {
+        "path": str(path),
+        "name": model.name,
+        "num_parameters": int(num_parameters),
+        "dtype": str(model.trainable_variables[0].dtype),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions of spectra and what it computes with (from the installed metadata)."""
+    found = {"spectra": __version__, "python": sys.version.split()[0]}
+    for name in ("tensorflow", "keras", "numpy", "scipy", "matplotlib"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            module = sys.modules.get(name)
+            found[name] = getattr(module, "__version__", "unknown")
+    return found
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass
+class CommandReport(Result):
+    """What every command records: how it was called, with which versions, on what data."""
+
+    command: str
+    versions: dict[str, str]
+    settings: dict[str, Any]
+    data: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def describe_model(model: dict[str, Any]) -> str:
+    return f"{model['name']}, {model['num_parameters']:,} parameters"
+
+
+def describe_data(data: dict[str, Any]) -> str:
+    return f"{data['name']}, {data['num_examples']:,} examples"
+
+
+def describe_matrix(args: argparse.Namespace) -> str:
+    mode = "training mode" if args.training else "inference mode"
+    batches = f", batches of {args.batch_size}" if args.batch_size else ""
+    return f"{MATRIX} of the mean {args.loss} ({mode}{batches})"
+
+
+def describe_eigensolver(args: argparse.Namespace, k: int, dtype: str) -> str:
+    return f"{args.method.capitalize()}, k = {k}, tol = {args.tol:g}, {dtype} products"
+
+
+def save_figure_formats(figure: Any, out: Path, stem: str, formats: Sequence[str]) -> list[str]:
+    """Save ``figure`` as ``out/stem.FMT`` for each format, close it; returns the paths."""
+    import matplotlib.pyplot as plt
+
+    from spectra.plotting import save_figure
+
+    try:
+        return [str(save_figure(figure, out / f"{stem}.{fmt}")) for fmt in formats]
+    finally:
+        plt.close(figure)
+
+
+def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
+    return [f"{stem}.{fmt}" for stem in stems for fmt in formats]
+
+
+def plus_minus(value: float | None, error: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if error is None:
+        return f"{value:.6g}"
+    return f"{value:.6g} ± {error:.1e}"

@@ -1,0 +1,322 @@
+"""The argument parser of the ``spectra`` command line (imports nothing heavy: ``--help``
+answers at once)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn
+
+from spectra import __version__
+
+# The landscape's α grid when --points is not given: enough points in the quadratic region.
+LANDSCAPE_POINTS = 41
+FIGURE_FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``spectra: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.split(" ", 1)[1] + " " if " " in self.prog else ""
+        print(
+            f"spectra: error: {message} (see 'spectra {command}--help')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _formats(text: str) -> list[str]:
+    formats = [part.strip().lower().lstrip(".") for part in text.split(",") if part.strip()]
+    unknown = [name for name in formats if name not in FIGURE_FORMATS]
+    if not formats or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown figure format(s) {unknown or text!r}; choose from {', '.join(FIGURE_FORMATS)}"
+        )
+    return list(dict.fromkeys(formats))
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options shared by all subcommands: data, loss, model loading, precision, output."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("data and loss")
+    group.add_argument(
+        "--data",
+        required=True,
+        help="a .npz file with arrays x, y (optional sample_weight), or a built-in data set: "
+        "digits, breast_cancer, diabetes, iris, wine",
+    )
+    group.add_argument(
+        "--loss",
+        required=True,
+        help="a Keras loss name, e.g. sparse_categorical_crossentropy, binary_crossentropy, mse",
+    )
+    group.add_argument(
+        "--max-examples",
+        type=_positive_int,
+        metavar="N",
+        help="use a random subset of N examples (drawn with --seed; default: all)",
+    )
+    group.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        metavar="N",
+        help="examples per batch; in inference mode the loss is the exact dataset mean either "
+        "way (default: all examples in one batch)",
+    )
+    group = common.add_argument_group("model and computation")
+    group.add_argument(
+        "--builder",
+        metavar="MODULE:FUNCTION",
+        help="function returning the built model, for .weights.h5 files (any that Keras' "
+        "load_weights reads, subclassed models included) and tf.train.Checkpoints "
+        "('module:function' or 'path/to/file.py:function')",
+    )
+    group.add_argument(
+        "--float64",
+        action="store_true",
+        help="compute in float64 on a float64 copy of the model (default: the model's dtype)",
+    )
+    group.add_argument(
+        "--training",
+        action="store_true",
+        help="run layers in training mode: Dropout on, BatchNorm with the statistics of each "
+        "batch, so the loss is the batch-split loss Σ_b (n_b/N) L_b and depends on "
+        "--batch-size (recorded in the results); default: inference mode",
+    )
+    group.add_argument(
+        "--seed", type=int, default=0, help="seed of the data subset and random probes (default 0)"
+    )
+    group = common.add_argument_group("output")
+    group.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    group.add_argument(
+        "--format",
+        type=_formats,
+        default=["png"],
+        metavar="FMT[,FMT]",
+        help="figure formats, e.g. png,pdf,svg (default png)",
+    )
+    group.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (shown only on a terminal)"
+    )
+    verbosity = group.add_mutually_exclusive_group()
+    verbosity.add_argument(
+        "--quiet", action="store_true", help="print only warnings and errors (files as usual)"
+    )
+    verbosity.add_argument(
+        "--verbose",
+        action="store_true",
+        help="more detail, and TensorFlow's own log lines (hidden by default)",
+    )
+    group.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    return common
+
+
+def _eigen_options() -> argparse.ArgumentParser:
+    eigen = argparse.ArgumentParser(add_help=False)
+    group = eigen.add_argument_group("eigenvalues")
+    group.add_argument(
+        "--method",
+        choices=("lanczos", "power", "lobpcg"),
+        default="lanczos",
+        help="eigenvalue method (default lanczos)",
+    )
+    group.add_argument(
+        "--tol",
+        type=_positive_float,
+        default=1e-8,
+        metavar="T",
+        help="relative eigenvalue tolerance (default 1e-8; float32 products limit the "
+        "accuracy to about 1e-7 of the largest eigenvalue)",
+    )
+    return eigen
+
+
+def _trace_options(with_switch: bool) -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("trace")
+    if with_switch:
+        group.add_argument(
+            "--trace", action="store_true", help="also estimate the trace of the Hessian"
+        )
+    group.add_argument(
+        "--trace-method",
+        choices=("hutchinson", "hutch++", "xtrace"),
+        default="hutchinson",
+        help="trace estimator (default hutchinson)",
+    )
+    group.add_argument(
+        "--trace-products",
+        type=_positive_int,
+        default=100,
+        metavar="M",
+        help="Hessian-vector products for the trace (default 100; hutch++ and xtrace need >= 4)",
+    )
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``spectra`` and its subcommands."""
+    parser = OneLineParser(
+        prog="spectra",
+        description="Hessian spectrum analysis of TensorFlow/Keras models: eigenvalues, "
+        "trace, spectral density, sharpness along training, loss landscapes.",
+        epilog="Exit status: 0 done; 1 some checkpoints failed (sharpness --skip-bad) or an "
+        "internal error; 2 an error in the command or its inputs (one line "
+        "'spectra: error: ...'; --debug shows the traceback); 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"spectra {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common, eigen, trace = _common_options(), _eigen_options(), _trace_options(True)
+
+    analyze = commands.add_parser(
+        "analyze",
+        parents=[common, eigen, trace],
+        help="eigenvalues, trace and spectral density of one model's loss Hessian",
+        description="Top eigenvalues (with error bounds), optionally the trace (± standard "
+        "error) and the spectral density (stochastic Lanczos quadrature) of the Hessian of a "
+        "model's dataset loss. Writes DIR/results.json, DIR/eigenvalues.png and, with "
+        "--density, DIR/density.png (one file per --format).",
+    )
+    analyze.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
+    )
+    analyze.add_argument(
+        "--top-k", type=_positive_int, default=5, metavar="K", help="eigenvalues (default 5)"
+    )
+    analyze.add_argument(
+        "--log-scale", action="store_true", help="eigenvalue figure on a logarithmic axis"
+    )
+    group = analyze.add_argument_group("spectral density")
+    group.add_argument("--density", action="store_true", help="estimate the spectral density")
+    group.add_argument(
+        "--density-steps",
+        type=_positive_int,
+        default=80,
+        metavar="M",
+        help="Lanczos steps per probe (default 80)",
+    )
+    group.add_argument(
+        "--density-probes",
+        type=_positive_int,
+        default=10,
+        metavar="P",
+        help="random probes (default 10; one probe gives no standard error)",
+    )
+    analyze.set_defaults(command_module="analyze")
+
+    sharpness = commands.add_parser(
+        "sharpness",
+        parents=[common, eigen, trace],
+        help="sharpness (top eigenvalue) of every checkpoint of a training run",
+        description="Analyze each checkpoint in step order and write DIR/sharpness.json and "
+        "DIR/sharpness.csv after each one, and DIR/sharpness.png at the end, with the "
+        "stability threshold of the run's optimizer (2/η for gradient descent, Cohen et al. "
+        "2021) when it is known. Resumable: a rerun with the same checkpoints and settings "
+        "skips the checkpoints already done; anything else is refused. Checkpoints of one "
+        "architecture share one model and one compiled Hessian product, and each eigensolve "
+        "starts from the previous checkpoint's eigenvectors.",
+    )
+    sharpness.add_argument(
+        "checkpoints",
+        metavar="CHECKPOINTS",
+        help="a directory of checkpoints or a glob pattern (quote it), e.g. 'run/ckpt-*.keras'",
+    )
+    sharpness.add_argument(
+        "--top-k", type=_positive_int, default=1, metavar="K", help="eigenvalues (default 1)"
+    )
+    sharpness.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="learning rate η of the run, for the threshold line (default: the optimizer "
+        "recorded in a compiled .keras checkpoint, else 'learning_rate' of a trajectory.json "
+        "beside the checkpoints); alone, it draws gradient descent's 2/η",
+    )
+    sharpness.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        metavar="STEP",
+        help="training steps of the checkpoint files in natural name order (default: the last "
+        "integer in each file name)",
+    )
+    sharpness.add_argument(
+        "--restart", action="store_true", help="discard the results in DIR and start again"
+    )
+    sharpness.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="record a checkpoint that cannot be loaded or measured as failed, with the "
+        "reason, and go on (exit status 1 if any failed)",
+    )
+    sharpness.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="start every eigensolve from a random vector instead of the previous "
+        "checkpoint's eigenvectors",
+    )
+    sharpness.set_defaults(command_module="sharpness")
+
+    landscape = commands.add_parser(
+        "landscape",
+        parents=[common, eigen],
+        help="loss along the top eigenvector(s) and a random direction",
+        description="The loss L(θ + α d) for d the top Hessian eigenvector v₁ (and v₂), and a "
+        "random direction (filter-normalized as in Li et al. 2018, then scaled to unit norm), "
+        "so that α is the Euclidean distance in parameter space for every curve; the quadratic "
+        "model along v₁ is drawn for comparison. Writes DIR/landscape.json, "
+        "DIR/landscape_1d.png and, with --directions 2, the surface L(θ + α v₁ + β v₂) in "
+        "DIR/landscape_2d.png.",
+    )
+    landscape.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
+    )
+    landscape.add_argument(
+        "--directions",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="eigenvectors to follow: 1 (v₁) or 2 (v₁, v₂ and the 2-D surface) (default 1)",
+    )
+    landscape.add_argument(
+        "--radius",
+        type=_positive_float,
+        metavar="R",
+        help="α runs over [-R, R], a distance in parameter space (default: scaled to the "
+        "curvature, R = 2·√(2L/λ₁), where the quadratic model along v₁ raises the loss L by 4L)",
+    )
+    landscape.add_argument(
+        "--points",
+        type=_positive_int,
+        default=LANDSCAPE_POINTS,
+        metavar="N",
+        help=f"points per direction; an even N is raised by one so that α = 0 is included, "
+        f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS})",
+    )
+    landscape.set_defaults(command_module="landscape")
+    return parser

@@ -1,0 +1,246 @@
+"""``spectra analyze MODEL``: eigenvalues, trace and spectral density of one model's Hessian."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spectra._files import atomic_write_json
+from spectra.cli._common import (
+    MATRIX,
+    CommandReport,
+    Console,
+    UserError,
+    data_description,
+    describe_data,
+    describe_eigensolver,
+    describe_matrix,
+    describe_model,
+    figure_names,
+    load_data,
+    load_operator,
+    locked_output,
+    measurement_settings,
+    model_description,
+    number_settings,
+    plus_minus,
+    save_figure_formats,
+    versions,
+)
+from spectra.density import negative_mass_fraction, spectral_density
+from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
+from spectra.results import EigenResult, SpectralDensity, SpectralMoments, TraceResult
+from spectra.trace import trace
+from spectra.trajectory import explain_null
+
+# Negative mass counts quadrature nodes below -1e-3·|λ₁|: the large cluster of (near-)zero
+# eigenvalues of a trained network gets one node that lands just below or above 0.
+_NEGATIVE_MASS_THRESHOLD = 1e-3
+_RESULTS = "results.json"
+_FIGURES = ("eigenvalues", "density")
+
+
+@dataclass
+class AnalysisReport(CommandReport):
+    """Everything ``spectra analyze`` computed, as written to ``results.json``."""
+
+    model: dict[str, Any]
+    loss: float
+    eigenvalues: EigenResult
+    eigenvalue_ratio: float | None
+    trace: TraceResult | None
+    density: SpectralDensity | None
+    density_moments: SpectralMoments | None
+    negative_mass: dict[str, float] | None
+    num_products: int
+    num_data_passes: int
+    wall_times: dict[str, float]
+    files: dict[str, Any]
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    started = time.perf_counter()
+    settings = measurement_settings(args)
+    with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
+        data = load_data(args)
+        model, size, op = load_operator(args, data)
+        loss = op.loss()
+        loaded = time.perf_counter()
+        report = _compute(args, console, settings, op, loss)
+        report.model = model_description(args.model, model, size)
+        report.data = data_description(args, data)
+        report.wall_times["load"] = loaded - started
+        _figures(args, report, out)
+        report.wall_times["total"] = time.perf_counter() - started
+        atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
+    _print(report, console)
+    return 0
+
+
+def _compute(
+    args: argparse.Namespace, console: Console, settings: Any, op: Any, loss: float
+) -> AnalysisReport:
+    eig = eigenvalues(
+        op,
+        k=args.top_k,
+        method=args.method,
+        tol=args.tol,
+        seed=args.seed,
+        progress=console.progress,
+    )
+    ratio = eigenvalue_ratio(eig) if args.top_k > 1 and eig.eigenvalues[-1] != 0 else None
+    wall_times = {"eigenvalues": eig.wall_time}
+    trace_result = None
+    if args.trace:
+        trace_result = trace(
+            op,
+            method=args.trace_method,
+            num_products=args.trace_products,
+            seed=args.seed,
+            progress=console.progress,
+        )
+        wall_times["trace"] = trace_result.wall_time
+    density = moments = negative = None
+    if args.density:
+        density = spectral_density(
+            op,
+            num_steps=args.density_steps,
+            num_probes=args.density_probes,
+            seed=args.seed,
+            progress=console.progress,
+        )
+        moments = density.moments()
+        negative = _negative_mass(density, float(eig.eigenvalues[0]))
+        wall_times["density"] = density.wall_time
+    return AnalysisReport(
+        command=args.command_line,
+        versions=versions(),
+        settings={
+            **number_settings(args, settings),
+            "density": args.density,
+            "density_steps": args.density_steps if args.density else None,
+            "density_probes": args.density_probes if args.density else None,
+            "dtype": str(op.dtype),
+        },
+        data={},
+        model={},
+        loss=loss,
+        eigenvalues=eig,
+        eigenvalue_ratio=ratio,
+        trace=trace_result,
+        density=density,
+        density_moments=moments,
+        negative_mass=negative,
+        num_products=op.num_hvps,
+        num_data_passes=op.num_data_passes,
+        wall_times=wall_times,
+        files={},
+    )
+
+
+def _negative_mass(density: SpectralDensity, top: float) -> dict[str, float]:
+    threshold = _NEGATIVE_MASS_THRESHOLD * abs(top)
+    fraction, stderr = negative_mass_fraction(density, eps=threshold)
+    below_zero, below_zero_stderr = negative_mass_fraction(density)
+    return {
+        "fraction": fraction,
+        "stderr": stderr,
+        "below": -threshold,
+        "relative_threshold": _NEGATIVE_MASS_THRESHOLD,
+        "fraction_below_zero": below_zero,
+        "stderr_below_zero": below_zero_stderr,
+    }
+
+
+def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None:
+    from spectra.plotting import (
+        add_title,
+        figure_caption,
+        plot_eigenvalues,
+        plot_spectral_density,
+    )
+
+    eig = report.eigenvalues
+    dtype = report.settings["dtype"]
+    where = (describe_model(report.model), describe_data(report.data), describe_matrix(args))
+    ax = plot_eigenvalues(eig, log_scale=args.log_scale)
+    figure = add_title(
+        ax,
+        f"Top {eig.eigenvalues.size} eigenvalues of the {MATRIX}",
+        figure_caption(
+            *where,
+            describe_eigensolver(args, eig.eigenvalues.size, dtype),
+            f"{eig.num_products} products",
+            "bars: eigenvalue error bounds",
+        ),
+    )
+    files: dict[str, Any] = {"results": str(out / _RESULTS)}
+    files["eigenvalues_figure"] = save_figure_formats(figure, out, "eigenvalues", args.format)
+    if report.density is not None:
+        density = report.density
+        ax = plot_spectral_density(density)
+        sigma = density.default_sigma()
+        figure = add_title(
+            ax,
+            f"Spectral density of the {MATRIX}",
+            figure_caption(
+                *where,
+                f"stochastic Lanczos quadrature, {density.num_probes} probes × "
+                f"{args.density_steps} steps, Gaussian σ = {sigma:.2g}",
+                f"{density.num_products} products",
+                "band: ±2 standard errors across probes" if density.num_probes > 1 else None,
+            ),
+        )
+        files["density_figure"] = save_figure_formats(figure, out, "density", args.format)
+    report.files = files
+
+
+def _print(report: AnalysisReport, console: Console) -> None:
+    eig = report.eigenvalues
+    dtype = report.settings["dtype"]
+    console.info(
+        f"{report.model['name']} ({report.model['num_parameters']:,} parameters, {dtype}) on "
+        f"{report.data['name']} ({report.data['num_examples']} examples): loss {report.loss:.6g}"
+    )
+    console.info(f"top {eig.eigenvalues.size} eigenvalues ({eig.method}, ± error bound):")
+    if dtype != "float64":
+        eps = np.finfo(dtype).eps
+        console.info(f"  ({dtype} products: accurate to about {eps:.0e}·λ1 at best)")
+    for index, (value, bound, residual, converged) in enumerate(
+        zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
+    ):
+        note = "" if converged else "  (not converged)"
+        console.info(f"  λ{index} = {plus_minus(value, bound)}   residual {residual:.1e}{note}")
+    if report.eigenvalue_ratio is not None:
+        console.info(f"λ1/λ{eig.eigenvalues.size} = {report.eigenvalue_ratio:.4g}")
+    if report.trace is not None:
+        console.info(
+            f"trace ({report.trace.method}) = {report.trace.estimate:.6g} ± "
+            f"{report.trace.stderr:.2g} (standard error)"
+        )
+    if report.negative_mass is not None:
+        negative = report.negative_mass
+        console.info(
+            f"negative mass (fraction of the spectrum below -1e-3·λ1 = {negative['below']:.2g}) "
+            f"= {negative['fraction']:.3g} ± {negative['stderr']:.1g} "
+            f"({negative['fraction_below_zero']:.3g} below 0, the near-zero bulk included)"
+        )
+    console.info(
+        f"{report.num_products:,} Hessian-vector products in {report.num_data_passes} data "
+        f"passes, {report.wall_times['total']:.1f} s"
+    )
+    console.detail(
+        "wall times: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.wall_times.items())
+    )
+    console.info(f"results: {report.files['results']}")
+    figures = [
+        path for key, paths in report.files.items() if key.endswith("_figure") for path in paths
+    ]
+    console.info(f"figures: {', '.join(figures)}")
+
+
+__all__ = ["AnalysisReport", "UserError", "run"]

@@ -1,0 +1,246 @@
+"""``spectra landscape MODEL``: the loss along the top eigenvector(s) and a random direction."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spectra._files import atomic_write_json
+from spectra.cli._common import (
+    MATRIX,
+    CommandReport,
+    Console,
+    UserError,
+    data_description,
+    describe_data,
+    describe_eigensolver,
+    describe_matrix,
+    describe_model,
+    figure_names,
+    load_data,
+    load_operator,
+    locked_output,
+    model_description,
+    save_figure_formats,
+    user_errors,
+    versions,
+)
+from spectra.eigenvalues import eigenvalues
+from spectra.results import EigenResult
+from spectra.trajectory import explain_null
+
+_RESULTS = "landscape.json"
+_FIGURES = ("landscape_1d", "landscape_2d")
+# The default radius is this many times √(2L/λ₁), where the quadratic model along v₁ raises
+# the loss L by L (doubles it); at the radius it raises it by (2²)·L.
+_RADIUS_MULTIPLE = 2.0
+_FALLBACK_RADIUS = 1.0
+
+
+@dataclass
+class LandscapeReport(CommandReport):
+    """What ``spectra landscape`` computed, as written to ``landscape.json``."""
+
+    model: dict[str, Any]
+    eigenvalues: EigenResult
+    radius: dict[str, Any]
+    directions: dict[str, str]
+    curves: Any
+    surface: Any
+    files: dict[str, Any]
+
+
+def default_radius(loss: float, top_eigenvalue: float) -> tuple[float, str]:
+    """The α range scaled to the curvature, R = 2·√(2L/λ₁), and how it was chosen.
+
+    Along the top eigenvector the quadratic model raises the loss by λ₁α²/2, which equals
+    the loss L itself at α = √(2L/λ₁): the curve doubles there, and at α = R the model predicts
+    a rise of 4L, far enough to show where the quadratic region ends. Falls back to
+    R = 1 when L or λ₁ is not positive.
+    """
+    if loss > 0 and top_eigenvalue > 0 and math.isfinite(loss) and math.isfinite(top_eigenvalue):
+        radius = _RADIUS_MULTIPLE * math.sqrt(2.0 * loss / top_eigenvalue)
+        return radius, f"R = 2·√(2L/λ₁) = {radius:.3g} (L = {loss:.4g}, λ₁ = {top_eigenvalue:.4g})"
+    return _FALLBACK_RADIUS, (
+        f"R = {_FALLBACK_RADIUS:g} (the curvature rule 2·√(2L/λ₁) needs L > 0 and λ₁ > 0)"
+    )
+
+
+def step_grid(radius: float, points: int) -> np.ndarray:
+    """α values: one point is α = 0; otherwise an odd number of points evenly over [-R, R]."""
+    if points == 1:
+        return np.zeros(1)
+    half = points // 2
+    return np.linspace(-radius, radius, 2 * half + 1)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    if args.directions == 2 and args.points < 3:
+        raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
+    with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
+        report = _compute(args, console, out)
+        atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
+    _print(args, report, console)
+    return 0
+
+
+def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeReport:
+    data = load_data(args)
+    model, size, op = load_operator(args, data)
+    from spectra.landscape import loss_landscape, random_direction
+
+    base_loss = op.loss()
+    eig = eigenvalues(
+        op,
+        k=args.directions,
+        method=args.method,
+        tol=args.tol,
+        seed=args.seed,
+        progress=console.progress,
+        return_eigenvectors=True,
+    )
+    assert eig.eigenvectors is not None
+    top = float(eig.eigenvalues[0])
+    if args.radius is None:
+        radius, rule = default_radius(base_loss, top)
+    else:
+        radius, rule = args.radius, f"R = {args.radius:g} (--radius)"
+    alphas = step_grid(radius, args.points)
+    random = random_direction(op, args.seed, normalization="filter")
+    random /= np.linalg.norm(random)
+    directions = {f"v{i + 1}": eig.eigenvectors[:, i] for i in range(args.directions)}
+    directions["random"] = random
+    common = {
+        "batch_size": args.batch_size,
+        "training": args.training,
+        "dtype": np.float64 if args.float64 else None,
+    }
+    with user_errors():
+        curves = loss_landscape(model, args.loss, data.as_tuple(), directions, alphas, **common)
+    surface = None
+    if args.directions == 2:
+        plane = {label: directions[label] for label in ("v1", "v2")}
+        with user_errors():
+            surface = loss_landscape(
+                model, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
+            )
+    slope = float(op.gradient().astype(np.float64) @ directions["v1"])
+    report = LandscapeReport(
+        command=args.command_line,
+        versions=versions(),
+        settings={
+            "loss": args.loss,
+            "directions": args.directions,
+            "radius": radius,
+            "points": int(alphas.size),
+            "method": args.method,
+            "tol": args.tol,
+            "batch_size": args.batch_size,
+            "max_examples": args.max_examples,
+            "float64": args.float64,
+            "training": args.training,
+            "seed": args.seed,
+            "builder": args.builder,
+            "matrix": MATRIX,
+            "dtype": str(op.dtype),
+        },
+        model=model_description(args.model, model, size),
+        data=data_description(args, data),
+        eigenvalues=eig,
+        radius={"value": radius, "rule": rule, "slope_along_v1": slope},
+        directions={
+            **{
+                f"v{i + 1}": f"unit eigenvector of λ{i + 1} (sign as returned)"
+                for i in range(args.directions)
+            },
+            "random": "Gaussian, filter-normalized (Li et al. 2018), scaled to unit norm",
+        },
+        curves=curves,
+        surface=surface,
+        files={"results": str(out / _RESULTS)},
+    )
+    _figures(args, report, out, alphas, base_loss, slope)
+    return report
+
+
+def _figures(
+    args: argparse.Namespace,
+    report: LandscapeReport,
+    out: Any,
+    alphas: np.ndarray,
+    base_loss: float,
+    slope: float,
+) -> None:
+    from spectra.plotting import (
+        add_title,
+        figure_caption,
+        plot_loss_landscape_1d,
+        plot_loss_landscape_2d,
+    )
+
+    eig, curves = report.eigenvalues, report.curves
+    names = {
+        f"v{i + 1}": f"{symbol} (λ{symbol[1:]} = {value:.4g})"
+        for i, (symbol, value) in enumerate(zip(("v₁", "v₂"), eig.eigenvalues))
+    }
+    names["random"] = "random direction"
+    top = float(eig.eigenvalues[0])
+    quadratic = base_loss + slope * alphas + 0.5 * top * alphas**2
+    where = (describe_model(report.model), describe_data(report.data), describe_matrix(args))
+    solver = describe_eigensolver(args, args.directions, report.settings["dtype"])
+    ax = plot_loss_landscape_1d(
+        alphas,
+        {names[label]: curves.losses[label] for label in curves.labels},
+        xlabel="Distance α along the unit direction (parameter space)",
+        references={"quadratic model of v₁: L + α gᵀv₁ + λ₁α²/2": (names["v1"], quadratic)},
+    )
+    figure = add_title(
+        ax,
+        "Loss along the top Hessian eigenvector"
+        + ("s" if args.directions == 2 else "")
+        + " and a random direction",
+        figure_caption(*where, solver, report.radius["rule"], f"{alphas.size} points"),
+    )
+    report.files["curves_figure"] = save_figure_formats(figure, out, "landscape_1d", args.format)
+    if report.surface is not None:
+        ax = plot_loss_landscape_2d(alphas, alphas, report.surface.losses_2d, labels=("v₁", "v₂"))
+        figure = add_title(
+            ax,
+            "Loss surface in the plane of the top two Hessian eigenvectors",
+            figure_caption(*where, solver, report.radius["rule"], f"{alphas.size}² points"),
+        )
+        report.files["surface_figure"] = save_figure_formats(
+            figure, out, "landscape_2d", args.format
+        )
+
+
+def _print(args: argparse.Namespace, report: LandscapeReport, console: Console) -> None:
+    curves = report.curves
+    console.info(
+        f"{report.model['name']} ({report.model['num_parameters']:,} parameters) on "
+        f"{report.data['name']} ({report.data['num_examples']} examples): loss "
+        f"{curves.base_loss:.6g}"
+    )
+    console.info(f"radius: {report.radius['rule']}")
+    alphas = curves.alphas
+    for label in curves.labels:
+        losses = curves.losses[label]
+        name = (
+            label
+            if label == "random"
+            else f"{label} (λ = {report.eigenvalues.eigenvalues[int(label[1:]) - 1]:.4g})"
+        )
+        if alphas.size == 1:
+            console.info(f"  {name}: loss at α = 0: {losses[0]:.6g}")
+        else:
+            console.info(
+                f"  {name}: loss at α = {alphas[0]:.3g}: {losses[0]:.4g}, "
+                f"at α = {alphas[-1]:.3g}: {losses[-1]:.4g}"
+            )
+    console.info(f"results: {report.files['results']}")
+    figures = [p for key, paths in report.files.items() if key.endswith("_figure") for p in paths]
+    console.info(f"figures: {', '.join(figures)}")

@@ -1,0 +1,371 @@
+"""``spectra sharpness CHECKPOINTS``: the sharpness of every checkpoint of a run, resumable.
+
+The bookkeeping (resume, lock, files) is :class:`spectra.trajectory.SharpnessRun`, the
+measurement :func:`spectra.trajectory.measure_sharpness`; this module reads the options,
+finds the checkpoints and the stability threshold, and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spectra.cli._common import (
+    MATRIX,
+    Console,
+    SettingError,
+    UserError,
+    check_loss,
+    check_model,
+    data_description,
+    data_fingerprint,
+    describe_data,
+    describe_matrix,
+    figure_names,
+    load_data,
+    make_operator,
+    measurement_settings,
+    model_description,
+    number_settings,
+    one_line,
+    plus_minus,
+    require_tensorflow,
+    save_figure_formats,
+    user_errors,
+    versions,
+)
+from spectra.stability import (
+    StabilityThreshold,
+    gradient_descent_threshold,
+    stability_threshold_of,
+)
+from spectra.trajectory import (
+    PlannedCheckpoint,
+    SharpnessMeasurement,
+    SharpnessRun,
+    measure_sharpness,
+    plan_checkpoints,
+)
+
+_FIGURE = "sharpness"
+_UNIT_LABELS = {
+    ("step", "--steps"): "Training step",
+    ("step", "file names"): "Training step (from the file names)",
+    ("epoch", "file names"): "Epoch (from the file names)",
+    ("checkpoint", "file names"): "Checkpoint number (from the file names)",
+}
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    settings = measurement_settings(args)
+    with user_errors("--out"):
+        store = SharpnessRun(args.out)
+    with user_errors("--out"), store:
+        return _run_locked(args, console, settings, store)
+
+
+def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store: Any) -> int:
+    from spectra.checkpoints import find_checkpoints, step_unit
+
+    with user_errors(args.checkpoints):
+        refs = find_checkpoints(args.checkpoints, steps=args.steps)
+    step_source = "--steps" if args.steps else "file names"
+    unit = "step" if args.steps else step_unit([ref.path for ref in refs])
+    data = load_data(args)
+    with user_errors(args.checkpoints):
+        plan = plan_checkpoints(refs)
+    threshold, rate, rate_source, notes = _threshold(args, refs)
+    for note in notes:
+        console.warn(note)
+    header = {
+        "command": args.command_line,
+        "versions": versions(),
+        "data": data_description(args, data),
+        "checkpoints_source": args.checkpoints,
+        "step_source": step_source,
+        "step_unit": unit,
+        "learning_rate": rate,
+        "learning_rate_source": rate_source,
+        "threshold": None if threshold is None else threshold.to_dict(),
+        "warm_start": settings.warm_start,
+    }
+    wanted = {
+        **number_settings(args, settings),
+        "data_sha256": data_fingerprint(data),
+        "num_examples": data.num_examples,
+    }
+    with user_errors():
+        state = store.start(
+            plan,
+            wanted,
+            header,
+            restart=args.restart,
+            extra_outputs=figure_names([_FIGURE], args.format),
+        )
+
+    console.info(f"{len(plan)} checkpoints in {args.checkpoints}; data {data.description}")
+    if threshold is not None:
+        console.info(f"stability threshold ({rate_source}): {threshold.label}")
+    else:
+        console.info("learning rate unknown (no --lr, no recorded optimizer, no trajectory.json)")
+    if state.removed_temporaries:
+        console.detail(f"removed {state.removed_temporaries} temporary files of a killed run")
+    if state.done:
+        console.info(f"resuming: {state.done} of {len(plan)} checkpoints already done")
+    if state.failed:
+        console.info(f"retrying {state.failed} checkpoints that failed before")
+
+    pending = store.pending()
+    if pending:
+        _measure_all(args, console, settings, store, pending, data, threshold, unit)
+    store.finish()
+    return _conclude(args, console, store, threshold, unit, step_source)
+
+
+def _measure_all(
+    args: argparse.Namespace,
+    console: Console,
+    settings: Any,
+    store: SharpnessRun,
+    pending: list[PlannedCheckpoint],
+    data: Any,
+    threshold: StabilityThreshold | None,
+    unit: str,
+) -> None:
+    require_tensorflow(args)
+    check_loss(args)
+    from spectra.checkpoints import CheckpointLoader
+
+    loader = CheckpointLoader(builder=args.builder)
+    previous: SharpnessMeasurement | None = None
+    checked: Any = None
+    totals = {"products": 0, "passes": 0}
+    bar = console.bar(len(pending), "checkpoints", "checkpoint")
+    try:
+        for planned in pending:
+            try:
+                with user_errors(planned.file):
+                    model = loader.load(planned.path)
+                    if model is not checked:
+                        # A new model instance (first checkpoint, another architecture).
+                        size = check_model(model, args, data, planned.file)
+                        checked = model
+                        store.update_header(
+                            model=model_description(planned.path, model, size),
+                        )
+                    op = make_operator(model, args, data)
+                    measurement = measure_sharpness(
+                        op,
+                        settings,
+                        v0=None if previous is None else previous.eigenvectors,
+                        progress=False,
+                    )
+            except SettingError:
+                raise
+            except UserError as err:
+                if not args.skip_bad:
+                    raise UserError(
+                        f"{err} (give --skip-bad to record a bad checkpoint as failed and go on)"
+                    ) from err
+                cause = err.__cause__ if err.__cause__ is not None else err
+                store.record(planned, error=f"{type(cause).__name__}: {one_line(str(cause))}")
+                console.warn(f"{planned.file} failed and is recorded as failed: {err}")
+                previous, checked = None, None
+                bar.update(1)
+                continue
+            entry = store.record(planned, measurement)
+            previous = measurement
+            totals["products"] += measurement.num_products
+            totals["passes"] += measurement.num_data_passes or 0
+            bar.update(1)
+            bar.set_postfix(products=totals["products"], passes=totals["passes"], refresh=False)
+            console.info(_line(entry, threshold, unit))
+    finally:
+        bar.close()
+    console.detail(
+        f"{loader.num_models_built} model(s) built for {len(pending)} checkpoints; "
+        f"{totals['products']} products in {totals['passes']} data passes"
+    )
+
+
+def _line(entry: dict[str, Any], threshold: StabilityThreshold | None, unit: str) -> str:
+    top = plus_minus(entry["eigenvalues"][0], entry["error_bounds"][0])
+    line = f"{unit} {entry['step']:>6}  λ1 = {top}"
+    if threshold is not None:
+        line += f"  ({entry['eigenvalues'][0] / threshold.value:.3f} × threshold)"
+    if entry["trace"] is not None:
+        stderr = entry["trace_stderr"]
+        spread = "" if stderr is None or not math.isfinite(stderr) else f" ± {stderr:.2g}"
+        line += f"  trace = {entry['trace']:.5g}{spread}"
+    start = "warm" if entry["warm_start"] else "cold"
+    return (
+        line + f"  loss {entry['loss']:.4f}  [{entry['num_products']} products, "
+        f"{entry['num_data_passes']} passes, {entry['wall_time']:.2f} s, {start} start]"
+    )
+
+
+# --------------------------------------------------------------------------- threshold
+
+
+def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The ``trajectory.json`` beside the checkpoints (when they share one directory)."""
+    parents = {Path(ref.path).parent for ref in refs}
+    if len(parents) != 1:
+        return None, None
+    notes = parents.pop() / "trajectory.json"
+    if not notes.is_file():
+        return None, None
+    try:
+        content = json.loads(notes.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read '{notes}' as JSON ({err}); give --lr.") from err
+    return (content if isinstance(content, dict) else None), str(notes)
+
+
+def _threshold(
+    args: argparse.Namespace, refs: list[Any]
+) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
+    """The stability threshold of the run, its η and where they came from, and warnings.
+
+    The optimizer recorded in the first checkpoint (a compiled .keras file) decides the
+    formula, else the optimizer named in a ``trajectory.json``, else gradient descent;
+    ``--lr`` overrides the recorded η (a mismatch is warned about).
+    """
+    from spectra.checkpoints import recorded_optimizer
+
+    notes: list[str] = []
+    optimizer = recorded_optimizer(refs[0].path)
+    source = f"optimizer recorded in {Path(refs[0].path).name}" if optimizer else None
+    if optimizer is None:
+        content, where = _trajectory_notes(refs)
+        if content is not None and content.get("learning_rate") is not None:
+            rate = content["learning_rate"]
+            if not (isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)):
+                raise UserError(
+                    f"'{where}' has learning_rate {rate!r}, not a positive number; give --lr."
+                )
+            name = str(content.get("optimizer") or "SGD")
+            optimizer = {
+                "class_name": name,
+                "config": {
+                    "learning_rate": float(rate),
+                    "momentum": content.get("momentum") or 0.0,
+                    "beta_1": content.get("beta_1", 0.9),
+                    "nesterov": bool(content.get("nesterov", False)),
+                },
+            }
+            source = where
+    if optimizer is None:
+        if args.lr is None:
+            return None, None, None, notes
+        return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
+    try:
+        recorded = stability_threshold_of(optimizer)
+    except ValueError as err:
+        recorded = None
+        if args.lr is None:
+            notes.append(f"no threshold line: {err}")
+            return None, None, None, notes
+        notes.append(f"{source}: {err}; the line is gradient descent's 2/η with --lr")
+        return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
+    threshold = recorded
+    if args.lr is not None and not math.isclose(args.lr, recorded.learning_rate, rel_tol=1e-6):
+        notes.append(
+            f"--lr {args.lr:g} differs from the learning rate {recorded.learning_rate:g} of the "
+            f"{source}; the threshold uses --lr"
+        )
+        threshold = stability_threshold_of(optimizer, learning_rate=args.lr)
+        source = f"{source}, η from --lr"
+    if threshold.preconditioned:
+        notes.append(
+            f"{threshold.optimizer}'s threshold {threshold.formula} bounds the preconditioned "
+            "sharpness λ_max(P⁻¹H); this command measures λ_max(H), which the line does not bound"
+        )
+    return threshold, threshold.learning_rate, source, notes
+
+
+# --------------------------------------------------------------------------- the end
+
+
+def _conclude(
+    args: argparse.Namespace,
+    console: Console,
+    store: SharpnessRun,
+    threshold: StabilityThreshold | None,
+    unit: str,
+    step_source: str,
+) -> int:
+    entries = store.entries
+    done = [entry for entry in entries if entry["status"] == "done"]
+    failed = [entry for entry in entries if entry["status"] == "failed"]
+    figures: list[str] = []
+    if done:
+        figures = _figure(args, store, done, threshold, unit, step_source)
+        top = max(done, key=lambda entry: entry["eigenvalues"][0])
+        summary = f"largest λ1 = {top['eigenvalues'][0]:.6g} at {unit} {top['step']}"
+        if threshold is not None:
+            summary += f" (threshold {threshold.value:.4g})"
+        console.info(summary)
+    console.info(f"results: {store.json_path}, {store.csv_path}")
+    if figures:
+        console.info(f"figure: {', '.join(figures)}")
+    if failed:
+        names = ", ".join(entry["file"] for entry in failed)
+        console.warn(
+            f"{len(failed)} of {len(entries)} checkpoints failed (recorded in "
+            f"{store.json_path}): {names}"
+        )
+        return 1
+    return 0
+
+
+def _figure(
+    args: argparse.Namespace,
+    store: SharpnessRun,
+    done: list[dict[str, Any]],
+    threshold: StabilityThreshold | None,
+    unit: str,
+    step_source: str,
+) -> list[str]:
+    from spectra.plotting import add_title, figure_caption, plot_sharpness
+
+    report = store.report()
+    steps = [entry["step"] for entry in done]
+    values = np.array([entry["eigenvalues"] for entry in done], dtype=np.float64)
+    errors = np.array([entry["error_bounds"] for entry in done], dtype=np.float64)
+    if args.top_k == 1:
+        values, errors = values[:, 0], errors[:, 0]
+    traces = [entry["trace"] for entry in done] if args.trace else None
+    trace_errors = None
+    if args.trace:
+        trace_errors = [
+            np.nan if entry["trace_stderr"] is None else entry["trace_stderr"] for entry in done
+        ]
+    ax = plot_sharpness(
+        steps,
+        values,
+        threshold=threshold,
+        errors=errors,
+        traces=traces,
+        trace_errors=trace_errors,
+        losses=[entry["loss"] for entry in done],
+        xlabel=_UNIT_LABELS.get((unit, step_source), unit.capitalize()),
+    )
+    model = report.get("model")
+    start = "cold starts" if args.cold_start else "warm starts from the previous eigenvectors"
+    caption = figure_caption(
+        None if model is None else f"{model['name']}, {model['num_parameters']:,} parameters",
+        describe_data(report["data"]),
+        describe_matrix(args),
+        f"{args.method.capitalize()}, k = {args.top_k}, tol = {args.tol:g}, {start}",
+        f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
+        f"{len(done)} checkpoints",
+        "bars: eigenvalue error bounds",
+    )
+    figure = add_title(ax, f"Sharpness of the {MATRIX} along training", caption)
+    return save_figure_formats(figure, store.out, _FIGURE, args.format)
