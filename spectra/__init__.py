@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, list[str]] = {
     "spectra._console": ["quiet_tensorflow"],
     "spectra.callback": ["SharpnessCallback"],
-    "spectra.density": ["negative_mass_fraction", "spectral_density", "spectral_mass_below"],
+    "spectra.density": ["spectral_density", "spectral_mass_below"],
     "spectra.diagonal": ["diagonal"],
     "spectra.eigenvalues": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],

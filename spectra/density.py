@@ -12,7 +12,6 @@ Gaussian gives the density. References: Lin, Saad & Yang, SIAM Review 58
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from spectra.lanczos import _batched_lanczos
 from spectra.results import SpectralDensity, SpectralMass
 from spectra.tridiagonal import gauss_quadrature
 
-__all__ = ["negative_mass_fraction", "spectral_density", "spectral_mass_below"]
+__all__ = ["spectral_density", "spectral_mass_below"]
 
 # Default τ of spectral_mass_below: the mass below −1% of λ_max.
 _DEFAULT_TAU = 0.01
@@ -141,21 +140,3 @@ def spectral_mass_below(
     mass.lambda_max = lambda_max
     return mass
 
-
-def negative_mass_fraction(density: SpectralDensity, eps: float = 0.0) -> tuple[float, float]:
-    """Deprecated: use :func:`spectral_mass_below` (or ``density.mass_below(-eps)``).
-
-    Returns ``(estimate, error)`` of ``density.mass_below(-eps)``: the error bar now
-    covers the quadrature resolution as well as the probe spread, so the mass just
-    below 0 (``eps = 0``) comes with the large error bar it deserves.
-    """
-    warnings.warn(
-        "negative_mass_fraction is deprecated; use spectral_mass_below(density, tau, "
-        "lambda_max), whose error bar covers the quadrature resolution",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    if not (isinstance(eps, (int, float)) and eps >= 0):
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    mass = density.mass_below(-float(eps))
-    return mass.estimate, mass.error

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from _matrices import BlockOperator, random_symmetric, single_blas_thread, with_spectrum
 
-from spectra.density import negative_mass_fraction, spectral_density, spectral_mass_below
+from spectra.density import spectral_density, spectral_mass_below
 from spectra.lanczos import lanczos
 from spectra.results import SpectralDensity, _gaussian_kernel_sums
 from spectra.tridiagonal import gauss_quadrature
@@ -134,7 +134,7 @@ def test_spectral_mass_below_holds_still_when_the_steps_change():
     assert abs(at_zero.estimate - np.mean(spectrum < 0)) <= at_zero.error
 
 
-def test_spectral_mass_below_arguments_and_deprecated_fraction(density, spectrum):
+def test_spectral_mass_below_arguments(density, spectrum):
     mass = spectral_mass_below(density)
     assert mass.tau == 0.01 and mass.lambda_max == pytest.approx(density.nodes.max())
     assert mass.lower <= mass.estimate <= mass.upper
@@ -144,12 +144,9 @@ def test_spectral_mass_below_arguments_and_deprecated_fraction(density, spectrum
             spectral_mass_below(density, tau=bad)
     with pytest.raises(ValueError, match="lambda_max"):
         spectral_mass_below(density, lambda_max=-1.0)
-    with pytest.warns(DeprecationWarning, match="spectral_mass_below"):
-        estimate, error = negative_mass_fraction(density, eps=0.5)
     below = density.mass_below(-0.5)
-    assert (estimate, error) == (below.estimate, below.error)
     truth = np.mean(spectrum < -0.5)
-    assert abs(estimate - truth) <= below.resolution + 5 * below.stderr
+    assert abs(below.estimate - truth) <= below.resolution + 5 * below.stderr
 
 
 def test_probes_share_one_matmat_per_step(matrix):
