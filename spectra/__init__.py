@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, list[str]] = {
     "spectra._console": ["quiet_tensorflow"],
     "spectra.callback": ["SharpnessCallback"],
-    "spectra.density": ["negative_mass_fraction", "spectral_density"],
+    "spectra.density": ["spectral_density", "spectral_mass_below"],
     "spectra.diagonal": ["diagonal"],
     "spectra.eigenvalues": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
@@ -43,12 +43,14 @@ _EXPORTS: dict[str, list[str]] = {
         "LanczosResult",
         "Result",
         "SpectralDensity",
+        "SpectralMass",
         "SpectralMoments",
         "TraceResult",
     ],
     "spectra.stability": ["stability_threshold"],
     "spectra.subspace": ["GradientOverlapResult", "gradient_overlap", "subspace_overlap"],
     "spectra.trace": ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"],
+    "spectra.tridiagonal": ["gauss_quadrature"],
 }
 
 # Submodules reachable as attributes (``spectra.plotting``) without an explicit import.

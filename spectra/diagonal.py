@@ -12,14 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from spectra._operators import (
+from spectra._estimator_utils import (
     SeedLike,
     _as_symmetric_operator,
     _check_int,
-    _progress,
+    _Progress,
     _rademacher,
     _rng,
     _RunningMoments,
+    _seed_setting,
 )
 from spectra.results import DiagonalResult
 
@@ -38,10 +39,15 @@ def diagonal(
 ) -> DiagonalResult:
     """Estimate diag(A) as the mean of z ⊙ Az over Rademacher probes z.
 
-    ``stderr`` is the per-entry sample standard deviation of z ⊙ Az over
-    sqrt(num_products). Probes go through ``matmat`` in blocks of
-    ``block_size`` (default min(16, num_products)): num_products products in
-    ceil(num_products / block_size) calls, plus 2 products for the symmetry check.
+    ``stderr`` is the per-entry sample standard deviation of z ⊙ Az (divisor m − 1)
+    over sqrt(m), m = num_products. Each entry's estimate is a mean of m independent
+    samples, so (estimate − a_ii)/stderr is close to a Student t with m − 1 degrees
+    of freedom: over 200 seeds × all 200 entries of matrices with flat, decaying and
+    low-rank-plus-noise spectra (tests/test_calibration.py, m = 100) the ±1 stderr
+    interval covered a_ii in 68% and ±2 stderr in 95% of the cases.
+    Probes go through ``matmat`` in blocks of ``block_size`` (default
+    min(16, num_products)): num_products products in
+    ceil(num_products / block_size) calls; the symmetry check uses them (no extra one).
     """
     started = time.perf_counter()
     num_products = _check_int("num_products", num_products, minimum=2)
@@ -50,15 +56,16 @@ def diagonal(
         if block_size is None
         else _check_int("block_size", block_size)
     )
-    counter = _as_symmetric_operator(op, check_symmetry=check_symmetry)
     rng = _rng(seed)
+    counter = _as_symmetric_operator(op, "diagonal", check_symmetry)
     moments = _RunningMoments((counter.n,))
-    with _progress(num_products, "diagonal", progress) as bar:
+    with _Progress(counter, num_products, "diagonal", progress) as bar:
         while moments.count < num_products:
             width = min(block_size, num_products - moments.count)
             probes = _rademacher(rng, (counter.n, width))
             moments.update((probes * counter.matmat(probes)).T)
-            bar.update(width)
+            bar.update()
+        counter.finish()
     return DiagonalResult(
         estimate=moments.mean,
         stderr=moments.stderr(),
@@ -68,7 +75,7 @@ def diagonal(
         settings={
             "num_products": num_products,
             "block_size": block_size,
-            "seed": seed if isinstance(seed, (int, type(None))) else "generator",
+            "seed": _seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )

@@ -16,42 +16,24 @@ import time
 from typing import Any
 
 import numpy as np
-from scipy.linalg import eigh_tridiagonal
 
-from spectra._operators import (
+from spectra._estimator_utils import (
     SeedLike,
     _as_symmetric_operator,
     _check_int,
+    _one_blas_thread,
+    _orthogonalize,
     _ProductCounter,
     _rng,
+    _seed_setting,
 )
 from spectra.results import LanczosResult
+from spectra.tridiagonal import tridiagonal_eigh
 
 __all__ = ["lanczos", "tridiagonal_eigh"]
 
 # Breakdown (invariant subspace) when β_j <= _BREAKDOWN_FACTOR · eps · ‖T‖.
 _BREAKDOWN_FACTOR = 100.0
-
-
-def tridiagonal_eigh(
-    alpha: np.ndarray, beta: np.ndarray, eigenvectors: bool = True
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Eigen-decomposition of the symmetric tridiagonal matrix (alpha, beta).
-
-    Returns ascending eigenvalues θ and, if requested, the orthonormal
-    eigenvectors as columns S (T = S diag(θ) Sᵀ). Uses LAPACK's ``stemr`` via
-    ``scipy.linalg.eigh_tridiagonal``; O(m²) work.
-    """
-    alpha = np.asarray(alpha, dtype=np.float64)
-    beta = np.asarray(beta, dtype=np.float64)
-    if alpha.ndim != 1 or alpha.shape[0] < 1 or beta.shape != (alpha.shape[0] - 1,):
-        raise ValueError(
-            f"need alpha of length m >= 1 and beta of length m - 1, got {alpha.shape}, {beta.shape}"
-        )
-    if not eigenvectors:
-        return eigh_tridiagonal(alpha, beta, eigvals_only=True), None
-    theta, vectors = eigh_tridiagonal(alpha, beta)
-    return theta, vectors
 
 
 def _breakdown_threshold(counter: _ProductCounter, scale: float) -> float:
@@ -86,9 +68,7 @@ def _lanczos_recurrence(
         alpha = float(q @ w)
         w -= alpha * q + beta_previous * q_previous
         if reorthogonalize:
-            stored = basis[: step + 1]
-            for _ in range(2):
-                w -= stored.T @ (stored @ w)
+            w, _ = _orthogonalize(w, basis[: step + 1])
         beta = float(np.linalg.norm(w))
         alphas.append(alpha)
         betas.append(beta)
@@ -120,27 +100,30 @@ def lanczos(
     for a low-rank A), returning the shorter T; the eigenvalues of T are then
     exact eigenvalues of A.
 
-    Cost: m products in m ``matvec`` calls (plus 2 products in one call for the
-    symmetry check), O(n m²) host flops and n m stored numbers with
-    reorthogonalization. Without it, only three vectors are kept (unless
-    ``return_basis``), and T shows the well-known spurious copies of converged
-    Ritz values.
+    Cost: m products in m ``matvec`` calls, O(n m²) host flops and n m stored
+    numbers with reorthogonalization. Without it, only three vectors are kept
+    (unless ``return_basis``), and T shows the well-known spurious copies of
+    converged Ritz values. The symmetry check uses the first two products (no
+    extra one unless m = 1).
     """
     started = time.perf_counter()
     num_steps = _check_int("num_steps", num_steps)
-    counter = _as_symmetric_operator(op, check_symmetry=check_symmetry)
+    counter = _as_symmetric_operator(op, "lanczos", check_symmetry)
     n = counter.n
+    rng = _rng(seed)
     if v0 is None:
-        start = _rng(seed).standard_normal(n)
+        start = rng.standard_normal(n)
     else:
         start = np.asarray(v0, dtype=np.float64).reshape(-1)
         if start.shape[0] != n:
             raise ValueError(f"v0 must have length {n}, got {start.shape[0]}")
         if not np.linalg.norm(start) > 0 or not np.all(np.isfinite(start)):
             raise ValueError("v0 must be a finite, nonzero vector")
-    alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
-        counter, start, min(num_steps, n), reorthogonalize, return_basis
-    )
+    with _one_blas_thread():
+        alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
+            counter, start, min(num_steps, n), reorthogonalize, return_basis
+        )
+        counter.finish()
     return LanczosResult(
         alpha=alpha,
         beta=beta,
@@ -152,7 +135,7 @@ def lanczos(
         settings={
             "num_steps": num_steps,
             "reorthogonalize": bool(reorthogonalize),
-            "seed": seed if isinstance(seed, (int, type(None))) else "generator",
+            "seed": _seed_setting(seed),
             "v0_given": v0 is not None,
             "dimension": n,
         },
@@ -200,9 +183,7 @@ def _batched_lanczos(
             stored = basis[:, : step + 1]  # (P, j, n), no copy
         else:
             stored = basis[idx, : step + 1]  # (a, j, n)
-        for _ in range(2):
-            coefficients = np.matmul(stored, w[:, :, None])  # (a, j, 1)
-            w -= np.matmul(stored.transpose(0, 2, 1), coefficients)[:, :, 0]
+        w, _ = _orthogonalize(w, stored)
         b = np.linalg.norm(w, axis=1)
         alpha[idx, step] = a
         beta[idx, step] = b
@@ -214,5 +195,5 @@ def _batched_lanczos(
         previous[still] = current[still]
         current[still] = w[~broke] / b[~broke, None]
         if progress_bar is not None:
-            progress_bar.update(idx.size)
+            progress_bar.update()
     return alpha, beta, steps_taken

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from spectra._files import atomic_write_text
+from spectra.tridiagonal import tridiagonal_eigh
 
 __all__ = [
     "DensityCurve",
@@ -30,6 +31,7 @@ __all__ = [
     "LanczosResult",
     "Result",
     "SpectralDensity",
+    "SpectralMass",
     "SpectralMoments",
     "TraceResult",
 ]
@@ -89,11 +91,26 @@ class EigenResult(Result):
 
     ``eigenvalues`` are ordered by ``which``: largest first ("largest"),
     smallest first ("smallest"), by decreasing magnitude ("magnitude").
-    ``residual_norms`` are ``‖A v − λ v‖`` recomputed with one final product of
-    the returned vectors; ``error_bounds`` are the method's eigenvalue error
-    bounds (``min(r, r²/gap)`` for Lanczos/LOBPCG, the residual for power
-    iteration), never below the operator's rounding eps·‖A‖ (about 1e-7·λ₁ for
-    float32 Hessian products); ``converged`` says whether each pair met ``tol``.
+
+    What each number means (see :func:`spectra.eigenvalues`):
+
+    * ``error_bounds[i]``: an eigenvalue of A lies within this distance of
+      ``eigenvalues[i]`` (from the residual, or Kato–Temple with a gap read off the
+      Ritz values), and, with probability at least ``1 − failure_probability`` over
+      the random start, the true i-th eigenvalue in ``which`` order does (for
+      "magnitude": its magnitude). Never below 10·eps·‖A‖, the operator's rounding
+      with a margin (about 1.2e-6·λ₁ for float32 Hessian products).
+    * ``failure_probability``: the probability bound of that statement. Whether the
+      Krylov space has found the *extreme* eigenvalues cannot be certified from
+      products; for "lanczos" it rests on the random start (a polynomial bound in the
+      spirit of Kuczyński & Woźniakowski 1992) and is at most the requested value when
+      converged; for "power" it is computed the same way and is often near 1 (power
+      iteration rarely rules out a larger eigenvalue); None for "lobpcg", which makes
+      no such statement (its bounds hold for *some* eigenvalue only).
+    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)``.
+    * ``residual_norms[i]``: ``‖A v − λ v‖`` of the returned vector from the method's
+      own products (the Lanczos relation β|e_mᵀs| for "lanczos"), exact up to the
+      operator's rounding; no extra product is spent on them.
     """
 
     eigenvalues: np.ndarray
@@ -105,6 +122,7 @@ class EigenResult(Result):
     num_products: int
     num_operator_calls: int
     wall_time: float
+    failure_probability: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     eigenvectors: np.ndarray | None = field(default=None, metadata=_VECTOR_FIELD)
 
@@ -149,8 +167,6 @@ class LanczosResult(Result):
 
     def ritz_values(self) -> np.ndarray:
         """Eigenvalues of T in ascending order."""
-        from spectra.lanczos import tridiagonal_eigh
-
         return tridiagonal_eigh(self.alpha, self.beta, eigenvectors=False)[0]
 
 
@@ -327,12 +343,84 @@ class SpectralDensity(Result):
             stderr = np.full(orders.shape, np.nan)
         return SpectralMoments(orders=orders, estimate=estimate, stderr=stderr)
 
-    def negative_mass_per_probe(self, eps: float = 0.0) -> np.ndarray:
-        """Per-probe quadrature mass of the nodes below ``−eps``."""
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        return (self.weights * (self.nodes < -eps)).sum(axis=1)
+    def _exact_rows(self) -> np.ndarray:
+        """Probes whose quadrature is exact: their Krylov space is invariant (breakdown
+        before the requested steps) or the whole space."""
+        planned = min(int(self.settings.get("num_steps", self.nodes.shape[1])), self.dimension)
+        return (self.steps_taken < planned) | (self.steps_taken >= self.dimension)
 
-    def negative_mass(self, eps: float = 0.0) -> float:
-        """Fraction of the spectrum below ``−eps`` (quadrature nodes, no smoothing)."""
-        return float(self.negative_mass_per_probe(eps).mean())
+    def mass_below(self, threshold: float) -> SpectralMass:
+        """Spectral mass below ``threshold``: ``(1/n)·#{i: λ_i < threshold}``, with an
+        error bar for both of its errors.
+
+        Probe p's Gauss rule brackets the mass of its own spectral measure μ_p: by the
+        Chebyshev–Markov–Stieltjes inequalities, with k nodes below the threshold,
+        ``Σ_{i<k} w_i <= μ_p((−∞, t)) <= Σ_{i<=k+1} w_i`` (Golub & Meurant 2010,
+        §6.3; Szegő 1939, §3.41). m nodes cannot resolve mass closer to the
+        threshold than the node spacing: the bracket's width (the two weights next to
+        the threshold) says how much. The estimate is the mean over probes of the
+        bracket midpoints; ``resolution`` is the mean half-width (a deterministic
+        bound on the quadrature error of the probe average), ``stderr`` the standard
+        error across probes (the sampling error of E[μ_p] = the spectral mass), and
+        ``error = resolution + 2·stderr``. A probe whose Krylov space is invariant
+        has an exact rule (zero width).
+        """
+        threshold = float(threshold)
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be finite, got {threshold}")
+        below = self.nodes < threshold
+        cumulative = np.cumsum(self.weights, axis=1)
+        counts = below.sum(axis=1)
+        rows = np.arange(self.num_probes)
+        padded = np.concatenate([np.zeros((self.num_probes, 1)), cumulative], axis=1)
+        width = self.nodes.shape[1]
+        lower = padded[rows, np.maximum(counts - 1, 0)]
+        upper = np.where(counts >= width, 1.0, padded[rows, np.minimum(counts + 1, width)])
+        exact = self._exact_rows()
+        quadrature = padded[rows, counts]
+        lower = np.where(exact, quadrature, lower)
+        upper = np.where(exact, quadrature, np.minimum(upper, 1.0))
+        midpoints = 0.5 * (lower + upper)
+        estimate = float(midpoints.mean())
+        resolution = float(0.5 * (upper - lower).mean())
+        if self.num_probes > 1:
+            stderr = float(midpoints.std(ddof=1) / math.sqrt(self.num_probes))
+        else:
+            stderr = float("nan")
+        error = resolution + 2.0 * (stderr if math.isfinite(stderr) else 0.0)
+        return SpectralMass(
+            threshold=threshold,
+            estimate=estimate,
+            stderr=stderr,
+            resolution=resolution,
+            error=error,
+            lower=max(0.0, estimate - error),
+            upper=min(1.0, estimate + error),
+            num_probes=self.num_probes,
+            num_steps=int(self.steps_taken.max()),
+        )
+
+
+@dataclass
+class SpectralMass(Result):
+    """Fraction of the spectrum below ``threshold`` from SLQ, with its error bar.
+
+    ``estimate`` ± ``error`` where ``error = resolution + 2·stderr``: ``resolution``
+    bounds the Gauss-quadrature error (what m Lanczos nodes cannot resolve near the
+    threshold), ``stderr`` is the standard error across probes (NaN for one probe,
+    which then has no sampling error bar). ``lower``/``upper`` are the error bar's
+    ends clipped to [0, 1]. ``tau`` and ``lambda_max`` are set when the threshold is
+    −τ·λ_max (see :func:`spectra.density.spectral_mass_below`).
+    """
+
+    threshold: float
+    estimate: float
+    stderr: float
+    resolution: float
+    error: float
+    lower: float
+    upper: float
+    num_probes: int
+    num_steps: int
+    tau: float | None = None
+    lambda_max: float | None = None

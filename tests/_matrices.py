@@ -31,11 +31,63 @@ def hessian_like_spectrum(n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([outliers, bulk])
 
 
+def clustered_top_spectrum(n: int, seed: int = 0) -> np.ndarray:
+    """Four eigenvalues within 0.1% of each other at the top, then a bulk in [0, 5]."""
+    rng = np.random.default_rng(seed)
+    top = np.array([10.0, 9.995, 9.99, 9.98])
+    return np.concatenate([top, rng.uniform(0.0, 5.0, n - top.size)])
+
+
+def small_gap_spectrum(n: int, seed: int = 0) -> np.ndarray:
+    """A top eigenvalue 0.1% above a dense bulk that reaches up to it (slow Lanczos)."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([[10.0], rng.uniform(-2.0, 9.99, n - 1)])
+
+
+def repeated_top_spectrum(n: int, seed: int = 0) -> np.ndarray:
+    """λ = 10 three times, then 9 and an indefinite bulk."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([[10.0, 10.0, 10.0, 9.0], rng.uniform(-3.0, 6.0, n - 4)])
+
+
+def hard_spectra(n: int) -> dict[str, np.ndarray]:
+    """The spectra the eigenvalue-bound tests run on, by name."""
+    return {
+        "clustered top": clustered_top_spectrum(n),
+        "small gap": small_gap_spectrum(n),
+        "repeated top": repeated_top_spectrum(n),
+        "hessian-like": hessian_like_spectrum(n),
+    }
+
+
 def low_rank_plus_noise(n: int, rank: int, noise: float, seed: int = 0) -> np.ndarray:
     """Eigenvalues 100/i² for i <= rank, then a small flat tail."""
     eigenvalues = np.full(n, noise)
     eigenvalues[:rank] = 100.0 / np.arange(1, rank + 1) ** 2
     return with_spectrum(eigenvalues, seed)
+
+
+def in_which_order(eigenvalues, which: str) -> np.ndarray:
+    """All eigenvalues in the order an estimator reports them for ``which``."""
+    values = np.sort(np.asarray(eigenvalues, dtype=np.float64))
+    if which == "largest":
+        return values[::-1]
+    if which == "smallest":
+        return values
+    return values[np.argsort(-np.abs(values), kind="stable")]
+
+
+def trace_errors(matrix: np.ndarray, method: str, num_products: int, seeds) -> tuple:
+    """(estimate − tr A, stderr) of ``spectra.trace`` over seeds."""
+    from spectra.trace import trace
+
+    truth = np.trace(matrix)
+    results = [
+        trace(matrix, method=method, num_products=num_products, seed=s, check_symmetry=False)
+        for s in seeds
+    ]
+    errors = np.array([r.estimate - truth for r in results])
+    return errors, np.array([r.stderr for r in results])
 
 
 class MatvecOnly(LinearOperator):

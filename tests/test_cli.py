@@ -181,7 +181,9 @@ def test_analyze_results_json(analyzed):
     assert np.array(density["nodes"]).shape == (2, 15)
     np.testing.assert_allclose(np.array(density["weights"]).sum(axis=1), 1.0)
     assert len(results["density_moments"]["estimate"]) == 5
-    assert 0 <= results["negative_mass"]["fraction"] <= 1
+    mass = results["negative_mass"]
+    assert mass["tau"] == 0.01 and mass["threshold"] == pytest.approx(-0.01 * eig["eigenvalues"][0])
+    assert 0 <= mass["lower"] <= mass["estimate"] <= mass["upper"] <= 1
     assert results["num_products"] >= (
         eig["num_products"] + results["trace"]["num_products"] + density["num_products"]
     )
@@ -207,7 +209,7 @@ def test_analyze_figures_and_summary(analyzed):
     assert f"λ1 = {top:.6g} ±" in printed
     assert "λ1/λ3 = " in printed
     assert "trace (hutchinson) = " in printed
-    assert "negative mass" in printed
+    assert "spectral mass below -0.01·λ1" in printed
     assert str(out / "results.json") in printed and str(out / "density.png") in printed
 
 

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 from _matrices import BlockOperator, random_symmetric, single_blas_thread, with_spectrum
 
-from spectra.density import negative_mass_fraction, spectral_density
-from spectra.results import _gaussian_kernel_sums
+from spectra.density import spectral_density, spectral_mass_below
+from spectra.lanczos import lanczos
+from spectra.results import SpectralDensity, _gaussian_kernel_sums
+from spectra.tridiagonal import gauss_quadrature
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,22 +59,102 @@ def test_smoothed_density_close_to_exact_and_normalized(density, spectrum):
     assert np.trapezoid(wide.values, grid) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_negative_mass(density, spectrum):
-    truth = np.mean(spectrum < 0)
-    estimate, stderr = negative_mass_fraction(density)
-    assert estimate == density.negative_mass()
-    assert abs(estimate - truth) <= 4 * stderr + 0.01
-    assert density.negative_mass(eps=100.0) == 0.0
-    with pytest.raises(ValueError, match="eps"):
-        density.negative_mass(eps=-1.0)
+def _exact_probe_mass(matrix, probe, threshold):
+    """μ_q((−∞, t)) = Σ_j (q·u_j)² [λ_j < t] for the unit probe q."""
+    values, vectors = np.linalg.eigh(matrix)
+    weights = (vectors.T @ (probe / np.linalg.norm(probe))) ** 2
+    return float(weights[values < threshold].sum())
+
+
+def test_mass_below_brackets_each_probe_measure(matrix, spectrum):
+    """Chebyshev–Markov–Stieltjes: the m-node Gauss rule of a probe brackets its own
+    spectral measure's mass below any threshold (deterministic, no false alarm)."""
+    rng = np.random.default_rng(3)
+    probes = rng.choice([-1.0, 1.0], size=(matrix.shape[0], 4))
+    for steps in (5, 12, 30):
+        rows = [lanczos(matrix, steps, v0=probes[:, p]) for p in range(4)]
+        quadratures = [gauss_quadrature(r.alpha, r.beta) for r in rows]
+        density = SpectralDensity(
+            nodes=np.array([q[0] for q in quadratures]),
+            weights=np.array([q[1] for q in quadratures]),
+            steps_taken=np.full(4, steps),
+            dimension=matrix.shape[0],
+            num_products=0,
+            num_operator_calls=0,
+            wall_time=0.0,
+            settings={"num_steps": steps},
+        )
+        for threshold in (-2.0, -0.5, 0.0, 0.3, 1.7, 6.5):
+            mass = density.mass_below(threshold)
+            truth = np.mean([_exact_probe_mass(matrix, probes[:, p], threshold) for p in range(4)])
+            assert abs(mass.estimate - truth) <= mass.resolution + 1e-12, (steps, threshold)
+            assert mass.error >= mass.resolution
+
+
+def _negative_tail_spectrum(n=400, seed=0):
+    """Three outliers, a bulk near 0 and a wide negative tail (about 8% below −0.01·λ₁)."""
+    rng = np.random.default_rng(seed)
+    bulk = np.concatenate([rng.gamma(0.5, 0.5, n - 3 - n // 4), -rng.gamma(0.5, 0.3, n // 4)])
+    return np.concatenate([[20.0, 12.0, 8.0], bulk])
+
+
+def test_spectral_mass_below_holds_still_when_the_steps_change():
+    """The issue's failure: the negative mass moved far beyond its error bar when the
+    Lanczos steps changed. The mass below −τ·λ_max does not: over 20–120 steps (same
+    probes) each value moves less than its error bar, and every error bar covers the
+    exact spectral mass."""
+    spectrum = _negative_tail_spectrum()
+    matrix = with_spectrum(spectrum, seed=4)
+    tau, lambda_max = 0.01, 20.0
+    truth = np.mean(spectrum < -tau * lambda_max)
+    assert 0.05 < truth < 0.15
+    masses = {}
+    for steps in (20, 40, 60, 80, 100, 120):
+        density = spectral_density(matrix, num_steps=steps, num_probes=20, seed=7)
+        mass = spectral_mass_below(density, tau=tau, lambda_max=lambda_max)
+        assert mass.threshold == pytest.approx(-0.2) and mass.tau == tau
+        assert mass.error == pytest.approx(mass.resolution + 2 * mass.stderr)
+        # Statistical: 20 probes, t with 19 degrees of freedom: P(|t| > 5) < 1e-4 per
+        # step count, false alarm < 1e-3 over the six (the resolution part is exact).
+        assert abs(mass.estimate - truth) <= mass.resolution + 5 * mass.stderr, steps
+        masses[steps] = mass
+    for first, a in masses.items():
+        for second, b in masses.items():
+            # Same probes: both brackets hold the same probe average (deterministic).
+            assert abs(a.estimate - b.estimate) <= a.resolution + b.resolution + 1e-12
+            if first < second:
+                # A value moves less than the error bar of the coarser one.
+                assert abs(a.estimate - b.estimate) < a.error, (first, second)
+    # More steps resolve more: the quadrature's part of the error bar shrinks.
+    assert masses[120].resolution < 0.25 * masses[20].resolution
+    # The mass just below 0 is not resolvable by 120 nodes, and the error bar says so.
+    density = spectral_density(matrix, num_steps=120, num_probes=20, seed=7)
+    at_zero = density.mass_below(0.0)
+    assert at_zero.resolution > 5 * at_zero.stderr
+    assert abs(at_zero.estimate - np.mean(spectrum < 0)) <= at_zero.error
+
+
+def test_spectral_mass_below_arguments(density, spectrum):
+    mass = spectral_mass_below(density)
+    assert mass.tau == 0.01 and mass.lambda_max == pytest.approx(density.nodes.max())
+    assert mass.lower <= mass.estimate <= mass.upper
+    json.dumps(mass.to_dict())
+    for bad in (0.0, -1.0, True, float("nan")):
+        with pytest.raises(ValueError, match="tau"):
+            spectral_mass_below(density, tau=bad)
+    with pytest.raises(ValueError, match="lambda_max"):
+        spectral_mass_below(density, lambda_max=-1.0)
+    below = density.mass_below(-0.5)
+    truth = np.mean(spectrum < -0.5)
+    assert abs(below.estimate - truth) <= below.resolution + 5 * below.stderr
 
 
 def test_probes_share_one_matmat_per_step(matrix):
     operator = BlockOperator(matrix)
     result = spectral_density(operator, num_steps=20, num_probes=6, seed=2)
     assert operator.matvec_calls == 0
-    assert result.num_operator_calls == 1 + 20
-    assert result.num_products == 2 + 6 * 20 == operator.columns
+    assert result.num_operator_calls == 20
+    assert result.num_products == 6 * 20 == operator.columns
     assert result.nodes.shape == result.weights.shape == (6, 20)
 
 
@@ -83,12 +165,15 @@ def test_breakdown_on_low_rank_matrix():
     # range(A) plus the probe's null-space part: 4 steps, sometimes one more
     # round-off direction (inside the null space) before beta falls below the threshold
     assert np.all((result.steps_taken >= 4) & (result.steps_taken <= 5))
-    assert result.num_products == 2 + result.steps_taken.sum()
+    assert result.num_products == result.steps_taken.sum()
     assert np.all(np.isfinite(result.nodes)) and np.all(np.isfinite(result.weights))
     np.testing.assert_allclose(result.weights.sum(axis=1), 1.0, atol=1e-12)
     nodes = np.unique(np.round(result.nodes[result.weights > 1e-14], 10))
     np.testing.assert_allclose(nodes, [-2.0, 0.0, 1.0, 3.0], atol=1e-9)
-    assert result.negative_mass(eps=1e-8) > 0
+    # exact quadrature (invariant Krylov spaces): the mass below 0 is exact, 1/100
+    exact = result.mass_below(-1e-8)
+    assert exact.resolution == 0.0
+    assert 0 < exact.estimate <= exact.upper
     zero = spectral_density(np.zeros((20, 20)), num_steps=5, num_probes=3)
     assert np.all(zero.steps_taken == 1)
     curve = zero.density()

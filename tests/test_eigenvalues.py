@@ -4,6 +4,7 @@ from _matrices import (
     BlockOperator,
     MatvecOnly,
     hessian_like_spectrum,
+    in_which_order,
     random_symmetric,
     single_blas_thread,
     with_spectrum,
@@ -20,12 +21,7 @@ def _one_blas_thread():
 
 
 def reference(matrix_eigenvalues, which, k):
-    values = np.sort(matrix_eigenvalues)
-    if which == "largest":
-        return values[::-1][:k]
-    if which == "smallest":
-        return values[:k]
-    return values[np.argsort(-np.abs(values), kind="stable")][:k]
+    return in_which_order(matrix_eigenvalues, which)[:k]
 
 
 def relative_error(estimate, truth):
@@ -80,7 +76,7 @@ def test_lanczos_needs_fewer_products_than_eigsh_on_hessian_like_spectrum():
         ours = eigenvalues(a, k=k, tol=1e-8, check_symmetry=False)
         our_error = relative_error(ours.eigenvalues, truth)
         assert our_error < 1e-8
-        our_products = ours.num_products - k  # without the final residual check
+        our_products = ours.num_products
         eigsh_products = None
         for tol in (1e-1, 1e-2, 1e-3, 1e-4, 1e-6, 1e-8, 0.0):
             count = [0]
@@ -95,7 +91,9 @@ def test_lanczos_needs_fewer_products_than_eigsh_on_hessian_like_spectrum():
                 eigsh_products = count[0]
                 break
         assert eigsh_products is not None
-        assert our_products < eigsh_products, (k, our_products, eigsh_products)
+        # ours includes the run that verifies nothing lies above the reported values
+        # (k > 1), which ARPACK does not do
+        assert our_products <= eigsh_products, (k, our_products, eigsh_products)
 
 
 def test_repeated_eigenvalues_are_found_with_multiplicity():

@@ -96,3 +96,68 @@ def test_operator_counters_match_estimator_counts(problem):
     result = spectra.trace(op, method="hutchinson", num_products=40, seed=0)
     assert op.num_hvps - before_hvps == result.num_products
     assert op.num_data_passes - before_passes == result.num_operator_calls
+
+
+@pytest.fixture(scope="module")
+def float32_problem():
+    """The same kind of MLP in float32 (the default HVP dtype) and the float64 dense
+    Hessian of a float64 twin with exactly the same weights."""
+    keras.utils.set_random_seed(11)
+
+    def mlp(dtype):
+        return keras.Sequential(
+            [
+                keras.Input((6,), dtype=dtype),
+                keras.layers.Dense(7, activation="tanh", dtype=dtype),
+                keras.layers.Dense(4, dtype=dtype),
+            ]
+        )
+
+    model32, model64 = mlp("float32"), mlp("float64")
+    model64.set_weights([w.astype(np.float64) for w in model32.get_weights()])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 6))
+    y = rng.integers(0, 4, 60)
+    loss32 = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss64 = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+    op = HessianOperator.from_keras(model32, loss32, (x.astype(np.float32), y), batch_size=25)
+    H = dense_hessian(lambda: loss64(y, model64(x)), model64.trainable_variables)
+    assert op.dtype == np.float32
+    return op, H
+
+
+@pytest.mark.parametrize("which", ["largest", "smallest", "magnitude"])
+def test_float32_eigenvalues_hold_their_bounds_against_the_float64_truth(float32_problem, which):
+    op, H = float32_problem
+    exact = np.linalg.eigvalsh(H)
+    truth = {"largest": exact[::-1], "smallest": exact, "magnitude": exact[np.argsort(-abs(exact))]}
+    for tol in (1e-3, 1e-8):
+        result = spectra.eigenvalues(op, k=3, which=which, tol=tol, seed=1)
+        assert result.all_converged
+        errors = np.abs(result.eigenvalues - truth[which][:3])
+        # Probabilistic part at the default failure probability 1e-4 (false alarm
+        # < 1e-3 over these 6 runs); the float32 rounding is inside the bound's floor.
+        assert np.all(errors <= result.error_bounds), (which, tol, errors, result.error_bounds)
+        # and the floor is not vacuous: 10·eps32·‖H‖
+        assert np.all(result.error_bounds <= max(tol, 2e-6) * np.abs(exact).max())
+
+
+def test_float32_trace_diagonal_and_density_against_the_float64_truth(float32_problem):
+    op, H = float32_problem
+    exact = np.trace(H)
+    for method in ("hutchinson", "hutch++", "xtrace"):
+        result = spectra.trace(op, method=method, num_products=80, seed=2)
+        # t-like statistic: |t| > 5 has probability < 1e-4 per method (false alarm
+        # < 1e-3); float32 rounding (~1e-7 relative) is far below the stderr.
+        assert abs(result.estimate - exact) <= 5 * result.stderr, method
+    diag = spectra.diagonal(op, num_products=200, seed=4)
+    coverage = np.mean(np.abs(diag.estimate - np.diag(H)) <= 2 * diag.stderr)
+    assert 0.85 <= coverage <= 1.0
+    density = spectra.spectral_density(op, num_steps=op.shape[0], num_probes=4, seed=5)
+    moments = density.moments(max_order=2)
+    n = op.shape[0]
+    assert abs(moments.estimate[1] - exact / n) <= 5 * moments.stderr[1] + 1e-6
+    # Full Krylov space: every node is an eigenvalue of H up to float32 rounding.
+    nodes = density.nodes[density.weights > 1e-6]
+    distances = np.min(np.abs(nodes[:, None] - np.linalg.eigvalsh(H)[None, :]), axis=1)
+    assert distances.max() <= 1e-5 * np.abs(np.linalg.eigvalsh(H)).max()

@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
-from _matrices import BlockOperator, MatvecOnly, random_symmetric, single_blas_thread, with_spectrum
+from _matrices import (
+    BlockOperator,
+    MatvecOnly,
+    hessian_like_spectrum,
+    random_symmetric,
+    single_blas_thread,
+    with_spectrum,
+)
 
-from spectra._operators import _as_symmetric_operator
+from spectra._estimator_utils import _as_symmetric_operator
 from spectra.lanczos import _batched_lanczos, lanczos, tridiagonal_eigh
 
 
@@ -24,7 +31,7 @@ def test_tridiagonal_relation_and_orthonormal_basis():
     residual = a @ q - q @ t
     assert np.abs(residual[:, :-1]).max() < 1e-10
     assert np.linalg.norm(residual[:, -1]) == pytest.approx(result.residual_norm, rel=1e-8)
-    assert result.num_products == 40 + 2 and not result.breakdown
+    assert result.num_products == 40 and not result.breakdown  # symmetry check: free
 
 
 def test_breakdown_on_rank_three_matrix_gives_exact_eigenvalues():
@@ -71,7 +78,7 @@ def test_v0_and_operator_wrappers():
     wrapped = MatvecOnly(a)
     via_matvec = lanczos(wrapped, 10, v0=v0)
     np.testing.assert_allclose(via_matvec.alpha, direct.alpha, atol=1e-12)
-    assert via_matvec.num_operator_calls == 11  # 10 steps + symmetry block
+    assert via_matvec.num_operator_calls == 10  # one per step, symmetry check included
     assert via_matvec.settings["v0_given"]
 
 
@@ -90,7 +97,7 @@ def test_batched_lanczos_matches_single_recurrences_with_one_call_per_step():
     a = random_symmetric(60, seed=6)
     starts = np.random.default_rng(1).standard_normal((60, 4))
     operator = BlockOperator(a)
-    counter = _as_symmetric_operator(operator, check_symmetry=False)
+    counter = _as_symmetric_operator(operator, "test", check_symmetry=False)
     alpha, beta, steps = _batched_lanczos(counter, starts, 15)
     assert operator.matmat_calls == 15 and operator.matvec_calls == 0
     assert counter.num_products == 60
@@ -113,3 +120,28 @@ def test_invalid_arguments():
         lanczos(np.ones((3, 4)), 2)
     with pytest.raises(ValueError, match="not symmetric"):
         lanczos(np.triu(np.ones((10, 10))), 2)
+
+
+def test_reorthogonalization_keeps_the_basis_orthonormal_where_plain_lanczos_loses_it():
+    """On a Hessian-like spectrum (outliers that converge fast over a dense bulk) plain
+    Lanczos loses orthogonality within 40 steps (Paige 1971); full reorthogonalization
+    keeps it at working precision, and T then has no spurious copies of λ₁."""
+    spectrum = hessian_like_spectrum(300, seed=0)
+    a = with_spectrum(spectrum, seed=0)
+    full = lanczos(a, 60, return_basis=True, seed=1)
+    q = full.basis
+    assert np.abs(q.T @ q - np.eye(60)).max() < 1e-12
+    plain = lanczos(a, 60, return_basis=True, reorthogonalize=False, seed=1)
+    p = plain.basis
+    assert np.abs(p.T @ p - np.eye(60)).max() > 0.5
+    # Ghost copies: plain Lanczos shows λ₁ = 40 more than once, the reorthogonalized T once.
+    assert np.sum(np.abs(plain.ritz_values() - 40.0) < 1e-6) >= 2
+    assert np.sum(np.abs(full.ritz_values() - 40.0) < 1e-6) == 1
+    # The density's batched recurrence reorthogonalizes as well.
+    counter = _as_symmetric_operator(a, "test", check_symmetry=False)
+    alpha, beta, _ = _batched_lanczos(
+        counter, np.random.default_rng(1).standard_normal((300, 2)), 60
+    )
+    for probe in range(2):
+        theta = tridiagonal_eigh(alpha[probe], beta[probe, :59], eigenvectors=False)[0]
+        assert np.sum(np.abs(theta - 40.0) < 1e-6) == 1

@@ -112,7 +112,10 @@ def test_settings_are_checked_when_made(kwargs, message):
 def _trajectory_measurements(warm: bool) -> list[SharpnessMeasurement]:
     data = load_data(ROOT / "data" / "digits.npz", max_examples=400, seed=0).as_tuple()
     loader = CheckpointLoader()
-    settings = SharpnessSettings(top_k=1, tol=1e-9, warm_start=warm)
+    # k = 2: for k = 1 a warm start cannot save products. The eigensolver stops only when
+    # a random start's probabilistic bound rules out a larger eigenvalue, and the steps
+    # that takes depend on the spectrum, not on how good the start is (spectra.eigenvalues).
+    settings = SharpnessSettings(top_k=2, tol=1e-9, warm_start=warm)
     results: list[SharpnessMeasurement] = []
     for ref in find_checkpoints(TRAJECTORY)[3:]:
         op = HessianOperator.from_keras(loader.load(ref.path), LOSS, data, dtype=np.float64)
@@ -131,8 +134,7 @@ def test_warm_starts_use_fewer_products_for_the_same_eigenvalues():
         assert np.all(np.abs(np.array(a.eigenvalues) - np.array(b.eigenvalues)) <= slack)
     cold_products = [m.num_products for m in cold[1:]]
     warm_products = [m.num_products for m in warm[1:]]
-    # Measured: 88 against 103 products over these 7 checkpoints (each count includes the
-    # eigensolver's fixed symmetry and residual checks, 3 products).
+    # Measured: 170 against 183 products over these 7 checkpoints.
     assert sum(warm_products) < sum(cold_products), (warm_products, cold_products)
     fewer = sum(w < c for w, c in zip(warm_products, cold_products))
     assert fewer >= len(cold_products) // 2, (warm_products, cold_products)

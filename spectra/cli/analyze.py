@@ -31,15 +31,16 @@ from spectra.cli._common import (
     save_figure_formats,
     versions,
 )
-from spectra.density import negative_mass_fraction, spectral_density
+from spectra.density import spectral_density, spectral_mass_below
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
-from spectra.results import EigenResult, SpectralDensity, SpectralMoments, TraceResult
+from spectra.results import EigenResult, SpectralDensity, SpectralMass, SpectralMoments, TraceResult
 from spectra.trace import trace
 from spectra.trajectory import explain_null
 
-# Negative mass counts quadrature nodes below -1e-3·|λ₁|: the large cluster of (near-)zero
-# eigenvalues of a trained network gets one node that lands just below or above 0.
-_NEGATIVE_MASS_THRESHOLD = 1e-3
+# The spectral mass below −τ·λ₁: the mass just below 0 cannot be resolved by Lanczos
+# quadrature (the near-zero bulk of a trained network straddles 0), see
+# spectra.density.spectral_mass_below.
+_NEGATIVE_MASS_TAU = 0.01
 _RESULTS = "results.json"
 _FIGURES = ("eigenvalues", "density")
 
@@ -55,7 +56,7 @@ class AnalysisReport(CommandReport):
     trace: TraceResult | None
     density: SpectralDensity | None
     density_moments: SpectralMoments | None
-    negative_mass: dict[str, float] | None
+    negative_mass: SpectralMass | None
     num_products: int
     num_data_passes: int
     wall_times: dict[str, float]
@@ -114,7 +115,9 @@ def _compute(
             progress=console.progress,
         )
         moments = density.moments()
-        negative = _negative_mass(density, float(eig.eigenvalues[0]))
+        negative = spectral_mass_below(
+            density, tau=_NEGATIVE_MASS_TAU, lambda_max=float(eig.eigenvalues[0])
+        )
         wall_times["density"] = density.wall_time
     return AnalysisReport(
         command=args.command_line,
@@ -140,20 +143,6 @@ def _compute(
         wall_times=wall_times,
         files={},
     )
-
-
-def _negative_mass(density: SpectralDensity, top: float) -> dict[str, float]:
-    threshold = _NEGATIVE_MASS_THRESHOLD * abs(top)
-    fraction, stderr = negative_mass_fraction(density, eps=threshold)
-    below_zero, below_zero_stderr = negative_mass_fraction(density)
-    return {
-        "fraction": fraction,
-        "stderr": stderr,
-        "below": -threshold,
-        "relative_threshold": _NEGATIVE_MASS_THRESHOLD,
-        "fraction_below_zero": below_zero,
-        "stderr_below_zero": below_zero_stderr,
-    }
 
 
 def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None:
@@ -223,11 +212,11 @@ def _print(report: AnalysisReport, console: Console) -> None:
             f"{report.trace.stderr:.2g} (standard error)"
         )
     if report.negative_mass is not None:
-        negative = report.negative_mass
+        mass = report.negative_mass
         console.info(
-            f"negative mass (fraction of the spectrum below -1e-3·λ1 = {negative['below']:.2g}) "
-            f"= {negative['fraction']:.3g} ± {negative['stderr']:.1g} "
-            f"({negative['fraction_below_zero']:.3g} below 0, the near-zero bulk included)"
+            f"spectral mass below -{mass.tau:g}·λ1 = {mass.threshold:.3g}: "
+            f"{plus_minus(mass.estimate, mass.error)} (error bar: quadrature resolution "
+            "+ 2 standard errors across probes)"
         )
     console.info(
         f"{report.num_products:,} Hessian-vector products in {report.num_data_passes} data "
