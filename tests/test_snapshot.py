@@ -157,3 +157,18 @@ def test_snapshot_is_a_copy_not_a_view(data, rng):
     after = [np.array(t) for t in op._snapshot.state[0]]
     for a, b in zip(before, after):
         np.testing.assert_array_equal(a, b)
+
+
+def test_mixed_precision_operator_keeps_its_snapshot(data, rng):
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = build_model()
+        untouched = build_model()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    untouched.set_weights(model.get_weights())
+    for cache in (True, False):
+        op = _operator(model, data, cache, None)  # products from a float32 clone
+        model.set_weights([w + 0.5 for w in model.get_weights()])
+        _assert_same_operator(op, _operator(untouched, data, cache, None), rng)
+        model.set_weights(untouched.get_weights())
