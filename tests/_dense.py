@@ -12,12 +12,11 @@ def dense_hessian(loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable
     """The n x n Hessian of ``loss()`` w.r.t. the flattened ``variables`` (float64 numpy).
 
     Computed as the Jacobian of the concatenated gradient, with nested tapes that know
-    nothing of spectra's engine, in one ``tf.function`` (a loop over the n rows; eagerly,
+    nothing of spectra's engine, traced into one graph (a loop over the n rows; eagerly,
     models with recurrent layers take tens of seconds).
     """
     variables = [getattr(v, "value", v) for v in variables]
 
-    @tf.function(autograph=False)
     def hessian() -> tf.Tensor:
         with tf.GradientTape(persistent=True) as outer:
             with tf.GradientTape() as inner:
@@ -31,7 +30,9 @@ def dense_hessian(loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable
         n = int(flat.shape[0])
         return tf.concat([tf.reshape(b, [n, -1]) for b in blocks], axis=1)
 
-    return hessian().numpy().astype(np.float64)
+    # A graph traced once per call (a new loss each time), without tf.function's
+    # retracing warnings.
+    return tf.compat.v1.wrap_function(hessian, [])().numpy().astype(np.float64)
 
 
 def flat_gradient(loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable]) -> np.ndarray:
