@@ -44,6 +44,7 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/hvp_speed.py
+	$(BIN)/python benchmarks/zoo_speed.py
 	$(BIN)/python benchmarks/estimators_digits.py
 	$(BIN)/python benchmarks/memory_streaming.py
 	$(BIN)/python benchmarks/trajectory.py

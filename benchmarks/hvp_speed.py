@@ -1,13 +1,16 @@
 """Speed of Hessian-vector products, as ratios to one compiled gradient.
 
 Models: the MLP 64-256-256-10 and a small CNN, on the full scikit-learn digits set (1797
-examples, one batch). For each model, in one run:
+examples, one batch), and an LSTM text classifier (Embedding 1000x32, LSTM 64 with
+masking, Dense 10) on 512 random token sequences of length 40. For each model, in one run:
 
 * ``gradient``: a compiled (``tf.function``) gradient of the mean loss, returned to numpy;
 * ``matvec``: ``HessianOperator.matvec`` (cached: forward pass and gradient reused);
 * ``matmat k``: ``HessianOperator.matmat`` per vector, k = 1, 4, 16, 64;
 * ``streaming``: the same with ``cache=False`` (forward pass and gradient recomputed once
   per batch per call), the path taken when the data does not fit the cache budget;
+* ``recompute``: the fallback product used when a graph cannot be split
+  (``SPECTRA_GRAPH_SPLIT=0`` forces it): forward pass and gradient recomputed per call;
 * ``naive eager``: two nested ``GradientTape``s recomputing everything for each vector, as
   in the question this project started from; ``naive compiled``: the same in a
   ``tf.function``.
@@ -36,7 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 import spectra
-from spectra.operator import HessianOperator
+from spectra.operators import HessianOperator
+from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +75,38 @@ def cnn() -> keras.Model:
     )
 
 
+def lstm() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((40,), dtype="int32"),
+            keras.layers.Embedding(1000, 32, mask_zero=True),
+            keras.layers.LSTM(64),
+            keras.layers.Dense(10),
+        ],
+        name="lstm_classifier",
+    )
+
+
+def token_data(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    tokens = rng.integers(1, 1000, (512, 40)).astype(np.int32)
+    lengths = rng.integers(10, 41, 512)
+    tokens[np.arange(40)[None, :] >= lengths[:, None]] = 0  # padding, masked
+    return tokens, rng.integers(0, 10, 512).astype(np.int32)
+
+
+def recompute_operator(model: keras.Model, loss, data) -> HessianOperator:
+    """The fallback (unsplit) product, forced by the environment variable."""
+    previous = os.environ.get(SPLIT_ENVIRONMENT_VARIABLE)
+    os.environ[SPLIT_ENVIRONMENT_VARIABLE] = "0"
+    try:
+        return HessianOperator.from_keras(model, loss, data)
+    finally:
+        if previous is None:
+            del os.environ[SPLIT_ENVIRONMENT_VARIABLE]
+        else:
+            os.environ[SPLIT_ENVIRONMENT_VARIABLE] = previous
+
+
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -94,7 +130,7 @@ def bench_model(name: str, model: keras.Model, x: np.ndarray, y: np.ndarray, rep
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     variables = [v.value for v in model.trainable_variables]
     xt, yt = tf.constant(x), tf.constant(y)
-    signature = [tf.TensorSpec([None, *x.shape[1:]], tf.float32), tf.TensorSpec([None], tf.int32)]
+    signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], tf.int32)]
 
     @tf.function(input_signature=signature)
     def gradient_fn(xb, yb):
@@ -137,6 +173,12 @@ def bench_model(name: str, model: keras.Model, x: np.ndarray, y: np.ndarray, rep
     V16 = rng.standard_normal((n, 16)).astype(np.float32)
     ratio, sec = paired_ratio(lambda: streaming.matmat(V16), gradient, repeats, per=16)
     rows.append(("matmat k=16 (streaming), per vector", sec, ratio))
+    recompute = recompute_operator(model, loss, (x, y))
+    assert recompute.product_path == "recompute" and op.product_path == "split"
+    ratio, sec = paired_ratio(lambda: recompute.matvec(v), gradient, repeats)
+    rows.append(("matvec (recompute fallback)", sec, ratio))
+    ratio, sec = paired_ratio(lambda: recompute.matmat(V16), gradient, repeats, per=16)
+    rows.append(("matmat k=16 (recompute), per vector", sec, ratio))
     ratio, sec = paired_ratio(lambda: naive_hvp(xt, yt, vt).numpy(), gradient, max(3, repeats // 2))
     rows.append(("naive nested tapes (eager)", sec, ratio))
     ratio, sec = paired_ratio(lambda: naive_compiled(xt, yt, vt).numpy(), gradient, repeats)
@@ -152,9 +194,11 @@ def bench_model(name: str, model: keras.Model, x: np.ndarray, y: np.ndarray, rep
     naive = table["naive nested tapes (eager)"]["ratio_to_gradient"]
     matvec = table["matvec (cached)"]["ratio_to_gradient"]
     block16 = table["matmat k=16, per vector"]["ratio_to_gradient"]
+    fallback = table["matvec (recompute fallback)"]["ratio_to_gradient"]
     print(
         f"  speed-up of matvec over naive eager: {naive / matvec:.1f}x; "
-        f"of matmat k=16: {naive / block16:.1f}x"
+        f"of matmat k=16: {naive / block16:.1f}x; of the split matvec over the "
+        f"recompute fallback: {fallback / matvec:.2f}x"
     )
     return {"parameters": n, "examples": len(y), "rows": table}
 
@@ -163,7 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="paired timings per row")
     parser.add_argument("--json", help="also write the results to this JSON file")
-    parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp,cnn")
+    parser.add_argument("--models", default="mlp,cnn,lstm", help="comma-separated: mlp,cnn,lstm")
     args = parser.parse_args()
     devices = tf.config.list_physical_devices()
     gpus = [d.name for d in devices if d.device_type == "GPU"]
@@ -182,8 +226,13 @@ def main() -> None:
             results["cnn"] = bench_model(
                 "CNN conv16-conv32-dense10", cnn(), x.reshape(-1, 8, 8, 1), y, args.repeats
             )
+        elif name == "lstm":
+            tokens, labels = token_data(np.random.default_rng(1))
+            results["lstm"] = bench_model(
+                "LSTM classifier emb32-lstm64-dense10", lstm(), tokens, labels, args.repeats
+            )
         else:
-            parser.error(f"unknown model {name!r}; choose from mlp, cnn")
+            parser.error(f"unknown model {name!r}; choose from mlp, cnn, lstm")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

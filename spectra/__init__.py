@@ -33,7 +33,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
     "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
     "spectra.layerwise": ["LayerwiseResult", "layerwise"],
-    "spectra.operator": ["HessianOperator"],
+    "spectra.operators": ["HessianOperator"],
     "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
     "spectra.results": [
         "DensityCurve",
@@ -60,6 +60,7 @@ _SUBMODULES = (
     "cli",
     "datasets",
     "landscape",
+    "operators",
     "plotting",
     "results",
     "stability",

@@ -1,25 +1,34 @@
-"""Turning a Keras model, a loss and its data into ``loss_fn(batch) -> scalar``.
+"""A Keras model, its loss and its data as a differentiable program of parameter values.
 
-Private to :mod:`spectra.operator`. Conventions (see the operator's docstring):
+Private to :mod:`spectra.operators`. Conventions (see :meth:`HessianOperator.from_keras`):
 
-* the model runs through ``Layer.stateless_call``: the variables' current values are
-  read, and every state update (BatchNorm moving statistics in training mode, dropout
-  seed counters) is discarded, so computing Hessians never changes the user's model;
-* the batch loss is Keras' ``sum_over_batch_size`` reduction, Σ_i w_i l_i / n_b, plus the
-  model's regularization losses when asked for;
+* the model is called as Keras calls it, ``model(x, training=...)`` (``training`` reaches
+  only the ``call`` methods that accept it), inside a ``keras.StatelessScope`` that maps
+  every model variable to a *value* given as an input of the traced graph. The model's
+  variables are never read and every state update (BatchNorm moving statistics in
+  training mode, seed generator counters) is discarded: an operator computes with the
+  values it snapshotted when it was built, and never changes the user's model;
+* the batch loss is Keras' ``sum_over_batch_size`` reduction, Σ_i w_i l_i / n_b, per
+  output, weighted by ``loss_weights`` and summed over the outputs as ``compile`` does,
+  plus the model's ``losses`` (weight and activity regularizers, ``add_loss`` terms)
+  when asked for;
 * float64 (or float32 for a mixed-precision model) runs on a clone of the model in that
-  dtype and a copy of the loss in that dtype, leaving the user's model as it is.
+  dtype, fed with the user's values cast to it, and a copy of the loss in that dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from spectra import _tf_compat
+from spectra._validation import check_float_dtype
 
 LossCallable = Callable[..., Any]
 
@@ -45,7 +54,8 @@ def resolve_variables_and_dtype(
 
     ``variables`` defaults to the trainable variables (a subset gives a Hessian block);
     positions identify the same weights in a clone of the model. ``dtype`` defaults to
-    the variables' dtype and must be float32 or float64.
+    the variables' dtype and must be float32 or float64. A variable listed twice is an
+    error (it would count its block of the Hessian twice).
     """
     all_weights = list(model.weights)
     chosen = list(model.trainable_variables) if variables is None else list(variables)
@@ -58,13 +68,13 @@ def resolve_variables_and_dtype(
             raise ValueError(
                 f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
             )
+        if matches[0] in positions:
+            raise ValueError(
+                f"variable {getattr(v, 'path', v)!r} is listed twice in variables; each "
+                "parameter may appear once."
+            )
         positions.append(matches[0])
-    target = tf.as_dtype(chosen[0].dtype if dtype is None else dtype)
-    if not target.is_floating or target.size < 4:
-        raise TypeError(
-            f"dtype must be float32 or float64; got {target.name}. Hessian products in "
-            "half precision lose most of their digits."
-        )
+    target = check_float_dtype(chosen[0].dtype if dtype is None else dtype, allow_none=False)
     return chosen, positions, target
 
 
@@ -79,12 +89,25 @@ def model_strategy(model: keras.Model) -> tf.distribute.Strategy | None:
 
     None when neither is a real (multi-replica) strategy.
     """
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = _tf_compat.model_distribute_strategy(model)
     if strategy is None and tf.distribute.has_strategy():
         strategy = tf.distribute.get_strategy()
     if strategy is None or strategy.num_replicas_in_sync == 1:
         return None
     return strategy
+
+
+# -- losses -------------------------------------------------------------------------------
+class _PerExampleLoss(keras.losses.Loss):
+    """A Keras per-example loss function as a ``keras.losses.Loss`` (reduction, masks,
+    sample weights and dtype handled by Keras)."""
+
+    def __init__(self, fn: LossCallable, dtype: str) -> None:
+        super().__init__(name=getattr(fn, "__name__", "loss"), dtype=dtype)
+        self.fn = fn
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        return self.fn(y_true, y_pred)
 
 
 def _loss_from_name(name: str) -> Any:
@@ -109,15 +132,13 @@ def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
     predictions to their own dtype (float32 by default); they are rebuilt with ``dtype``
     so that float64 products are not rounded to float32.
     """
-    from keras.src.losses.losses import LossFunctionWrapper
-
     if isinstance(loss, str):
         loss = _loss_from_name(loss)
     if isinstance(loss, keras.losses.Loss):
         config = loss.get_config()
         try:
             rebuilt = type(loss).from_config({**config, "dtype": dtype.name})
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, NotImplementedError):
             rebuilt = loss
         if rebuilt.dtype != dtype.name:
             if dtype != tf.float32:
@@ -130,12 +151,195 @@ def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
         module = getattr(loss, "__module__", "") or ""
         if module.startswith("keras"):
             # A Keras per-example loss function (e.g. keras.losses.mean_squared_error).
-            return LossFunctionWrapper(loss, dtype=dtype.name), True
+            return _PerExampleLoss(loss, dtype.name), True
         return loss, False
     raise TypeError(
         f"loss must be a Keras loss name, a keras.losses.Loss, or a callable "
         f"(y_true, y_pred) -> scalar; got {type(loss).__name__}."
     )
+
+
+def _loss_name(loss: Any) -> str:
+    if isinstance(loss, str):
+        return repr(loss)
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def compiled_loss(model: keras.Model) -> tuple[Any, Any]:
+    """The loss and loss weights ``model`` was compiled with (``loss=None``)."""
+    loss = getattr(model, "loss", None)
+    if loss is None:
+        raise ValueError(
+            f"loss=None means the loss model {model.name!r} was compiled with, but it was "
+            "not compiled with one. Pass loss=... (a Keras loss name, a keras.losses.Loss, "
+            "a callable (y_true, y_pred) -> scalar, or a list/dict of them per output)."
+        )
+    weights = None
+    try:
+        config = model.get_compile_config() or {}
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        config = {}
+    if isinstance(config, dict):
+        weights = config.get("loss_weights")
+    return loss, weights
+
+
+def loss_key(loss: Any) -> tuple[Hashable, list[Any]]:
+    """A hashable key of a (nested) loss spec, and the objects it refers to by identity."""
+    owners: list[Any] = []
+
+    def key(item: Any) -> Hashable:
+        if isinstance(item, (str, int, float)) or item is None:
+            return item
+        if isinstance(item, dict):
+            return ("dict", tuple((k, key(v)) for k, v in sorted(item.items(), key=str)))
+        if isinstance(item, (list, tuple)):
+            return (type(item).__name__, tuple(key(v) for v in item))
+        owners.append(item)
+        return ("object", id(item))
+
+    return key(loss), owners
+
+
+def _output_entries(model: Any, outputs: Any) -> list[tuple[str, Any]]:
+    """``(name, tensor)`` for each model output, in the model's output order."""
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(outputs, dict):
+        keys = [n for n in names if n in outputs] if set(names) == set(outputs) else sorted(outputs)
+        return [(str(k), outputs[k]) for k in keys]
+    if isinstance(outputs, (list, tuple)):
+        if len(names) != len(outputs):
+            names = [str(i) for i in range(len(outputs))]
+        return list(zip(names, outputs))
+    return [(names[0] if len(names) == 1 else "output", outputs)]
+
+
+def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> list[Any]:
+    """One entry per output from a single value, a list (positional) or a dict (by name)."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ValueError(
+                f"{what} has keys {sorted(value)} but the model's outputs are named {names}; "
+                f"unknown: {unknown}."
+            )
+        return [value.get(name) for name in names]
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(names):
+            raise ValueError(
+                f"{what} has {len(value)} entries but the model has {len(names)} output(s) "
+                f"{names}; give one entry per output (or a dict by output name)."
+            )
+        return list(value)
+    if not broadcast and len(names) > 1:
+        raise ValueError(
+            f"the model has {len(names)} outputs {names} but {what} is a single value; "
+            "give a list (one per output) or a dict by output name."
+        )
+    return [value] * len(names)
+
+
+class StructuredLoss:
+    """The data loss of a (multi-output) model as ``compile`` defines it.
+
+    ``loss`` is one loss for every output, a list (one per output, in order) or a dict
+    keyed by output name (``None`` entries skip an output); ``loss_weights`` likewise
+    (default 1). ``y`` and ``sample_weight`` are a single array for a single output, or
+    a list/dict per output (one ``sample_weight`` array applies to every output). The
+    value is Σ_o w_o L_o(y_o, ŷ_o), each L_o with Keras' ``sum_over_batch_size`` reduction.
+    """
+
+    def __init__(self, loss: Any, loss_weights: Any, dtype: tf.DType) -> None:
+        self.loss = loss
+        self.loss_weights = loss_weights
+        self.dtype = dtype
+        self._resolved: dict[int, tuple[LossCallable, bool]] = {}
+        for item in self._leaves(loss):
+            self._resolved[id(item)] = resolve_loss(item, dtype)
+
+    @staticmethod
+    def _leaves(loss: Any) -> list[Any]:
+        if isinstance(loss, dict):
+            return [v for v in loss.values() if v is not None]
+        if isinstance(loss, (list, tuple)):
+            return [v for v in loss if v is not None]
+        return [loss]
+
+    def __call__(self, model: Any, y: Any, outputs: Any, sample_weight: Any) -> tf.Tensor:
+        entries = _output_entries(model, outputs)
+        names = [name for name, _ in entries]
+        losses = _per_output(self.loss, names, "loss", broadcast=True)
+        if isinstance(self.loss_weights, (int, float)):
+            weights = [float(self.loss_weights)] * len(names)
+        elif self.loss_weights is None:
+            weights = [None] * len(names)
+        else:
+            weights = _per_output(self.loss_weights, names, "loss_weights", broadcast=False)
+        if len(names) == 1 and isinstance(y, (list, tuple)) and len(y) == 1:
+            y = y[0]
+        if len(names) == 1 and isinstance(y, dict) and len(y) == 1:
+            y = next(iter(y.values()))
+        labels = _per_output(y, names, "y (the labels)", broadcast=False)
+        if isinstance(sample_weight, (list, tuple, dict)):
+            sample_weights = _per_output(sample_weight, names, "sample_weight", broadcast=False)
+        else:
+            sample_weights = [sample_weight] * len(names)
+        terms = []
+        for (name, pred), loss, weight, y_o, sw in zip(
+            entries, losses, weights, labels, sample_weights
+        ):
+            if loss is None:
+                continue
+            value = self._one(name, loss, y_o, pred, sw)
+            terms.append(value if weight is None else value * tf.cast(weight, self.dtype))
+        if not terms:
+            raise ValueError("every output's loss is None: there is no loss to differentiate.")
+        return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+    def _one(self, name: str, loss: Any, y: Any, pred: Any, sample_weight: Any) -> tf.Tensor:
+        pred = tf.convert_to_tensor(pred)
+        if not pred.dtype.is_floating:
+            raise TypeError(
+                f"model output {name!r} has dtype {pred.dtype.name}: a loss of integer (or "
+                "boolean) outputs has no derivative with respect to the weights. Return the "
+                "floating-point logits or probabilities from the model."
+            )
+        if pred.dtype != self.dtype:
+            pred = tf.cast(pred, self.dtype)
+        if y is None:
+            raise ValueError(f"no labels were given for model output {name!r}.")
+        loss_callable, takes_sample_weight = self._resolved[id(loss)]
+        try:
+            if takes_sample_weight:
+                value = loss_callable(y, pred, sample_weight=sample_weight)
+                # Keras loss objects divide by the number of replicas of the strategy in
+                # scope (ready for summing gradients across replicas); this is the mean.
+                replicas = tf.distribute.get_strategy().num_replicas_in_sync
+                if replicas > 1:
+                    value = value * tf.cast(replicas, value.dtype)
+            else:
+                if sample_weight is not None:
+                    raise ValueError(
+                        "sample weights need a Keras loss (a name or a keras.losses.Loss): a "
+                        "plain callable (y_true, y_pred) -> scalar cannot weight examples."
+                    )
+                value = loss_callable(y, pred)
+        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
+            if "sample weights need a Keras loss" in str(err):
+                raise
+            y_shape = getattr(y, "shape", None)
+            raise ValueError(
+                f"the loss {_loss_name(loss)} does not fit model output {name!r}: labels of "
+                f"shape {y_shape} and dtype {getattr(y, 'dtype', type(y).__name__)} against "
+                f"predictions of shape {pred.shape}. {err}"
+            ) from err
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank != 0:
+            raise ValueError(
+                f"the loss returned shape {value.shape}, not a scalar. A callable loss must "
+                "return the mean over the batch; for per-example losses pass a Keras loss."
+            )
+        return tf.cast(value, self.dtype)
 
 
 def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
@@ -151,61 +355,207 @@ def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
     )
 
 
+def _state_keys(model: Any) -> tuple[list[Any], list[Any]]:
+    """The model's variables in ``stateless_call`` order: trainable, then the others.
+
+    Read through ``model.variables`` so that a stand-in delegating attribute access to a
+    model (whose ``trainable_variables`` hold values) gives the model's own variables.
+    """
+    variables = list(model.variables)
+    if not model.trainable:
+        return [], variables
+    return [v for v in variables if v.trainable], [v for v in variables if not v.trainable]
+
+
+def stateless_forward(
+    model: Any,
+    keys: Sequence[Any],
+    values: Sequence[Any],
+    x: Any,
+    *,
+    training: bool,
+) -> tuple[Any, list[tf.Tensor]]:
+    """``model(x, training=...)`` with each variable in ``keys`` replaced by its value.
+
+    Returns the outputs and the model's losses (regularizers, ``add_loss``) computed from
+    the values. Every state update is discarded.
+    """
+    mapping = list(zip(keys, values))
+    with keras.StatelessScope(state_mapping=mapping, collect_losses=True):
+        # ``model.__call__`` rather than ``model(...)``: a stand-in that forwards attribute
+        # access to a model is not callable itself.
+        outputs = model.__call__(x, training=training)
+        extra = list(model.losses)
+    return outputs, extra
+
+
+class KerasProgram:
+    """The loss of a Keras model on one batch, as a function of the model's state values.
+
+    ``state`` (the traced inputs) are the values of ``model.trainable_variables`` followed
+    by ``model.non_trainable_variables`` (BatchNorm statistics, seed generator states),
+    in the dtypes of ``model`` (the run model: the user's model or its clone). The
+    parameters θ are the entries at ``parameter_indices``.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        loss: StructuredLoss,
+        *,
+        dtype: tf.DType,
+        training: bool,
+        include_regularization: bool,
+        positions: Sequence[int],
+    ) -> None:
+        self.model = model
+        self.loss = loss
+        self.dtype = dtype
+        self.training = training
+        self.include_regularization = include_regularization
+        trainable, others = _state_keys(model)
+        self.state_variables = [*trainable, *others]
+        weights = list(model.weights)
+        self.parameter_indices = []
+        for position in positions:
+            target = weights[position]
+            self.parameter_indices.append(
+                next(i for i, v in enumerate(self.state_variables) if v is target)
+            )
+        seeds = _tf_compat.seed_state_variables(model)
+        self.seed_indices = [
+            i for i, v in enumerate(self.state_variables) if any(v is s for s in seeds)
+        ]
+
+    @property
+    def state_specs(self) -> list[tf.TensorSpec]:
+        return [tf.TensorSpec(v.shape, v.dtype) for v in self.state_variables]
+
+    def parameter_names(self) -> list[str]:
+        return [str(self.state_variables[i].path) for i in self.parameter_indices]
+
+    def parameter_shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(self.state_variables[i].shape) for i in self.parameter_indices]
+
+    def parameters(self, state: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The parameters θ among the state values (what tapes watch)."""
+        return [state[i] for i in self.parameter_indices]
+
+    def outputs(self, state: Sequence[tf.Tensor], batch: Any) -> tuple[Any, tf.Tensor | None]:
+        """The model's outputs on the batch and the sum of its losses (None when excluded
+        or there are none), at the state values."""
+        x, _, _ = unpack_batch(batch)
+        outputs, extra = stateless_forward(
+            self.model, self.state_variables, state, x, training=self.training
+        )
+        if not self.include_regularization or not extra:
+            return outputs, None
+        return outputs, tf.add_n([tf.cast(term, self.dtype) for term in extra])
+
+    def output_loss(self, batch: Any, outputs: Any) -> tf.Tensor:
+        """The data loss of ``outputs`` (what the loss receives as ``y_pred``)."""
+        _, y, sample_weight = unpack_batch(batch)
+        return self.loss(self.model, y, outputs, sample_weight)
+
+    def batch_loss(self, state: Sequence[tf.Tensor], batch: Any) -> tf.Tensor:
+        """Data loss plus (optionally) regularization of one batch."""
+        outputs, regularization = self.outputs(state, batch)
+        value = self.output_loss(batch, outputs)
+        return value if regularization is None else value + regularization
+
+
 def keras_loss_fn(
-    model: keras.Model,
+    model: Any,
     loss: Any,
     *,
     dtype: tf.DType,
     training: bool,
     include_regularization: bool,
 ) -> Callable[[Any], tf.Tensor]:
-    """``loss_fn(batch)``: the mean loss of ``model`` on ``(x, y[, sample_weight])``."""
-    loss_callable, takes_sample_weight = resolve_loss(loss, dtype)
+    """``loss_fn(batch)``: the mean loss of ``model`` on ``(x, y[, sample_weight])``.
+
+    The model is evaluated at what ``model.trainable_variables`` and
+    ``model.non_trainable_variables`` hold when ``loss_fn`` is called (variables, or
+    tensors for a stand-in that shifts the values), with the loss definition of
+    :class:`KerasProgram`.
+    """
+    if loss is None:
+        loss, loss_weights = compiled_loss(model)
+    else:
+        loss_weights = None
+    structured = StructuredLoss(loss, loss_weights, dtype)
 
     def loss_fn(batch: Any) -> tf.Tensor:
         x, y, sample_weight = unpack_batch(batch)
-        y_pred, _, extra_losses = model.stateless_call(
-            model.trainable_variables,
-            model.non_trainable_variables,
-            x,
-            training=training,
-            return_losses=True,
+        trainable, others = _state_keys(model)
+        values = [*model.trainable_variables, *model.non_trainable_variables]
+        outputs, extra = stateless_forward(
+            model, [*trainable, *others], values, x, training=training
         )
-        if isinstance(y_pred, (list, tuple, dict)):
-            raise ValueError(
-                "models with several outputs need a loss_fn: use "
-                "HessianOperator(loss_fn, variables, data) with your own combination of losses."
-            )
-        if y_pred.dtype != dtype:
-            y_pred = tf.cast(y_pred, dtype)
-        if takes_sample_weight:
-            value = loss_callable(y, y_pred, sample_weight=sample_weight)
-            # Keras loss objects divide by the number of replicas of the strategy in scope
-            # (ready for summing gradients across replicas); this loss is the batch mean.
-            replicas = tf.distribute.get_strategy().num_replicas_in_sync
-            if replicas > 1:
-                value = value * tf.cast(replicas, value.dtype)
-        else:
-            if sample_weight is not None:
-                raise ValueError(
-                    "sample weights need a Keras loss (a name or a keras.losses.Loss): a "
-                    "plain callable (y_true, y_pred) -> scalar cannot weight examples."
-                )
-            value = loss_callable(y, y_pred)
-        value = tf.convert_to_tensor(value)
-        if value.shape.rank != 0:
-            raise ValueError(
-                f"the loss returned shape {value.shape}, not a scalar. A callable loss must "
-                "return the mean over the batch; for per-example losses pass a Keras loss."
-            )
-        value = tf.cast(value, dtype)
-        if include_regularization and extra_losses:
-            value = value + tf.add_n([tf.cast(term, dtype) for term in extra_losses])
+        value = structured(model, y, outputs, sample_weight)
+        if include_regularization and extra:
+            value = value + tf.add_n([tf.cast(term, dtype) for term in extra])
         return value
 
     return loss_fn
 
 
+# -- snapshots ---------------------------------------------------------------------------
+def snapshot_state(
+    model: keras.Model, run_model: keras.Model, devices: Sequence[str | None]
+) -> list[list[tf.Tensor]]:
+    """Copies of ``model``'s state values in ``run_model``'s dtypes, one list per device.
+
+    The values are copied (not aliased) when the operator is built, so later training,
+    ``load_weights`` or another operator leave them as they are. NaN or Inf in a
+    floating-point variable is refused, naming the variable and the count of bad entries.
+    """
+    source_t, source_n = _state_keys(model)
+    target_t, target_n = _state_keys(run_model)
+    sources, targets = [*source_t, *source_n], [*target_t, *target_n]
+    if len(sources) != len(targets):
+        raise TypeError(
+            f"the compute copy of {model.name!r} has {len(targets)} state variables, the model "
+            f"{len(sources)}; build the model in the compute dtype yourself instead."
+        )
+    values = []
+    for src, dst in zip(sources, targets):
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(
+                f"weight {src.path} has shape {tuple(src.shape)} but its clone {tuple(dst.shape)}."
+            )
+        value = tf.convert_to_tensor(src.value)
+        check_finite(value, str(src.path))
+        values.append(value)
+    return [
+        [copy_tensor(value, tf.as_dtype(dst.dtype), device) for value, dst in zip(values, targets)]
+        for device in devices
+    ]
+
+
+def check_finite(value: tf.Tensor, name: str) -> None:
+    """Refuse NaN or Inf in a floating-point tensor, naming it and the count of bad entries."""
+    if not value.dtype.is_floating:
+        return
+    bad = int(tf.size(value)) - int(tf.math.count_nonzero(tf.math.is_finite(value)))
+    if bad:
+        nans = int(tf.math.count_nonzero(tf.math.is_nan(value)))
+        raise ValueError(
+            f"variable {name!r} has {bad} non-finite entries ({nans} NaN, {bad - nans} Inf) "
+            f"out of {int(tf.size(value))}: the loss and its Hessian are undefined there. Load "
+            "finite weights (e.g. an earlier checkpoint) before computing curvature."
+        )
+
+
+def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Tensor:
+    """A copy of ``value`` in ``dtype`` on ``device`` that shares no buffer with it."""
+    with tf.device(device) if device is not None else contextlib.nullcontext():
+        if value.dtype != dtype:
+            return tf.cast(value, dtype)
+        return tf.raw_ops.DeepCopy(x=value)
+
+
+# -- compute-dtype clones ---------------------------------------------------------------
 _FLOAT_POLICIES = frozenset(
     {"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"}
 )
@@ -234,7 +584,7 @@ def _with_float_dtypes(config: Any, dtype: str) -> Any:
 
 def computes_in(model: keras.Model, dtype: tf.DType) -> bool:
     """True when every layer of ``model`` keeps and computes its floats in ``dtype``."""
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in _tf_compat.flatten_layers(model):
         policy = getattr(layer, "dtype_policy", None)
         if policy is None or isinstance(layer, (keras.Model, keras.layers.InputLayer)):
             continue  # containers and inputs compute nothing themselves
@@ -249,7 +599,8 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
 
     Rebuilt from the model's serialized config with every floating dtype policy replaced
     (nested models included; a mixed policy such as ``mixed_float16`` becomes plain
-    ``dtype``), then given the model's current weights. The user's model is not touched.
+    ``dtype``), then given the model's current weights. Operators never read them (they
+    feed the clone their snapshot values); the user's model is not touched.
     """
     # Rebuilding layers draws default initializer seeds from Python's global RNG; keep
     # the caller's random streams (e.g. a training run's) where they were.

@@ -723,6 +723,7 @@ def root_cause(message: str) -> str | None:
             or line.startswith("    ")
             or text.startswith("[[")
             or text.startswith("[Op:")
+            or text == "<stack traces unavailable>"
             or _NOISE.match(text)
         ):
             continue

@@ -9,7 +9,7 @@ import scipy.sparse.linalg as spla
 import tensorflow as tf
 from _dense import batch_weighted, dense_hessian, flat_gradient, relative_error
 
-from spectra.operator import HessianOperator
+from spectra.operators import HessianOperator
 
 F64_RTOL = 1e-11  # float64 products agree with the dense Hessian to round-off
 
@@ -140,6 +140,7 @@ def check_against_dense(op, H, rng, k=4):
 
 
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SCE64 = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
 
 
 @pytest.mark.parametrize(
@@ -466,6 +467,121 @@ def test_memory_does_not_grow_over_many_products(rng):
     assert grown_kib < 30 * 1024, f"peak memory grew by {grown_kib} KiB over 2000 products"
 
 
+def test_multi_output_model_with_list_losses_weights_and_sample_weights(rng):
+    inputs = keras.Input((3,), dtype="float64")
+    hidden = keras.layers.Dense(4, activation="tanh", dtype="float64")(inputs)
+    classes = keras.layers.Dense(3, dtype="float64")(hidden)
+    values = keras.layers.Dense(2, dtype="float64")(hidden)
+    model = keras.Model(inputs, [classes, values])
+    x = rng.standard_normal((9, 3))
+    y = [rng.integers(0, 3, 9), rng.standard_normal((9, 2))]
+    sw = rng.uniform(0.2, 2.0, 9)
+    mse = keras.losses.MeanSquaredError(dtype="float64")
+    sce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+
+    def reference(weight):
+        terms = []
+        for s in range(0, 9, 4):
+            b = slice(s, s + 4)
+
+            def batch_loss(b=b):
+                out = model(x[b])
+                return sce(y[0][b], out[0], sample_weight=sw[b]) + weight * mse(
+                    y[1][b], out[1], sample_weight=sw[b]
+                )
+
+            terms.append((batch_loss, len(x[b]) / 9))
+        return dense_hessian(batch_weighted(terms), model.trainable_variables)
+
+    model.compile(loss=[sce, "mse"], loss_weights=[1.0, 0.25])
+    compiled = HessianOperator.from_keras(model, None, (x, y, sw), batch_size=4)
+    check_against_dense(compiled, reference(0.25), rng)
+    explicit = HessianOperator.from_keras(model, [sce, mse], (x, y, sw), batch_size=4)
+    check_against_dense(explicit, reference(1.0), rng)
+    with pytest.raises(ValueError, match="2 outputs but y is a single"):
+        HessianOperator.from_keras(model, [sce, mse], (x, y[0]))
+
+
+def test_add_loss_terms_follow_include_regularization(rng):
+    from _zoo import add_loss
+
+    model = add_loss("float64")
+    x, y = classification_data(rng, n=10, shape=(4,))
+    with_terms = HessianOperator.from_keras(model, SCE, (x, y))
+    without = HessianOperator.from_keras(model, SCE, (x, y), include_regularization=False)
+
+    def data_loss():
+        return SCE64(y, model(x))
+
+    def full_loss():
+        value = data_loss()
+        return value + tf.add_n(model.losses)
+
+    variables = model.trainable_variables
+    check_against_dense(with_terms, dense_hessian(full_loss, variables), rng)
+    check_against_dense(without, dense_hessian(data_loss, variables), rng)
+
+
+def _dropout_model():
+    return keras.Sequential(
+        [
+            keras.Input((5,), dtype="float64"),
+            keras.layers.Dense(8, activation="tanh", dtype="float64"),
+            keras.layers.Dropout(0.5, dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+def test_dropout_seed_follows_its_documented_derivation(rng):
+    model = _dropout_model()
+    x, y = classification_data(rng, n=10)
+    op = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=11, batch_size=6)
+    state = model.layers[1].seed_generator.state
+
+    def batch_loss(s, b):
+        seed = tf.constant(np.array([11, 0], np.int64) + np.array([b, 0]), state.dtype)
+        with keras.StatelessScope(state_mapping=[(state, seed)]):
+            return SCE64(y[s : s + 6], model(x[s : s + 6], training=True))
+
+    terms = [
+        (lambda s=s, b=b: batch_loss(s, b), min(6, 10 - s) / 10)
+        for b, s in enumerate(range(0, 10, 6))
+    ]
+    H = dense_hessian(batch_weighted(terms), model.trainable_variables)
+    check_against_dense(op, H, rng)
+    same = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=11, batch_size=6)
+    other = HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=12, batch_size=6)
+    v = rng.standard_normal(op.shape[0])
+    np.testing.assert_array_equal(same.matvec(v), op.matvec(v))
+    assert not np.allclose(other.matvec(v), op.matvec(v))
+    with pytest.raises(TypeError, match="seed must be None, a non-negative integer"):
+        HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=1.5)
+
+
+@pytest.mark.slow
+def test_compiled_lstm_checkpoint_needs_no_loss(rng, tmp_path):
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(6, 2, mask_zero=True),
+            keras.layers.LSTM(3),
+            keras.layers.Dense(3),
+        ]
+    )
+    model.compile(optimizer="sgd", loss=SCE)
+    path = tmp_path / "lstm.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    tokens = rng.integers(0, 6, (8, 5)).astype("int32")
+    labels = rng.integers(0, 3, 8)
+    from_checkpoint = HessianOperator.from_keras(loaded, None, (tokens, labels))
+    explicit = HessianOperator.from_keras(model, SCE, (tokens, labels))
+    v = rng.standard_normal(explicit.shape[0]).astype(np.float32)
+    np.testing.assert_allclose(from_checkpoint.matvec(v), explicit.matvec(v), rtol=1e-5)
+    assert from_checkpoint.loss() == pytest.approx(explicit.loss(), rel=1e-6)
+
+
 # -- bad input ---------------------------------------------------------------------------
 @pytest.fixture
 def small_op(rng):
@@ -576,5 +692,143 @@ def test_mixed_precision_model_gets_full_precision_products(policy, rng):
     assert relative_error(op32.matmat(V).astype(np.float64), H @ V) < 2e-5
     assert relative_error(op64.matmat(V), H @ V) < F64_RTOL
     assert mixed.layers[0].compute_dtype != "float32"  # the model keeps its policy
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="one of float32, float64; got float16"):
         HessianOperator.from_keras(mixed, SCE, (x, y), dtype="float16")
+
+
+# -- bad models, bad weights, bad arguments ---------------------------------------------
+class _Unbuilt(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_subclassed_model_never_built(rng):
+    with pytest.raises(ValueError, match="not built.*model.build"):
+        HessianOperator.from_keras(_Unbuilt(), SCE, classification_data(rng))
+
+
+def test_loss_that_does_not_match_the_outputs(rng):
+    x, y = classification_data(rng)
+    with pytest.raises(ValueError, match=r"loss has keys \['foo'\].*outputs are named"):
+        HessianOperator.from_keras(mlp(), {"foo": SCE}, (x, y))
+    with pytest.raises(ValueError, match="2 entries but the model has 1 output"):
+        HessianOperator.from_keras(mlp(), [SCE, SCE], (x, y))
+    onehot5 = np.eye(5)[y % 5]
+    with pytest.raises(ValueError, match=r"categorical_crossentropy.*5\).*\(None, 3\)"):
+        HessianOperator.from_keras(mlp(), "categorical_crossentropy", (x, onehot5))
+    model = multi_input()
+    xs = {"a": rng.standard_normal((9, 3)), "b": rng.standard_normal((9, 2))}
+    with pytest.raises(ValueError, match=r"\(9, 4\).*\(None, 3\)"):
+        HessianOperator.from_keras(model, "mse", (xs, rng.standard_normal((9, 4))))
+
+    # A loss of its own, unknown to the checks before the graph: the trace says it.
+    def squared_error(y_true, y_pred):
+        return tf.reduce_mean((y_true - y_pred) ** 2)
+
+    with pytest.raises(ValueError, match=r"does not fit model output.*\(None, 4\).*\(None, 3\)"):
+        HessianOperator.from_keras(model, squared_error, (xs, rng.standard_normal((9, 4))))
+
+
+def test_model_with_integer_outputs(rng):
+    inputs = keras.Input((5,), dtype="float64")
+    logits = keras.layers.Dense(3, dtype="float64")(inputs)
+    model = keras.Model(inputs, keras.ops.argmax(logits, axis=-1))
+    with pytest.raises(TypeError, match="dtype int.*no derivative"):
+        HessianOperator.from_keras(model, "mse", classification_data(rng))
+
+
+def test_non_finite_weights_are_refused_naming_the_variable(rng):
+    model = mlp()
+    kernel = model.layers[0].kernel
+    value = kernel.numpy()
+    value[0, 0], value[1, 2], value[2, 2] = np.nan, np.nan, np.inf
+    kernel.assign(value)
+    with pytest.raises(ValueError, match=rf"{kernel.path}.*3 non-finite entries \(2 NaN, 1 Inf\)"):
+        HessianOperator.from_keras(model, SCE, classification_data(rng))
+    bn = batchnorm_model()
+    bn.layers[1].moving_variance.assign([1.0, np.inf, 1.0, 1.0])
+    with pytest.raises(ValueError, match="moving_variance.*1 non-finite"):
+        HessianOperator.from_keras(bn, SCE, classification_data(rng))
+    w = tf.Variable([1.0, np.nan], name="w")
+    with pytest.raises(ValueError, match="'w.*1 non-finite entries"):
+        HessianOperator(lambda: tf.reduce_sum(w**2), [w])
+
+
+def test_non_finite_batch_is_named(rng):
+    # A ReLU network: oneDNN's fused matmul+ReLU can turn a NaN input into a finite loss,
+    # so the gradient is checked too.
+    model = mlp(activation="relu")
+    x, y = classification_data(rng)
+    x[8, 0] = np.nan
+    op = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3)
+    with pytest.raises(ValueError, match=r"batch 2 \(3 examples\) gives a non-finite"):
+        op.loss()
+    x[8, 0] = np.inf
+    streaming = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3, cache=False)
+    with pytest.raises(ValueError, match="batch 2"):
+        streaming.matvec(np.ones(streaming.shape[0]))
+
+
+def test_vector_beyond_the_operators_dtype(rng):
+    op = HessianOperator.from_keras(mlp("float32"), SCE, classification_data(rng, dtype="float32"))
+    huge = np.ones(op.shape[0])
+    huge[4] = 1e39  # finite in float64, infinite in float32
+    with pytest.raises(ValueError, match=r"entries up to 1e\+39, beyond the largest float32"):
+        op.matvec(huge)
+    # Fits float32, but the product overflows: refused, not returned as inf/NaN.
+    with pytest.raises(ValueError, match="Hessian product is not finite.*overflows float32"):
+        op.matvec(np.full(op.shape[0], 3e38))
+
+
+def test_variable_listed_twice(rng):
+    model = mlp()
+    kernel = model.layers[0].kernel
+    with pytest.raises(ValueError, match="listed twice"):
+        HessianOperator.from_keras(model, SCE, classification_data(rng), variables=[kernel, kernel])
+    w = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"listed twice in variables \(positions 0 and 1\)"):
+        HessianOperator(lambda: tf.reduce_sum(w**3), [w, w])
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, np.float64(1.0)])
+def test_training_must_be_a_bool(value, rng):
+    with pytest.raises(TypeError, match="training must be True or False"):
+        HessianOperator.from_keras(mlp(), SCE, classification_data(rng), training=value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int32", "not-a-dtype"])
+def test_dtype_errors_list_the_supported_dtypes(dtype, rng):
+    with pytest.raises(TypeError, match="dtype must be one of float32, float64"):
+        HessianOperator.from_keras(mlp(), SCE, classification_data(rng), dtype=dtype)
+
+
+def test_graph_errors_name_their_root_cause_first(rng):
+    # Indices out of range inside the loss: no check before the graph can see them.
+    table = tf.Variable(rng.standard_normal(6))
+    indices = rng.integers(0, 6, (10, 3)).astype("int32")
+    indices[7, 1] = 10
+
+    def loss_fn(batch):
+        return tf.reduce_mean(tf.gather(table, batch[0]) ** 3)
+
+    op = HessianOperator(loss_fn, [table], (indices,), batch_size=5)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        op.loss()
+    first_line = str(info.value).splitlines()[0]
+    assert first_line == "indices[2,1] = 10 is not in [0, 6) (in batch 1)", first_line
+    assert "Graph execution error" not in first_line
+    assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
+    streaming = HessianOperator(loss_fn, [table], (indices,), batch_size=5, cache=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"^indices.*\(in batch 1\)"):
+        streaming.matvec(np.ones(6))
+
+
+def test_data_is_required_and_the_compiled_loss_must_exist(rng):
+    with pytest.raises(ValueError, match="data is required"):
+        HessianOperator.from_keras(mlp(), SCE)
+    with pytest.raises(ValueError, match="loss=None means the loss .* was compiled with"):
+        HessianOperator.from_keras(mlp(), None, classification_data(rng))

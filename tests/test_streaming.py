@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from spectra.operator import HessianOperator, block_size_for
+from spectra.operators import HessianOperator, block_size_for
 
 
 @pytest.fixture(scope="module")
@@ -97,5 +97,5 @@ def test_default_block_size_of_an_operator(problem):
     assert op.max_block_size == block_size_for(op.shape[0], 8) == 64
     small = HessianOperator.from_keras(model, loss, (x, y), max_block_size=2)
     assert small.max_block_size == 2
-    with pytest.raises(ValueError, match="max_block_size must be >= 1"):
+    with pytest.raises(ValueError, match="max_block_size must be an integer >= 1"):
         HessianOperator.from_keras(model, loss, (x, y), max_block_size=0)

@@ -1,0 +1,738 @@
+"""The common base of curvature operators: snapshot, batches, caching, replicas, counters.
+
+A curvature operator is a symmetric matrix C = Σ_b (n_b/N) C_b of a dataset loss
+L(θ) = Σ_b (n_b/N) L_b(θ) with respect to the flattened parameters θ (the given variables,
+concatenated in order, each flattened row-major), as a SciPy ``LinearOperator``. What
+C_b is comes from a :class:`~spectra.operators.problem.Curvature` (the Hessian in
+:mod:`spectra.operators.hessian`); this module owns everything else:
+
+* **snapshot**: an operator is the matrix at the weights it was built with. The values
+  (or, for a ``loss_fn`` reading ``tf.Variable``s, copies of the variables) are taken at
+  construction and fed to the compiled functions as inputs; training on, loading other
+  weights or building another operator on the same model changes nothing in it, in
+  every cache mode and dtype;
+* **caching**: per batch, the vector-independent part of the product (forward pass,
+  gradient, ...) is computed once and kept within a memory budget, so each further
+  product costs only its vector-dependent arithmetic; without room, batches stream;
+* **blocks**: ``matmat`` multiplies k vectors in one pass over the data, in one compiled
+  graph per batch;
+* **replicas**: under a ``tf.distribute`` strategy each replica computes its share of the
+  batches and the sums are all-reduced;
+* **checks**: non-finite weights, batch losses or gradients and products are refused
+  with the variable or batch named; so are vectors that do not fit the operator's dtype.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from scipy.sparse.linalg import LinearOperator
+
+from spectra import _keras
+from spectra._replicas import Replicas
+from spectra._validation import check_bool, check_int, check_keras_data, check_seed, root_cause
+from spectra.data import Batches
+from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
+from spectra.operators.problem import Curvature, FunctionProgram, variable_name
+
+__all__ = ["CurvatureOperator", "block_size_for"]
+
+_LARGEST_BLOCK = 64
+_BLOCK_BYTES = 512 * 1024**2
+# Arrays of shape (k, n) alive during a block product: the input block, the product of a
+# batch, the running sum per replica, and the host copy.
+_BLOCK_COPIES = 4
+
+
+def block_size_for(num_parameters: int, itemsize: int, budget_bytes: int = _BLOCK_BYTES) -> int:
+    """The largest power-of-two block (≤ 64 vectors) whose (k, n) arrays fit the budget."""
+    per_vector = _BLOCK_COPIES * num_parameters * itemsize
+    fits = max(1, min(_LARGEST_BLOCK, budget_bytes // max(per_vector, 1)))
+    return 1 << (int(fits).bit_length() - 1)
+
+
+def _default_cache_bytes() -> int:
+    """2 GiB, or a quarter of physical memory if that is less."""
+    limit = 2 * 1024**3
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return limit
+    return int(min(limit, physical // 4))
+
+
+def _check_seed(seed: Any) -> int | None:
+    """None or a non-negative int (a numpy Generator gives one draw)."""
+    seed = check_seed(seed)
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(2**62))
+    if seed is not None and seed >= 2**62:
+        raise ValueError(f"seed must be below 2**62; got {seed}.")
+    return seed
+
+
+def _as_tf_variable(variable: Any) -> tf.Variable:
+    """The ``tf.Variable`` behind a Keras 3 variable (or the variable itself)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise TypeError(
+        f"variables must be tf.Variable or keras.Variable objects; got {type(variable).__name__}."
+    )
+
+
+def _outside_strategy(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` outside any ``tf.distribute`` scope (scopes are thread-local)."""
+    if not tf.distribute.has_strategy():
+        return fn()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn).result()
+
+
+@contextlib.contextmanager
+def _graph_errors(what: str) -> Iterator[None]:
+    """Re-raise a TensorFlow graph error with its root cause, and where it happened
+    (``what``), on the first line; the original is chained."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        cause = root_cause(err.message) or err.message.strip() or type(err).__name__
+        first, _, rest = cause.partition("\n")
+        message = f"{first} (in {what})" + (f"\n{rest}" if rest else "")
+        try:
+            raised = type(err)(err.node_def, err.op, message)
+        except TypeError:
+            raised = tf.errors.OpError(err.node_def, err.op, message, err.error_code)
+        raise raised from err
+
+
+class _Snapshot:
+    """An operator's own engine inputs: captured values and state, one set per replica.
+
+    ``seed_positions`` are the state entries holding Keras seed generator states: for
+    batch b they get ``base + [b, 0]``, so each batch has its own random draws (Dropout
+    masks in training mode), the same in every product.
+    """
+
+    def __init__(
+        self,
+        captures: list[list[Any]],
+        state: list[list[tf.Tensor]],
+        seed: int,
+        seed_positions: Sequence[int] = (),
+        seed_bases: dict[int, np.ndarray] | None = None,
+        keep_alive: Sequence[Any] = (),
+    ) -> None:
+        self.captures = captures
+        self.state = state
+        self.seed = seed
+        self.seed_positions = list(seed_positions)
+        self.seed_bases = seed_bases or {}
+        self._keep_alive = list(keep_alive)
+
+    def inputs(self, replica: int, batch_index: int, flat_batch: list[tf.Tensor]) -> list[Any]:
+        state = self.state[replica]
+        if self.seed_positions:
+            state = list(state)
+            for position in self.seed_positions:
+                base = self.seed_bases[position]
+                value = base + np.array([batch_index, 0], dtype=base.dtype)
+                state[position] = tf.constant(value, dtype=state[position].dtype)
+        seed = tf.constant([self.seed, batch_index], tf.int64)
+        return [*self.captures[replica], *state, seed, *flat_batch]
+
+
+class CurvatureOperator(LinearOperator):
+    """A curvature matrix of a loss as a symmetric ``LinearOperator`` (see subclasses).
+
+    Subclasses supply the :class:`~spectra.operators.problem.Curvature` and public
+    constructors; they build operators with :meth:`_init_from_function` (a ``loss_fn`` of
+    variables) or :meth:`_build_from_keras` (a Keras model and its loss). Everything
+    documented here is common to all of them.
+
+    The operator is the matrix **at the weights it was built with**: construction
+    snapshots the parameter values (and every other state the loss reads: BatchNorm
+    statistics, seed generator states, other variables a ``loss_fn`` reads), and
+    ``loss()``, ``gradient()`` and every product use the snapshot, cached or streaming,
+    in every dtype. To follow training, build a new operator (cheap: operators on the
+    same model, loss and data shapes share their compiled functions).
+
+    Counters: ``num_hvps`` (vectors multiplied) and ``num_data_passes`` (passes over the
+    batches or their caches; the first pass that fills the cache counts too).
+    """
+
+    # -- construction -----------------------------------------------------------------
+    def _init_from_function(
+        self,
+        curvature: Curvature,
+        loss_fn: Callable[..., Any],
+        variables: Sequence[Any],
+        data: Any,
+        *,
+        batch_size: int | None = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int | None = None,
+        allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> None:
+        """Set up ``self`` as the ``curvature`` matrix of ``loss_fn(batch)`` with respect to
+        ``variables`` (the keywords as in :class:`~spectra.operators.HessianOperator`)."""
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable; got {type(loss_fn).__name__}.")
+        if curvature.needs_model_outputs:
+            raise TypeError(
+                f"the {curvature.name} matrix needs the model's outputs; build it with "
+                "from_keras(model, loss, data)."
+            )
+        allow_unused = check_bool(allow_unused, "allow_unused")
+        user_variables = list(variables)
+        if not user_variables:
+            raise ValueError("variables is empty: there are no parameters to differentiate.")
+        tf_variables = [_as_tf_variable(v) for v in user_variables]
+        _check_distinct(user_variables, tf_variables)
+        _check_variable_dtypes(user_variables, tf_variables)
+        batches = Batches(data, batch_size)
+        spec = batches.element_spec
+        key = (
+            curvature.key,
+            "loss_fn",
+            id(loss_fn),
+            tuple(id(v) for v in tf_variables),
+            spec_key(spec),
+            allow_unused,
+        )
+
+        def build() -> Engine:
+            program = FunctionProgram(loss_fn, tf_variables)
+            program.takes_batch = batches.has_data
+            return Engine(curvature, program, spec, allow_unused=allow_unused)
+
+        engine = cached_engine(key, (loss_fn, *tf_variables), build)
+        replicas = Replicas(strategy, engine.dtype)
+        captures, keep_alive = _capture_snapshots(engine, replicas.devices)
+        snapshot = _Snapshot(captures, [[] for _ in replicas.devices], 0, keep_alive=keep_alive)
+        self._setup(
+            engine, batches, user_variables, snapshot, replicas, cache, cache_bytes, max_block_size
+        )
+
+    @classmethod
+    def _build_from_keras(
+        cls,
+        curvature: Curvature,
+        model: Any,
+        loss: Any,
+        data: Any,
+        *,
+        variables: Sequence[Any] | None = None,
+        batch_size: int | None = None,
+        training: bool = False,
+        include_regularization: bool = True,
+        dtype: Any = None,
+        seed: int | None = None,
+        cache: bool | str = "auto",
+        cache_bytes: int | None = None,
+        max_block_size: int | None = None,
+        allow_unused: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> CurvatureOperator:
+        """A new ``cls`` operator: the ``curvature`` matrix of a Keras model's dataset loss
+        at its current weights (the keywords as in
+        :meth:`~spectra.operators.HessianOperator.from_keras`)."""
+        _keras.check_model(model)
+        training = check_bool(training, "training")
+        include_regularization = check_bool(include_regularization, "include_regularization")
+        allow_unused = check_bool(allow_unused, "allow_unused")
+        seed = _check_seed(seed)
+        if data is None:
+            raise ValueError(
+                "data is required: (x, y) or (x, y, sample_weight) arrays, or a tf.data.Dataset "
+                "of such batches."
+            )
+        if strategy is None:
+            strategy = _keras.model_strategy(model)
+        variables, positions, target = _keras.resolve_variables_and_dtype(model, variables, dtype)
+        if loss is None:
+            loss, loss_weights = _keras.compiled_loss(model)
+        else:
+            loss_weights = None
+        structured = _keras.StructuredLoss(loss, loss_weights, target)
+        batches = Batches(data, batch_size, cast_floats_to=target)
+        check_keras_data(model, loss, batches)
+        spec = batches.element_spec
+        loss_id, loss_owners = _keras.loss_key((loss, loss_weights))
+        key = (
+            curvature.key,
+            "keras",
+            id(model),
+            loss_id,
+            training,
+            include_regularization,
+            target.name,
+            tuple(positions),
+            spec_key(spec),
+            allow_unused,
+        )
+
+        def build() -> Engine:
+            run_model = _keras.model_in_dtype(model, target)
+            program = _keras.KerasProgram(
+                run_model,
+                structured,
+                dtype=target,
+                training=training,
+                include_regularization=include_regularization,
+                positions=positions,
+            )
+            return Engine(curvature, program, spec, allow_unused=allow_unused)
+
+        engine = cached_engine(key, (model, *loss_owners), build)
+        program = engine.program
+        _check_no_clone_reads(engine, model, program.model)  # type: ignore[attr-defined]
+        replicas = Replicas(strategy, engine.dtype)
+        state = _keras.snapshot_state(model, program.model, replicas.devices)  # type: ignore[attr-defined]
+        seed_positions = list(program.seed_indices)  # type: ignore[attr-defined]
+        seed_bases = {}
+        for j, position in enumerate(seed_positions):
+            base = state[0][position].numpy()
+            if seed is not None:
+                base = np.array([seed, j * 2**20], dtype=base.dtype)
+            seed_bases[position] = base
+        captures, keep_alive = _capture_snapshots(engine, replicas.devices)
+        snapshot = _Snapshot(
+            captures,
+            state,
+            0 if seed is None else seed,
+            seed_positions,
+            seed_bases,
+            keep_alive=keep_alive,
+        )
+        operator = cls.__new__(cls)
+        operator._setup(
+            engine, batches, variables, snapshot, replicas, cache, cache_bytes, max_block_size
+        )
+        return operator
+
+    def _setup(
+        self,
+        engine: Engine,
+        batches: Batches,
+        variables: list[Any],
+        snapshot: _Snapshot,
+        replicas: Replicas,
+        cache: bool | str,
+        cache_bytes: int | None,
+        max_block_size: int | None,
+    ) -> None:
+        if isinstance(cache, (bool, np.bool_)):
+            cache = bool(cache)
+        elif cache != "auto":
+            raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
+        if max_block_size is None:
+            max_block_size = block_size_for(engine.size, engine.dtype.size)
+        max_block_size = check_int(max_block_size, "max_block_size")
+        cache_bytes = check_int(cache_bytes, "cache_bytes", minimum=0, allow_none=True)
+        self._engine = engine
+        self._batches = batches
+        self._replicas = replicas
+        self._snapshot = snapshot
+        self.variables = variables
+        self._cache_policy = cache
+        self.cache_bytes = _default_cache_bytes() if cache_bytes is None else int(cache_bytes)
+        self.max_block_size = int(max_block_size)
+        self.num_hvps = 0
+        self.num_data_passes = 0
+        self._caches: list[tuple[BatchCache, float, int, int]] | None = None
+        self._streaming = False
+        self._loss: float | None = None
+        self._gradient: np.ndarray | None = None
+        n = engine.size
+        LinearOperator.__init__(self, dtype=np.dtype(engine.dtype.as_numpy_dtype), shape=(n, n))
+
+    # -- flat vectors and variables -------------------------------------------------
+    @property
+    def num_examples(self) -> int:
+        """Number of examples N the loss is averaged over."""
+        return self._batches.num_examples
+
+    @property
+    def variable_shapes(self) -> list[tuple[int, ...]]:
+        return list(self._engine.shapes)
+
+    @property
+    def variable_names(self) -> list[str]:
+        """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
+        return list(self._engine.names)
+
+    @property
+    def curvature(self) -> str:
+        """The kind of matrix (``"hessian"``, ...)."""
+        return self._engine.curvature.name
+
+    @property
+    def product_path(self) -> str:
+        """``"split"`` (cached vector-independent part) or ``"recompute"`` (fallback)."""
+        return "split" if self._engine.split else "recompute"
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why products recompute everything per call (None when the graph is split)."""
+        return self._engine.fallback_reason
+
+    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
+        """Concatenate per-variable arrays (row-major) into one vector of length n."""
+        tensors = list(tensors)
+        if len(tensors) != len(self._engine.shapes):
+            raise ValueError(
+                f"expected {len(self._engine.shapes)} arrays (one per variable), got "
+                f"{len(tensors)}."
+            )
+        parts = []
+        for i, (t, shape) in enumerate(zip(tensors, self._engine.shapes)):
+            a = np.asarray(t)
+            if a.shape != shape:
+                raise ValueError(f"array {i} has shape {a.shape}; variable {i} has {shape}.")
+            parts.append(a.reshape(-1))
+        return np.concatenate(parts).astype(self.dtype, copy=False)
+
+    def unflatten(self, vector: Any) -> list[np.ndarray]:
+        """Split a vector of length n into arrays shaped like the variables."""
+        v = np.asarray(vector)
+        if v.shape != (self.shape[0],):
+            raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {v.shape}.")
+        pieces = np.split(v, np.cumsum(self._engine.sizes)[:-1])
+        return [p.reshape(s) for p, s in zip(pieces, self._engine.shapes)]
+
+    # -- loss, gradient, caching ----------------------------------------------------
+    def reset_cache(self) -> None:
+        """Drop the cached batch state to free its memory.
+
+        The operator keeps its snapshot: the next use recomputes the same state.
+        """
+        self._caches = None
+        self._streaming = False
+        self._loss = None
+        self._gradient = None
+
+    @property
+    def is_cached(self) -> bool:
+        """True when every batch's vector-independent state is held in memory."""
+        return self._caches is not None
+
+    @property
+    def cache_nbytes(self) -> int:
+        """Bytes held by the batch caches (0 when streaming)."""
+        return sum(c.nbytes for c, _, _, _ in self._caches or [])
+
+    def _owned_batches(self) -> Iterator[tuple[int, Any, float, int]]:
+        """``(index, batch, weight, local replica)`` for the batches this process computes."""
+        for index, (batch, weight) in enumerate(self._batches):
+            replica = self._replicas.owner(index)
+            if replica is not None:
+                yield index, batch, weight, replica
+
+    def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
+        return self._snapshot.inputs(replica, index, self._engine.flat_batch(batch))
+
+    def _prepare(self) -> None:
+        """First pass over the data: loss, gradient, and the caches when they fit."""
+        if self._loss is not None:
+            return
+        keep = self._cache_policy is not False
+        caches: list[tuple[BatchCache, float, int, int]] = []
+        used = 0
+        losses = self._replicas.accumulator()
+        grads = self._replicas.accumulator()
+        for index, batch, weight, replica in self._owned_batches():
+            inputs = self._inputs(index, batch, replica)
+            with self._replicas.device(replica), _graph_errors(f"batch {index}"):
+                if keep:
+                    cache = self._engine.cache(inputs)
+                    batch_loss, batch_grad = cache.loss, cache.gradient
+                    used += cache.nbytes
+                    if self._cache_policy == "auto" and used > self.cache_bytes:
+                        keep = False
+                        caches = []
+                    else:
+                        caches.append((cache, weight, replica, index))
+                else:
+                    batch_loss, batch_grad = self._engine.loss_and_gradient(inputs)
+            _check_batch_finite(index, weight, self._batches, batch_loss, batch_grad)
+            w = tf.constant(weight, self._engine.dtype)
+            losses.add(replica, batch_loss * w)
+            grads.add(replica, batch_grad * w)
+        self.num_data_passes += 1
+        self._loss = float(self._replicas.sum(losses, ()).numpy())
+        self._gradient = self._replicas.sum(grads, (self.shape[0],)).numpy()
+        self._caches = caches if keep else None
+        self._streaming = not keep
+
+    def loss(self) -> float:
+        """The dataset loss L(θ) at the operator's parameters."""
+        self._prepare()
+        assert self._loss is not None
+        return self._loss
+
+    def gradient(self) -> np.ndarray:
+        """The flat gradient ∇L(θ), shape (n,), in the operator's dtype."""
+        self._prepare()
+        assert self._gradient is not None
+        return self._gradient.copy()
+
+    # -- products -------------------------------------------------------------------
+    def _validated_block(self, x: Any, name: str) -> np.ndarray:
+        a = np.asarray(x)
+        n = self.shape[0]
+        if a.ndim == 1:
+            if a.shape[0] != n:
+                raise ValueError(
+                    f"{name}: expected a vector of length {n}, got length {a.shape[0]}."
+                )
+        elif a.ndim == 2:
+            if a.shape[0] != n:
+                raise ValueError(f"{name}: expected an array of shape ({n}, k), got {a.shape}.")
+        else:
+            raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
+        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
+            raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name}: the input contains NaN or Inf.")
+        largest = float(np.max(np.abs(a))) if a.size else 0.0
+        limit = float(np.finfo(self.dtype).max)
+        if largest > limit:
+            raise ValueError(
+                f"{name}: the input has entries up to {largest:.3g}, beyond the largest "
+                f"{self.dtype} ({limit:.3g}) the operator computes in; scale the vector down "
+                "(products are linear) or build the operator with dtype=np.float64."
+            )
+        return a
+
+    def matvec(self, x: Any) -> np.ndarray:
+        """C x for a vector x of shape (n,) (or (n, 1))."""
+        return super().matvec(self._validated_block(x, "matvec"))
+
+    def matmat(self, X: Any) -> np.ndarray:
+        """C X for X of shape (n, k): k products in one pass over the data."""
+        X = self._validated_block(X, "matmat")
+        if X.ndim != 2:
+            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[0]}, k).")
+        return super().matmat(X)
+
+    def rmatvec(self, x: Any) -> np.ndarray:
+        """Cᵀ x = C x (the matrix is symmetric)."""
+        return self.matvec(x)
+
+    def rmatmat(self, X: Any) -> np.ndarray:
+        """Cᵀ X = C X (the matrix is symmetric)."""
+        return self.matmat(X)
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matvec(x)
+
+    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
+        return self._matmat(X)
+
+    def _adjoint(self) -> CurvatureOperator:
+        return self
+
+    def _transpose(self) -> CurvatureOperator:
+        return self
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        k = X.shape[1]
+        if k == 0:
+            return np.zeros((self.shape[0], 0), self.dtype)
+        self._prepare()
+        rows = np.ascontiguousarray(np.asarray(X, dtype=self.dtype).T)
+        blocks = [
+            tf.constant(rows[i : i + self.max_block_size]) for i in range(0, k, self.max_block_size)
+        ]
+        sums = [self._replicas.accumulator() for _ in blocks]
+        for cache, weight, replica, index in self._iterate_caches():
+            with self._replicas.device(replica), _graph_errors(f"the product on batch {index}"):
+                w = tf.constant(weight, self._engine.dtype)
+                for block, total in zip(blocks, sums):
+                    total.add(replica, self._engine.apply(cache, block) * w)
+        self.num_hvps += k
+        self.num_data_passes += 1
+        n = self.shape[0]
+        out = np.concatenate(
+            [
+                self._replicas.sum(total, (int(block.shape[0]), n)).numpy()
+                for block, total in zip(blocks, sums)
+            ],
+            axis=0,
+        )
+        if not np.all(np.isfinite(out)):
+            self._raise_non_finite_product(out, blocks)
+        return np.ascontiguousarray(out.T)
+
+    def _iterate_caches(self) -> Iterator[tuple[BatchCache, float, int, int]]:
+        if self._caches is not None:
+            yield from self._caches
+            return
+        for index, batch, weight, replica in self._owned_batches():
+            inputs = self._inputs(index, batch, replica)
+            with self._replicas.device(replica), _graph_errors(f"batch {index}"):
+                cache = self._engine.cache(inputs)
+            yield cache, weight, replica, index
+
+    def _raise_non_finite_product(self, out: np.ndarray, blocks: list[tf.Tensor]) -> None:
+        """Name the batches whose products are not finite (one more pass, on failure only)."""
+        bad_batches = []
+        for cache, _, replica, index in self._iterate_caches():
+            with self._replicas.device(replica):
+                for block in blocks:
+                    part = self._engine.apply(cache, block)
+                    if not bool(tf.reduce_all(tf.math.is_finite(part))):
+                        bad_batches.append(index)
+                        break
+        count = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
+        where = f"batches {bad_batches[:10]}" if bad_batches else "the sum over batches (overflow)"
+        raise ValueError(
+            f"the {self._engine.curvature.title} product is not finite ({count} NaN/Inf "
+            f"entries, from {where}) although the weights, the batch losses and gradients "
+            f"are finite: the product overflows {self.dtype} for this vector. Scale the "
+            "vector down (products are linear) or build the operator with dtype=np.float64."
+        )
+
+    def __repr__(self) -> str:
+        mode = (
+            "cached"
+            if self._caches is not None
+            else ("streaming" if self._streaming else "not yet evaluated")
+        )
+        return (
+            f"<{type(self).__name__} n={self.shape[0]} dtype={self.dtype} "
+            f"variables={len(self._engine.shapes)} examples={self._batches.num_examples} "
+            f"{mode}; {self.num_hvps} products, {self.num_data_passes} data passes>"
+        )
+
+
+def _check_batch_finite(
+    index: int, weight: float, batches: Batches, loss: tf.Tensor, gradient: tf.Tensor
+) -> None:
+    """Refuse a batch whose loss or gradient is NaN/Inf, naming it.
+
+    Checked explicitly: fused CPU kernels (oneDNN matmul + ReLU) can turn a NaN into a
+    finite number, so a finite loss alone proves nothing about the gradient.
+    """
+    loss_value = float(loss)
+    finite = tf.math.count_nonzero(tf.math.is_finite(gradient))
+    bad = int(tf.size(gradient)) - int(finite)
+    if np.isfinite(loss_value) and bad == 0:
+        return
+    examples = round(weight * batches.num_examples)
+    problems = []
+    if not np.isfinite(loss_value):
+        problems.append(f"loss {loss_value}")
+    if bad:
+        problems.append(f"{bad} of {int(tf.size(gradient))} gradient entries NaN/Inf")
+    raise ValueError(
+        f"batch {index} ({examples} examples) gives a non-finite loss or gradient "
+        f"({', '.join(problems)}). The weights are finite, so look at the data of this batch "
+        "(NaN/Inf inputs or sample weights, labels out of range) or at an overflow in the "
+        "model."
+    )
+
+
+def _check_no_clone_reads(engine: Engine, model: Any, run_model: Any) -> None:
+    """Refuse a compute clone whose own variables the traced graph reads.
+
+    Layers read their variables through ``keras.StatelessScope``, which hands them the
+    snapshot values; a layer that reads a variable's ``tf.Variable`` directly would read
+    the clone's (stale) weights instead of the snapshot.
+    """
+    if run_model is model or not engine.captured_variables:
+        return
+    clone = {id(getattr(v, "value", v)) for v in run_model.variables}
+    read = [variable_name(v) for v in engine.captured_variables if id(v) in clone]
+    if read:
+        raise TypeError(
+            f"the model reads {read} directly (not through Keras' stateless scope), so a "
+            "copy of it in another dtype cannot be fed the snapshot values. Build the model "
+            "in the compute dtype yourself and pass it with dtype=None."
+        )
+
+
+def _check_distinct(user_variables: Sequence[Any], tf_variables: Sequence[tf.Variable]) -> None:
+    seen: dict[int, int] = {}
+    for i, v in enumerate(tf_variables):
+        if id(v) in seen:
+            raise ValueError(
+                f"variable {variable_name(user_variables[i])!r} is listed twice in variables "
+                f"(positions {seen[id(v)]} and {i}); each parameter may appear once."
+            )
+        seen[id(v)] = i
+
+
+def _check_variable_dtypes(
+    user_variables: Sequence[Any], tf_variables: Sequence[tf.Variable]
+) -> None:
+    for user_var, var in zip(user_variables, tf_variables):
+        if not var.dtype.is_floating:
+            raise TypeError(
+                f"variable {variable_name(user_var)!r} has dtype {var.dtype.name}; Hessians "
+                "need floating-point variables."
+            )
+    dtypes = {v.dtype.base_dtype for v in tf_variables}
+    if len(dtypes) != 1:
+        names = sorted(d.name for d in dtypes)
+        raise TypeError(
+            f"all variables must share one dtype to form one parameter vector; got {names}."
+        )
+
+
+def _capture_snapshots(
+    engine: Engine, devices: Sequence[str | None]
+) -> tuple[list[list[Any]], list[Any]]:
+    """Per replica, the values an operator feeds for the engine's captured tensors.
+
+    A captured ``tf.Variable`` handle is replaced by the handle of a copy of the variable
+    made now (the snapshot); other captured tensors are fed as they are. Non-finite
+    values in the copied variables are refused.
+    """
+    variables = list(getattr(engine, "captured_variables", None) or [])
+    per_device: list[list[Any]] = [[] for _ in devices]
+    keep_alive: list[Any] = []
+    for external in engine.captures:
+        variable = _variable_of_handle(external, variables)
+        if variable is None:
+            for values in per_device:
+                values.append(external)
+            continue
+        value = tf.convert_to_tensor(variable.read_value())
+        _keras.check_finite(value, variable_name(variable))
+        for values, device in zip(per_device, devices):
+
+            def make(device: str | None = device, value: tf.Tensor = value) -> tf.Variable:
+                with tf.device(device) if device is not None else contextlib.nullcontext():
+                    copy = _keras.copy_tensor(value, value.dtype, device)
+                    return tf.Variable(copy, trainable=False, name="snapshot")
+
+            snapshot = _outside_strategy(make)
+            keep_alive.append(snapshot)
+            values.append(snapshot.handle)
+    return per_device, keep_alive
+
+
+def _variable_of_handle(external: Any, variables: Sequence[Any]) -> Any:
+    if getattr(external, "dtype", None) != tf.resource:
+        return None
+    for variable in variables:
+        handles = [getattr(variable, "handle", None)]
+        handles += [getattr(v, "handle", None) for v in getattr(variable, "values", ()) or ()]
+        if any(h is external for h in handles):
+            return variable
+    return None

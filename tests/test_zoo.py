@@ -1,0 +1,110 @@
+"""Every supported architecture against its dense Hessian (tf.GradientTape.jacobian).
+
+For each model of tests/_zoo.py: the float64 operator's products, gradient and loss agree
+with the Hessian of a float64 copy of the model to 1e-9 relative (round-off is ~1e-14, a
+real bug is O(1)), the float32 operator's products to 1e-4 (float32 round-off through a
+few layers is ~1e-6), and the top eigenvalue from spectra.eigenvalues to 1e-8. The
+reference calls the float64 copy directly, ``model(x, training=...)``, with Keras' loss
+and ``model.losses`` — none of spectra's machinery.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from _dense import relative_error
+from _zoo import ZOO, N, ZooEntry, operator_for, zoo_case
+
+import spectra
+from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE, clear_engine_cache
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engines():
+    clear_engine_cache()
+    yield
+    clear_engine_cache()
+
+
+# Recurrent models take seconds each to trace (TensorFlow differentiating While loops).
+_SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [pytest.param(e, marks=[pytest.mark.slow] if e.name in _SLOW else []) for e in ZOO],
+    ids=[e.name for e in ZOO],
+)
+def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
+    _, _, op64, op32, (H, g, loss) = zoo_case(entry, rng)
+    n = H.shape[0]
+    assert op64.shape == (n, n) and n <= 300
+    assert op64.product_path == "split", op64.fallback_reason
+    V = rng.standard_normal((n, 3))
+    assert relative_error(op64.matmat(V), H @ V) < 1e-9
+    assert relative_error(op64.matvec(V[:, 0]), H @ V[:, 0]) < 1e-9
+    assert relative_error(op64.gradient(), g) < 1e-9
+    assert op64.loss() == pytest.approx(loss, rel=1e-10)
+    products32 = op32.matmat(V.astype(np.float32)).astype(np.float64)
+    assert op32.dtype == np.float32
+    if entry.float32_reference:
+        assert relative_error(products32, H @ V) < 1e-4
+    top = spectra.eigenvalues(op64, k=1, tol=1e-12, seed=0, progress=False)
+    exact = np.linalg.eigvalsh(H)[-1]
+    assert abs(top.eigenvalues[0] - exact) <= 1e-8 * abs(exact)
+
+
+@pytest.mark.parametrize("name", ["mlp", pytest.param("lstm-masked", marks=pytest.mark.slow)])
+def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
+    entry = next(e for e in ZOO if e.name == name)
+    keras.utils.set_random_seed(5)
+    model = entry.build("float32")
+    data = entry.data(rng, N, 4)
+    split = operator_for(entry, model, data, dtype=np.float64)
+    monkeypatch.setenv(SPLIT_ENVIRONMENT_VARIABLE, "0")
+    for cache in (True, False):
+        recompute = operator_for(entry, model, data, dtype=np.float64, cache=cache)
+        assert split.product_path == "split" and recompute.product_path == "recompute"
+        assert "disabled" in recompute.fallback_reason
+        V = rng.standard_normal((split.shape[0], 4))
+        assert relative_error(recompute.matmat(V), split.matmat(V)) < 1e-12
+        v = V[:, 0]
+        assert relative_error(recompute.matvec(v), split.matvec(v)) < 1e-12
+        np.testing.assert_allclose(recompute.gradient(), split.gradient(), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
+    # Loop accumulators (TensorLists) are cached; products must never consume them.
+    entry = next(e for e in ZOO if e.name == "lstm-masked")
+    model = entry.build("float32")
+    op = operator_for(entry, model, entry.data(rng, N, 4), dtype=np.float64, cache=True)
+    v = rng.standard_normal(op.shape[0])
+    first = op.matvec(v)
+    for _ in range(3):
+        np.testing.assert_array_equal(op.matvec(v), first)
+        np.testing.assert_array_equal(op.matmat(np.stack([v, v], 1))[:, 1], first)
+    assert op.cache_nbytes > 0
+
+
+def test_a_graph_that_cannot_be_split_falls_back_with_one_warning(rng, monkeypatch):
+    from spectra.operators import engine
+
+    def fail(self, *args):
+        raise engine._ExtractionError("part 'apply' could not be compiled: simulated")
+
+    entry = next(e for e in ZOO if e.name == "mlp")
+    model = entry.build("float64")
+    data = entry.data(rng, N, 4)
+    reference = operator_for(entry, model, data)
+    monkeypatch.setattr(engine.Engine, "_build_split", fail)
+    clear_engine_cache()
+    with pytest.warns(RuntimeWarning, match="could not split.*simulated.*recompute") as caught:
+        first = operator_for(entry, model, data)
+        second = operator_for(entry, model, data)  # the same compiled engine: no new warning
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert first.product_path == second.product_path == "recompute"
+    assert "simulated" in first.fallback_reason
+    V = rng.standard_normal((first.shape[0], 3))
+    np.testing.assert_allclose(first.matmat(V), reference.matmat(V), rtol=1e-12)
