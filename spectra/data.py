@@ -113,6 +113,9 @@ def _shard_across_workers(dataset: tf.data.Dataset, replicas: Replicas) -> tf.da
     policy = dataset.options().experimental_distribute.auto_shard_policy
     if policy == tf.data.experimental.AutoShardPolicy.OFF:
         policy = tf.data.experimental.AutoShardPolicy.DATA
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = policy
+        dataset = dataset.with_options(options)  # the rewrite reads the pipeline's own
     spec = dataset.element_spec
     flat = tf.nest.flatten(spec)
     try:

@@ -11,11 +11,13 @@ another order, so products agree to about 1e-15 relative (asserted: 1e-12).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -214,3 +216,58 @@ def test_cluster_stops_together_when_one_worker_fails(cluster: dict) -> None:
     assert first.startswith("WorkerFailed: worker(s) [1] of the cluster failed"), first
     assert second.startswith("ValueError") and "worker 1's shard" in second, second
     assert "99" in second
+
+
+# -- local replicas on their own threads (in-process, two stand-in devices) -----------------
+def _two_replicas(concurrent: bool = True):
+    from spectra._replicas import Replicas
+
+    replicas = Replicas(None)
+    replicas.devices = [None, None]  # two local replicas on the default device
+    replicas.concurrent = concurrent
+    return replicas
+
+
+def test_replicas_run_side_by_side_each_in_order() -> None:
+    barrier = threading.Barrier(2, timeout=30)
+    done: dict[int, list[int]] = {0: [], 1: []}
+
+    def task(replica: int, step: int) -> None:
+        if step == 0:
+            barrier.wait()  # both replicas' first tasks must be running at the same time
+        done[replica].append(step)
+
+    tasks = ((i % 2, functools.partial(task, i % 2, i // 2)) for i in range(10))
+    _two_replicas().run(tasks)
+    assert done == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+    # One after another, the first task waits for a partner that never comes.
+    barrier = threading.Barrier(2, timeout=0.2)
+    with pytest.raises(threading.BrokenBarrierError):
+        _two_replicas(concurrent=False).run([(0, functools.partial(task, 0, 0))])
+
+
+def test_replica_failures_are_raised_once_all_threads_stop() -> None:
+    ran: list[str] = []
+
+    def fail() -> None:
+        raise ValueError("batch 0 is bad")
+
+    tasks = [(0, fail), (1, lambda: ran.append("r1")), (0, lambda: ran.append("after"))]
+    with pytest.raises(ValueError, match="batch 0 is bad"):
+        _two_replicas().run(iter(tasks))
+    assert "after" not in ran  # a failed replica does not go on
+
+    def reading():
+        yield 0, lambda: ran.append("read")
+        raise OSError("the data source failed")
+
+    with pytest.raises(OSError, match="data source failed"):
+        _two_replicas().run(reading())
+
+
+def test_one_process_agrees_with_itself() -> None:
+    replicas = _two_replicas()
+    replicas.agree(None, "a pass")  # nothing to wait for
+    with pytest.raises(KeyError, match="mine"):
+        replicas.agree(KeyError("mine"), "a pass")
+    np.testing.assert_array_equal(replicas.all_gather([1.0, 2.0]), [[1.0, 2.0]])
