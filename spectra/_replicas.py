@@ -17,9 +17,11 @@ releases the GIL while a compiled function runs, so devices overlap; on GPUs ker
 launches are asynchronous as well. One replica runs on the calling thread.
 
 **Collective failure.** An exception on one worker would leave the others waiting in the
-next all-reduce forever. Multi-worker passes therefore end with :meth:`Replicas.agree`:
-one small all-reduce of a failure flag, after which every worker raises (the failing one
-its own error, the others an error naming it) or all go on.
+next all-reduce forever. A worker whose pass fails therefore still joins the pass's
+all-reduces, contributing NaN (``sum(..., poisoned=True)``), so every worker sees a
+non-finite sum; only then do all run :meth:`Replicas.agree`, one small all-reduce of a
+failure flag, after which the failing worker raises its own error and the others
+:class:`WorkerFailed` naming it. A pass that went well costs no extra collective.
 """
 
 from __future__ import annotations
@@ -174,10 +176,19 @@ class Replicas:
     def accumulator(self, dtype: tf.DType) -> _Accumulator:
         return _Accumulator(len(self.devices), dtype)
 
-    def sum(self, accumulator: _Accumulator, shape: tuple[int, ...]) -> tf.Tensor:
-        """Σ over all replicas of all processes (an all-reduce under a strategy)."""
+    def sum(
+        self, accumulator: _Accumulator, shape: tuple[int, ...], *, poisoned: bool = False
+    ) -> tf.Tensor:
+        """Σ over all replicas of all processes (an all-reduce under a strategy).
+
+        ``poisoned``: this process failed; it contributes NaN, so that every process
+        gets a non-finite sum and knows to ask who failed (:meth:`agree`).
+        """
         dtype = accumulator.dtype
-        values = [tf.zeros(shape, dtype) if v is None else v for v in accumulator.values]
+        if poisoned:
+            values = [tf.fill(shape, tf.constant(np.nan, dtype)) for _ in accumulator.values]
+        else:
+            values = [tf.zeros(shape, dtype) if v is None else v for v in accumulator.values]
         if self.strategy is None:
             return values[0]
         first = self.first_global

@@ -103,7 +103,7 @@ def batches_of(ids: np.ndarray) -> list[np.ndarray]:
     return [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
 
 
-def dataset_function(plan, read: list[int], contexts: list[list[int]], labels=Y):
+def dataset_function(plan, read: list[int], contexts: list[list[int]], features=X, labels=Y):
     """A dataset function whose pipeline ``p`` yields the batches ``plan(p, W)`` (lists of
     example ids) and records every id it yields in ``read``."""
 
@@ -120,7 +120,7 @@ def dataset_function(plan, read: list[int], contexts: list[list[int]], labels=Y)
         def generate():
             for ids in mine:
                 read.extend(int(i) for i in ids)
-                yield X[ids], labels[ids]
+                yield features[ids], labels[ids]
 
         return tf.data.Dataset.from_generator(generate, output_signature=SIGNATURE)
 
@@ -142,11 +142,11 @@ def all_on_first(p: int, workers: int) -> list[np.ndarray]:
     return batches_of(np.arange(NUM_EXAMPLES)) if p == 0 else []
 
 
-def sharded_check(model, plan, labels=Y) -> dict:
+def sharded_check(model, plan, features=X, labels=Y) -> dict:
     read: list[int] = []
     contexts: list[list[int]] = []
     op = spectra.HessianOperator.from_keras(
-        model, LOSS, dataset_function(plan, read, contexts, labels)
+        model, LOSS, dataset_function(plan, read, contexts, features, labels)
     )
     result = products(op)
     result.update(read=read, contexts=contexts, examples_read=op.num_examples_read)
@@ -197,14 +197,19 @@ def cluster_checks(records: Path) -> dict:
     tensors = tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH)
     op = spectra.HessianOperator.from_keras(model, LOSS, tensors)
     result["data_sharded"] = {**products(op), "examples_read": op.num_examples_read}
-    # A bad label in worker 1's shard: its counting pass fails; both workers must stop.
-    bad = Y.copy()
-    bad[30] = 99
-    try:
-        sharded_check(model, halves, labels=bad)
-        result["failure"] = "no error"
-    except Exception as err:  # the test checks which error each worker raised
-        result["failure"] = f"{type(err).__name__}: {err}"
+    # A bad label in worker 1's shard fails its counting pass, a NaN input its first pass
+    # (which checks batch losses): either way both workers must stop, neither wait.
+    bad_labels, bad_features = Y.copy(), X.copy()
+    bad_labels[30], bad_features[40, 0] = 99, np.nan
+    for name, data in [
+        ("labels", {"labels": bad_labels}),
+        ("features", {"features": bad_features}),
+    ]:
+        try:
+            sharded_check(model, halves, **data)
+            result[f"bad_{name}"] = "no error"
+        except Exception as err:  # the test checks which error each worker raised
+            result[f"bad_{name}"] = f"{type(err).__name__}: {err}"
     return result
 
 

@@ -346,6 +346,7 @@ def test_dataset_function_matches_the_dense_hessian(rng):
 
     op = HessianOperator.from_keras(model, SCE, data)
     assert contexts == [(1, 0, 1)]  # called once, at construction
+
     def loss():
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
 

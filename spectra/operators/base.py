@@ -463,14 +463,28 @@ class CurvatureOperator(LinearOperator):
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
         return self._snapshot.inputs(replica, index, self._engine.flat_batch(batch))
 
-    def _run_pass(self, tasks: Iterator[tuple[int, Callable[[], None]]], what: str) -> None:
-        """Run a pass's tasks on the local replicas; end it on every worker together."""
-        error: Exception | None = None
+    def _run_pass(self, tasks: Iterator[tuple[int, Callable[[], None]]]) -> Exception | None:
+        """Run a pass's tasks on the local replicas.
+
+        With one worker an error is raised at once. With several it is returned: the
+        worker still joins the pass's all-reduces (contributing NaN, so every worker sees
+        a non-finite sum) and raises after them (:meth:`_end_pass`), so none waits forever.
+        """
         try:
             self._replicas.run(tasks)
-        except Exception as err:  # raised by agree, after the other workers know
-            error = err
-        self._replicas.agree(error, what)
+        except Exception as err:
+            if self._replicas.num_workers == 1:
+                raise
+            return err
+        return None
+
+    def _end_pass(self, error: Exception | None, sums: Sequence[np.ndarray], what: str) -> None:
+        """After a pass's all-reduces: if any sum is not finite, learn whether a worker
+        failed (one small all-reduce, on every worker alike) and raise its error there,
+        :class:`~spectra._replicas.WorkerFailed` elsewhere. A pass that went well costs
+        no extra collective."""
+        if error is not None or not all(np.all(np.isfinite(s)) for s in sums):
+            self._replicas.agree(error, what)
 
     def _prepare(self) -> None:
         """First pass over the data: loss, gradient, and the caches when they fit."""
@@ -500,10 +514,21 @@ class CurvatureOperator(LinearOperator):
             (replica, functools.partial(step, index, batch, weight, replica))
             for index, batch, weight, replica in self._batches.assigned()
         )
-        self._run_pass(tasks, "the first pass over the data")
+        error = self._run_pass(tasks)
+        failed = error is not None
+        loss = self._replicas.sum(losses, (), poisoned=failed).numpy()
+        gradient = self._replicas.sum(grads, (self.shape[0],), poisoned=failed).numpy()
+        self._end_pass(error, [loss, gradient], "the first pass over the data")
+        if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
+            # Every batch's loss and gradient were finite: the sum overflowed.
+            raise ValueError(
+                f"the loss or gradient summed over the batches is not finite ({loss}) "
+                f"although every batch's is: it overflows {self.dtype}. Build the operator "
+                "with dtype=np.float64."
+            )
         self.num_data_passes += 1
-        self._loss = float(self._replicas.sum(losses, ()).numpy())
-        self._gradient = self._replicas.sum(grads, (self.shape[0],)).numpy()
+        self._loss = float(loss)
+        self._gradient = gradient
         self._caches = fill.caches() if fill.keeping else None
         self._streaming = not fill.keeping
 
@@ -625,17 +650,20 @@ class CurvatureOperator(LinearOperator):
                 (replica, functools.partial(streamed, index, batch, weight, replica))
                 for index, batch, weight, replica in self._batches.assigned()
             )
-        self._run_pass(tasks, "a product pass")
-        self.num_hvps += k
-        self.num_data_passes += 1
+        error = self._run_pass(tasks)
         n = self.shape[0]
         out = np.concatenate(
             [
-                self._replicas.sum(total, (int(block.shape[0]), n)).numpy()
+                self._replicas.sum(
+                    total, (int(block.shape[0]), n), poisoned=error is not None
+                ).numpy()
                 for block, total in zip(blocks, sums)
             ],
             axis=0,
         )
+        self._end_pass(error, [out], "a product pass")
+        self.num_hvps += k
+        self.num_data_passes += 1
         if not np.all(np.isfinite(out)):
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
