@@ -28,7 +28,6 @@ import contextlib
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from _localhost_cluster import finish, run_workers
 
 WIDTHS = (512, 1024, 512, 10)
 EXAMPLES, BATCH, FILES, K, REPEATS = 2048, 512, 4, 16, 2
@@ -96,11 +98,11 @@ def _timed_products(op, vectors) -> float:
 
 
 def _allreduce_seconds(replicas, n: int) -> dict[str, float]:
-    """Seconds of the all-reduce of the failure flag each pass ends with (a latency) and
-    of a (k, n) float32 block, k = 1 and K."""
+    """Seconds of the all-reduce of one number (the latency) and of a (k, n) float32
+    block, k = 1 and K."""
     import tensorflow as tf
 
-    seconds = {"flag": _best_of(REPEATS + 3, lambda: replicas.agree(None, "a timing"))}
+    seconds = {"scalar": _best_of(REPEATS + 3, lambda: replicas.all_gather([1.0]))}
     for k in (1, K):
         accumulator = replicas.accumulator(tf.float32)
         accumulator.add(0, tf.ones((k, n), tf.float32))
@@ -183,44 +185,10 @@ def _start(config: str, out: Path, records: Path, env: dict | None = None) -> su
     )
 
 
-def _wait(process: subprocess.Popen) -> None:
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"a benchmark process failed:\n{output[-3000:]}")
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _cluster(tmp: Path, records: Path) -> list[dict]:
-    ports = _free_ports(2)
-    spec = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    processes = []
-    try:
-        for task in range(2):
-            tf_config = {"cluster": spec, "task": {"type": "worker", "index": task}}
-            out = tmp / f"cluster{task}.json"
-            env = {"TF_CONFIG": json.dumps(tf_config)}
-            processes.append((out, _start("cluster", out, records, env)))
-        for _, process in processes:
-            _wait(process)
-    finally:
-        for _, process in processes:
-            if process.poll() is None:
-                process.kill()
-    return [json.loads(out.read_text()) for out, _ in processes]
+    outs = [tmp / f"cluster{task}.json" for task in range(2)]
+    run_workers(lambda task, env: _start("cluster", outs[task], records, env), 2, TIMEOUT)
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def main() -> None:
@@ -234,7 +202,7 @@ def main() -> None:
         results = {}
         for config in ("1x1", "1x2", "mirrored"):
             out = tmp / f"{config}.json"
-            _wait(_start(config, out, records))
+            finish(_start(config, out, records), TIMEOUT)
             results[config] = json.loads(out.read_text())
         workers = _cluster(tmp, records)
     load_after = os.getloadavg()
@@ -280,22 +248,22 @@ def main() -> None:
     print()
     # The cost model (README, "Scaling"): T_N = k c E/N + α + k 2(N-1)/N n s / B.
     timing = workers[0]["allreduce"]
-    latency, reduce_1, reduce_k = timing["flag"], timing["1"], timing[str(K)]
+    latency, reduce_1, reduce_k = timing["scalar"], timing["1"], timing[str(K)]
     per_vector = (reduce_k - latency) / K
     ring = 2 * (2 - 1) / 2
     bandwidth = ring * n * 4 / max(per_vector, 1e-12)
     compute = first["seconds"] / 2  # T_1x1 / N: each worker computes half the examples
-    predicted = compute + latency + reduce_k
+    predicted = compute + reduce_k
     measured = workers[0]["seconds"]
     per_worker_vector = compute / K
     print(
-        f"all-reduce on 2 workers: a flag {latency * 1e3:.1f} ms (latency), (1, n) "
+        f"all-reduce on 2 workers: a number {latency * 1e3:.1f} ms (latency), (1, n) "
         f"{reduce_1 * 1e3:.1f} ms, ({K}, n) {reduce_k * 1e3:.0f} ms -> {per_vector * 1e3:.1f} ms "
         f"per vector, {bandwidth / 1e9:.2f} GB/s with the ring factor 2(N-1)/N = {ring:.0f}"
     )
     print(
-        f"cost model, 2 workers: T_1x1/2 + flag + all-reduce = {compute:.3f} + {latency:.3f} "
-        f"+ {reduce_k:.3f} = {predicted:.3f} s; measured {measured:.3f} s "
+        f"cost model, 2 workers: T_1x1/2 + all-reduce = {compute:.3f} + {reduce_k:.3f} "
+        f"= {predicted:.3f} s; measured {measured:.3f} s "
         f"(measured/predicted {measured / predicted:.2f})"
     )
     share = per_vector / per_worker_vector

@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _localhost_cluster import finish, run_workers
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 TIMEOUT = 300
@@ -38,28 +38,6 @@ def _run(args: list[str], env: dict | None = None) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def _finish(process: subprocess.Popen) -> str:
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        pytest.fail(f"distributed process timed out after {TIMEOUT} s:\n{output[-3000:]}")
-    assert process.returncode == 0, output[-3000:]
-    return output
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _assert_products(a: dict, b: dict) -> None:
@@ -107,25 +85,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict:
     records = tmp / "records"
     records.mkdir()
     files = _write_records(records)
-    ports = _free_ports(2)
-    spec = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    processes = []
-    try:
-        for task in range(2):
-            tf_config = {"cluster": spec, "task": {"type": "worker", "index": task}}
-            out = tmp / f"worker{task}.json"
-            env = {"TF_CONFIG": json.dumps(tf_config)}
-            processes.append((out, _run(["worker", str(out), str(records)], env)))
-        single_out = tmp / "single.json"
-        single = _run(["single", str(single_out)])
-        _finish(single)
-        for _, process in processes:
-            _finish(process)
-    finally:
-        for _, process in processes:
-            if process.poll() is None:
-                process.kill()
-    workers = [json.loads(out.read_text()) for out, _ in processes]
+    outs = [tmp / f"worker{task}.json" for task in range(2)]
+    single_out = tmp / "single.json"
+    run_workers(
+        lambda task, env: _run(["worker", str(outs[task]), str(records)], env),
+        2,
+        TIMEOUT,
+        alongside=lambda: finish(_run(["single", str(single_out)]), TIMEOUT),
+    )
+    workers = [json.loads(out.read_text()) for out in outs]
     return {"workers": workers, "single": json.loads(single_out.read_text()), "files": files}
 
 
@@ -145,7 +113,7 @@ def _assert_read_only(result: dict, expected: list[int], passes: int) -> None:
 @pytest.mark.slow
 def test_mirrored_strategy_on_two_logical_devices(tmp_path: Path) -> None:
     out = tmp_path / "mirrored.json"
-    _finish(_run(["mirrored", str(out)]))
+    finish(_run(["mirrored", str(out)]), TIMEOUT)
     result = json.loads(out.read_text())
     assert result["replicas"] == 2 and result["single_replicas"] == 1
     _assert_estimates(result["distributed"], result["single"])
