@@ -921,6 +921,7 @@ def test_sharpness_preconditioned_on_adam_checkpoints(adam_mlp_run, tmp_path, ca
         D = dense["D"]
         values, vectors[entry["step"]] = _eigh_descending(D[:, None] * dense["H"] * D[None, :])
         assert entry["eigenvalues"][0] == pytest.approx(values[0], rel=1e-8)
+        assert entry["num_data_passes"] > 0  # counted through the preconditioned operator
         model = load_model(run / entry["file"], compile=True)
         op = HessianOperator.from_keras(model, None, load_data(data).as_tuple())
         library = eigenvalues(spectra.preconditioned(op, model.optimizer), k=1, tol=1e-10)

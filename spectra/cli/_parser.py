@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser(
         "analyze",
         parents=[common, eigen, trace],
-        help="eigenvalues, trace and spectral density of one model's loss Hessian",
+        help="eigenvalues, trace, spectral density and per-layer spectra of one model's loss "
+        "Hessian (or GGN, Fisher)",
         description="Top eigenvalues (with error bounds), optionally the trace (± standard "
         "error) and the spectral density (stochastic Lanczos quadrature) of the Hessian of a "
         "model's dataset loss (or of another --curvature matrix). Writes DIR/results.json, "
@@ -253,10 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Analyze each checkpoint in step order and write DIR/sharpness.json and "
         "DIR/sharpness.csv after each one, and DIR/sharpness.png at the end, with the "
         "stability threshold of the run's optimizer (2/η for gradient descent, Cohen et al. "
-        "2021) when it is known. Resumable: a rerun with the same checkpoints and settings "
-        "skips the checkpoints already done; anything else is refused. Checkpoints of one "
-        "architecture share one model and one compiled Hessian product, and each eigensolve "
-        "starts from the previous checkpoint's eigenvectors.",
+        "2021) when it is known; with --preconditioned the sharpness of P⁻¹H for the "
+        "optimizer state of each checkpoint, against the optimizer's threshold (38/η for "
+        "Adam, Cohen et al. 2022). Each entry also records the overlap of the top "
+        "eigenvector(s) with the previous checkpoint's. Resumable: a rerun with the same "
+        "checkpoints and settings skips the checkpoints already done; anything else is "
+        "refused. Checkpoints of one architecture share one model and one compiled Hessian "
+        "product, and each eigensolve starts from the previous checkpoint's eigenvectors.",
     )
     sharpness.add_argument(
         "checkpoints",
