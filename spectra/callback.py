@@ -94,8 +94,9 @@ class SharpnessCallback(keras.callbacks.Callback):
     al. 2021).
 
     Checked in ``on_train_begin``, before any training step: the loss (given, or the
-    compiled one), that the operator can be built on ``data`` (shapes, dtype), and that
-    ``log_file`` can be written.
+    compiled one), that the operator can be built on ``data`` (shapes, dtype), that
+    ``log_file`` can be written and, with ``preconditioned=True``, that the optimizer has a
+    diagonal preconditioner.
 
     Results
     -------
