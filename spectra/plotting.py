@@ -417,6 +417,12 @@ def _twin(ax: Axes, ylabel: str) -> Axes:
     return twin
 
 
+def _color_y_axis(ax: Axes, color: Any) -> None:
+    """The y label and ticks of ``ax`` in the color of its series."""
+    ax.yaxis.label.set_color(color)
+    ax.tick_params(axis="y", which="both", colors=color)
+
+
 def _per_step(name: str, values: Any, size: int) -> np.ndarray:
     """``values`` as a 1-D array of one value per step."""
     array = _as_1d(name, values)
@@ -592,8 +598,7 @@ def plot_sharpness(
             loss_ax.set_yscale("log")
             # Labelled decades only: a twin axis has no room for minor-tick labels.
             loss_ax.yaxis.set_minor_formatter(NullFormatter())
-        loss_ax.tick_params(axis="y", which="both", colors=loss_color)
-        loss_ax.yaxis.label.set_color(loss_color)
+        _color_y_axis(loss_ax, loss_color)
         twins.append(loss_ax)
     else:
         existing = _find_twin(ax, _LOSS_LABEL)
@@ -612,8 +617,7 @@ def plot_sharpness(
             label=(_TRACE_LABEL if not label else f"{label}, trace")
             + ("" if trace_error_array is None else " ± s.e."),
         )
-        trace_ax.yaxis.label.set_color(next_color)
-        trace_ax.tick_params(axis="y", which="both", colors=next_color)
+        _color_y_axis(trace_ax, next_color)
         twins.append(trace_ax)
     else:
         existing = _find_twin(ax, _TRACE_LABEL)
@@ -635,12 +639,10 @@ def plot_sharpness(
             else f"{label}, overlap",
         )
         overlap_ax.set_ylim(0.0, 1.05)
-        overlap_ax.yaxis.label.set_color(overlap_color)
-        overlap_ax.tick_params(axis="y", which="both", colors=overlap_color)
+        _color_y_axis(overlap_ax, overlap_color)
         twins.append(overlap_ax)
     if twins and value_array.ndim == 1 and len(colors) == 1:
-        ax.yaxis.label.set_color(colors[0])
-        ax.tick_params(axis="y", which="both", colors=colors[0])
+        _color_y_axis(ax, colors[0])
     _refresh_legend(ax, *twins, always=column_errors is not None, outside=True)
     return ax
 
