@@ -852,6 +852,7 @@ def _eigh_descending(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values[::-1], vectors[:, ::-1]
 
 
+@pytest.mark.slow
 def test_analyze_a_compiled_lstm_checkpoint_without_loss(adam_lstm_run, tmp_path):
     """No --loss: the compiled loss; λ and the per-layer table against dense eigh (1e-8)."""
     run, data, truth = adam_lstm_run
@@ -885,6 +886,10 @@ def test_analyze_a_compiled_lstm_checkpoint_without_loss(adam_lstm_run, tmp_path
         # degrees of freedom; |t| > 6 has probability about 2e-4.
         error = abs(layers["traces"][index] - np.trace(block))
         assert error <= 6 * layers["trace_stderr"][index]
+    table = results["layer_table"]
+    assert [row["group"] for row in table] == layers["groups"]
+    for row, values, trace_value in zip(table, layers["eigenvalues"], layers["traces"]):
+        assert row["eigenvalues"] == values and row["trace"] == trace_value
     assert "per layer (3 layers" in printed and "lstm/lstm_cell" in printed
     _assert_png(out / "layers.png")
     assert results["files"]["layers_figure"] == [str(out / "layers.png")]

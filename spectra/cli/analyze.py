@@ -50,7 +50,12 @@ _FIGURES = ("eigenvalues", "density", "layers")
 
 @dataclass
 class AnalysisReport(CommandReport):
-    """Everything ``spectra analyze`` computed, as written to ``results.json``."""
+    """Everything ``spectra analyze`` computed, as written to ``results.json``.
+
+    With ``--layers``: ``layers`` is the :class:`spectra.LayerwiseResult` (one list entry
+    per layer in each field) and ``layer_table`` the same as one row per layer (name,
+    size, eigenvalues, error bounds, converged, and with ``--trace`` trace and its
+    standard error)."""
 
     model: dict[str, Any]
     loss: float
@@ -61,6 +66,7 @@ class AnalysisReport(CommandReport):
     density_moments: SpectralMoments | None
     negative_mass: SpectralMass | None
     layers: LayerwiseResult | None
+    layer_table: list[dict[str, Any]] | None
     num_products: int
     num_data_passes: int
     wall_times: dict[str, float]
@@ -156,6 +162,7 @@ def _compute(
         density_moments=moments,
         negative_mass=negative,
         layers=layers,
+        layer_table=None if layers is None else layers.rows(),
         num_products=op.num_hvps,
         num_data_passes=op.num_data_passes,
         wall_times=wall_times,
