@@ -128,10 +128,12 @@ def _certified_bounds(
     """
     if values.size == 0:
         return np.zeros(0)
-    order = np.argsort(values, kind="stable")
-    low, high = values[order] - residuals[order], values[order] + residuals[order]
-    # A new cluster starts where an interval begins above the reach of all lower ones.
-    separate = low[1:] > np.maximum.accumulate(high)[:-1]
+    low, high = values - residuals, values + residuals
+    # Intervals by their lower ends: a new cluster starts where an interval begins above
+    # the reach of all those before it (sorting by θ would miss an interval with a larger
+    # residual that reaches back into an earlier cluster).
+    order = np.argsort(low, kind="stable")
+    separate = low[order][1:] > np.maximum.accumulate(high[order])[:-1]
     cluster = np.empty(values.size, dtype=int)
     cluster[order] = np.concatenate([[0], np.cumsum(separate)])
     joint = np.sqrt(np.bincount(cluster, weights=residuals**2))
@@ -442,9 +444,8 @@ class _KrylovSchur:
         column[:j] = self.coupling[:j]
         column[j] = alpha = float(q @ w)
         w -= alpha * q
-        coupled_rows = np.flatnonzero(self.coupling[:j])
-        if coupled_rows.size:
-            w -= self.coupling[coupled_rows] @ self.basis[coupled_rows]
+        for row in np.flatnonzero(self.coupling[:j]):  # one row, or the kept ones
+            w -= self.coupling[row] * self.basis[row]
         if self.locked.shape[0]:
             self.coupled[:, j] = self.locked_residual_vectors @ q
             w -= self.coupled[:, j] @ self.locked
@@ -454,7 +455,7 @@ class _KrylovSchur:
         norm = float(np.linalg.norm(w))
         for _ in range(2):
             step = active @ w
-            w -= step @ active
+            w -= active.T @ step
             column += step
             if self.locked.shape[0]:
                 w -= (self.locked @ w) @ self.locked
