@@ -64,6 +64,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from scipy.linalg import blas as _blas
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from spectra._estimator_utils import (
@@ -187,13 +188,16 @@ def _miss_probability(log_delta: float, dimension: int, warm: bool) -> float:
     return min(1.0, math.exp(min(log_delta + math.log(factor), 0.0)) + 1e-6)
 
 
-def _polynomial_bound(nodes: np.ndarray, log_scale: float, log_level: float, side: int) -> float:
+def _polynomial_bound(
+    nodes: np.ndarray, log_scale: float, log_level: float, side: int, guess: float = 0.0
+) -> float:
     """The t beyond the extreme node on ``side`` (+1: above, −1: below) where
     ``Σ_ν log|t − ν| − log_scale = log_level``; the extreme node itself if the scale is 0.
 
     The left side increases with the distance x from the extreme node, and is convex
     in log x, so Newton's method on y = log x started to the right of the root
-    converges monotonically.
+    converges monotonically (to a t that errs outwards). ``guess``: a distance to try
+    as the start first (the previous step's root, a few iterations from the new one).
     """
     extreme = float(nodes.max() if side > 0 else nodes.min())
     if log_scale == -math.inf:
@@ -205,10 +209,12 @@ def _polynomial_bound(nodes: np.ndarray, log_scale: float, log_level: float, sid
         shifted = distances + x
         return float(np.sum(np.log(shifted))) - target, float(np.sum(x / shifted))
 
-    span = max(float(np.abs(nodes).max()), float(distances.max()), np.finfo(float).tiny)
-    x = span
-    while excess(x)[0] < 0 and x < 1e300:
-        x *= 4.0
+    if guess > 0 and excess(guess)[0] >= 0:
+        x = guess
+    else:
+        x = max(float(np.abs(nodes).max()), float(distances.max()), guess, np.finfo(float).tiny)
+        while excess(x)[0] < 0 and x < 1e300:
+            x *= 4.0
     y = math.log(x)
     for _ in range(100):
         value, slope = excess(math.exp(y))
@@ -236,23 +242,24 @@ class _Segment:
         self.discarded: list[float] = []
         self.log_scale = 0.0
         self.exact = False
+        # The last bounds' distances beyond the extreme nodes, each side: the start of
+        # the next solve.
+        self._distance = {+1: 0.0, -1: 0.0}
 
     def bounds(self, theta: np.ndarray, which: str) -> tuple[float, float]:
         """(upper bound on the largest, lower bound on the smallest) eigenvalue of the
         operator the run sees, each failing with probability <= its share."""
         nodes = np.concatenate([np.asarray(self.discarded), theta])
         log_scale = -math.inf if self.exact else self.log_scale
-        upper = (
-            _polynomial_bound(nodes, log_scale, self.log_level, +1)
-            if which != "smallest"
-            else math.inf
-        )
-        lower = (
-            _polynomial_bound(nodes, log_scale, self.log_level, -1)
-            if which != "largest"
-            else -math.inf
-        )
+        upper = self._solve(nodes, log_scale, +1) if which != "smallest" else math.inf
+        lower = self._solve(nodes, log_scale, -1) if which != "largest" else -math.inf
         return upper, lower
+
+    def _solve(self, nodes: np.ndarray, log_scale: float, side: int) -> float:
+        bound = _polynomial_bound(nodes, log_scale, self.log_level, side, self._distance[side])
+        extreme = float(nodes.max() if side > 0 else nodes.min())
+        self._distance[side] = side * (bound - extreme)
+        return bound
 
 
 class _KrylovSchur:
@@ -332,11 +339,14 @@ class _KrylovSchur:
         self.segments: list[_Segment] = []
         self.state: dict[str, Any] | None = None
         self.history: list[float] = []
+        self.residual_direction = np.empty(self.n)
+        self._work = np.empty(self.n)
         self._begin_segment(start / np.linalg.norm(start), warm)
 
     # -- the product loop ------------------------------------------------------------
     def next_vector(self) -> np.ndarray:
-        """The unit vector whose product :meth:`absorb` takes next."""
+        """The unit vector whose product :meth:`absorb` takes next (the state's own
+        array: it changes in the next :meth:`absorb`)."""
         return self.residual_direction
 
     def absorb(self, image: np.ndarray) -> None:
@@ -381,7 +391,7 @@ class _KrylovSchur:
         self.segments.append(
             _Segment(_log_inverse_delta(dimension, share / self.events, warm), share)
         )
-        self.residual_direction = start
+        np.copyto(self.residual_direction, start)
         self._clear_active()
 
     def _clear_active(self) -> None:
@@ -432,34 +442,37 @@ class _KrylovSchur:
 
     # -- building blocks -----------------------------------------------------------
     def _extend(self, image: np.ndarray) -> None:
+        # In place on two owned vectors (the product and the next direction): fresh
+        # length-n temporaries cost more than the arithmetic at n ~ 10⁵.
         j = self.size
         q = self.residual_direction
         self.basis[j] = q
-        w = np.array(image, dtype=np.float64).reshape(self.n)
+        w = self._work
+        np.copyto(w, np.reshape(image, self.n))
         self.spent += 1
-        self.anorm = max(self.anorm, float(np.linalg.norm(w)))
+        self.anorm = max(self.anorm, math.sqrt(w @ w))
         # The coefficients the Krylov relation predicts: b along V, R_L q along L, and
         # α = qᵀAq along q itself.
         column = np.zeros(j + 1)
         column[:j] = self.coupling[:j]
         column[j] = alpha = float(q @ w)
-        w -= alpha * q
+        _blas.daxpy(q, w, a=-alpha)
         for row in np.flatnonzero(self.coupling[:j]):  # one row, or the kept ones
-            w -= self.coupling[row] * self.basis[row]
+            _blas.daxpy(self.basis[row], w, a=-self.coupling[row])
         if self.locked.shape[0]:
             self.coupled[:, j] = self.locked_residual_vectors @ q
-            w -= self.coupled[:, j] @ self.locked
+            _blas.dgemv(-1.0, self.locked.T, self.coupled[:, j], 1.0, w, overwrite_y=True)
         # Then Gram–Schmidt against the union of locked and active vectors (a pass
         # against the active ones alone would bring back locked components).
         active = self.basis[: j + 1]
-        norm = float(np.linalg.norm(w))
+        norm = math.sqrt(w @ w)
         for _ in range(2):
             step = active @ w
-            w -= active.T @ step
+            _blas.dgemv(-1.0, active.T, step, 1.0, w, overwrite_y=True)
             column += step
             if self.locked.shape[0]:
-                w -= (self.locked @ w) @ self.locked
-            shrunk, norm = norm, float(np.linalg.norm(w))
+                _blas.dgemv(-1.0, self.locked.T, self.locked @ w, 1.0, w, overwrite_y=True)
+            shrunk, norm = norm, math.sqrt(w @ w)
             if norm >= _REORTHOGONALIZATION_RATIO * shrunk:
                 break
         self.projected[: j + 1, j] = column
@@ -474,7 +487,7 @@ class _KrylovSchur:
         else:
             self.coupling[j] = beta
             segment.log_scale += math.log(beta)
-            self.residual_direction = w / beta
+            np.divide(w, beta, out=self.residual_direction)
 
     def _rayleigh_ritz(self) -> None:
         j = self.size

@@ -5,7 +5,9 @@
   shrinks the vector (a product off the relation).
 * The vectorized certified bounds, against the interval rule written as a loop.
 * The state fed one product at a time (what ``layerwise`` drives per group).
-* The single-vector product of the compiled engine (a (1, n) block in and out).
+
+(The engine's single-vector product, a (1, n) block in and out, is checked against dense
+Hessians by the operator tests, split and recomputing alike.)
 """
 
 from __future__ import annotations
@@ -153,30 +155,3 @@ def test_budget_finishes_the_state_with_an_honest_unconverged_result():
     values, _, bounds, _, converged = state.result()
     assert state.spent == 5 and not converged.any()
     assert abs(values[0] - 1.0) <= bounds[0]
-
-
-def test_single_vector_product_of_the_engine_matches_the_dense_hessian():
-    import keras
-    from _dense import dense_hessian
-
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential(
-        [
-            keras.Input((3,), dtype="float64"),
-            keras.layers.Dense(4, activation="tanh", dtype="float64"),
-            keras.layers.Dense(2, dtype="float64"),
-        ]
-    )
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((20, 3)), rng.integers(0, 2, 20)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
-    op = spectra.HessianOperator.from_keras(model, loss, (x, y), batch_size=8)
-    hessian = dense_hessian(lambda: loss(y, model(x)), model.trainable_variables)
-    vector = rng.standard_normal(op.shape[0])
-    np.testing.assert_allclose(op.matvec(vector), hessian @ vector, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(op.matvec(vector[:, None])[:, 0], hessian @ vector, rtol=1e-10)
-    block = op.matmat(np.stack([vector, 2.0 * vector], axis=1))
-    np.testing.assert_allclose(block[:, 0], op.matvec(vector), rtol=1e-12, atol=1e-14)
-    top = spectra.eigenvalues(op, k=1, tol=1e-10, seed=0)
-    exact = np.linalg.eigvalsh(hessian)[-1]
-    assert abs(top.eigenvalues[0] - exact) <= top.error_bounds[0] + 1e-14
