@@ -24,8 +24,11 @@ Models (the torch twins get the Keras weights, and their losses are checked to a
   global average pooling, dense 10), trained here for a few seeded epochs on the same
   data.
 
-Timing: both frameworks get the same number of threads (``--threads``, default 2: TF's
-intra- and inter-op pools, torch's intra- and inter-op threads). The two solvers are
+Timing: both frameworks get the same number of threads (``--threads``, default 1: TF's
+intra- and inter-op pools, torch's intra- and inter-op threads). One thread each is the
+robust comparison on a shared machine: with 2 threads on 2 busy cores, PyTorch's OpenMP
+threads wait for each other and its products slow down several times, which would
+flatter spectra. The two solvers are
 timed alternately, one run of each per repeat with the same seed index, in one process,
 and medians over the repeats are reported, so that a busy machine affects both sides
 alike. "solve" is the eigensolve alone, after each side's per-batch setup (PyHessian's
@@ -33,7 +36,7 @@ loss and gradient graph; spectra's cache fill); "setup" is that setup, timed the
 way. PyTorch is an optional dependency of this benchmark only:
 
     pip install torch==2.13.0          # a CPU build is enough
-    python benchmarks/pyhessian_compare.py [--threads 2] [--repeats 7] [--json out.json]
+    python benchmarks/pyhessian_compare.py [--threads 1] [--repeats 7] [--json out.json]
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ INSTALL_HINT = (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2, help="threads of each framework")
+    parser.add_argument("--threads", type=int, default=1, help="threads of each framework")
     parser.add_argument("--repeats", type=int, default=7, help="alternating timed runs")
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp,cnn")
     parser.add_argument("--tol", type=float, default=1e-6, help="spectra's tolerance")

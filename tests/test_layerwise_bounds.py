@@ -86,7 +86,8 @@ def test_converged_values_lie_within_their_bounds(coupled_blocks, k):
                     converged += 1
                     within_some += np.min(np.abs(truth - values[i])) <= bounds[i] + slack
                     within_ith += abs(truth[i] - values[i]) <= bounds[i] + slack
-    assert converged == len(TOLERANCES) * len(SEEDS) * 3 * k  # every group converges on these spectra
+    # Every group converges on these spectra.
+    assert converged == len(TOLERANCES) * len(SEEDS) * 3 * k
     assert within_some == converged
     assert within_ith == converged
 
