@@ -325,8 +325,9 @@ def layerwise(
     the trace probes (one per group and pass while Lanczos runs, then 16 per group),
     and, in the last Lanczos-free pass, the k Ritz vectors of every group for their
     residuals. Data passes: about max_l(steps_l) + 1; products: Σ_l steps_l + Σ_l k_l +
-    (number of groups)·num_probes (+ 2). The host keeps at most max(2k + 1, 20) vectors of
-    each group's length, i.e. max(2k + 1, 20)·n numbers in all.
+    (number of groups)·num_probes (+ 2). The host keeps at most max(2k + 1, 20) + 2k + 2
+    vectors of each group's length (the Krylov basis, the locked vectors and their
+    residuals, two work vectors), i.e. that many times n numbers in all.
     """
     started = time.perf_counter()
     k = _check_int("k", k)
