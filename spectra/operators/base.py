@@ -478,12 +478,12 @@ class CurvatureOperator(LinearOperator):
             return err
         return None
 
-    def _end_pass(self, error: Exception | None, sums: Sequence[np.ndarray], what: str) -> None:
-        """After a pass's all-reduces: if any sum is not finite, learn whether a worker
-        failed (one small all-reduce, on every worker alike) and raise its error there,
-        :class:`~spectra._replicas.WorkerFailed` elsewhere. A pass that went well costs
-        no extra collective."""
-        if error is not None or not all(np.all(np.isfinite(s)) for s in sums):
+    def _end_pass(self, error: Exception | None, finite: bool, what: str) -> None:
+        """After a pass's all-reduces (``finite``: whether all its sums are): if a sum is
+        not finite, learn whether a worker failed (one small all-reduce, on every worker
+        alike) and raise its error there, :class:`~spectra._replicas.WorkerFailed`
+        elsewhere. A pass that went well costs no extra collective."""
+        if error is not None or not finite:
             self._replicas.agree(error, what)
 
     def _prepare(self) -> None:
@@ -506,9 +506,8 @@ class CurvatureOperator(LinearOperator):
                 else:
                     batch_loss, batch_grad = self._engine.loss_and_gradient(inputs)
             _check_batch_finite(where, weight, self._batches, batch_loss, batch_grad)
-            w = tf.constant(weight, dtype)
-            losses.add(replica, batch_loss * w)
-            grads.add(replica, batch_grad * w)
+            losses.add(replica, _weighted(batch_loss, weight))
+            grads.add(replica, _weighted(batch_grad, weight))
 
         tasks = (
             (replica, functools.partial(step, index, batch, weight, replica))
@@ -518,8 +517,9 @@ class CurvatureOperator(LinearOperator):
         failed = error is not None
         loss = self._replicas.sum(losses, (), poisoned=failed).numpy()
         gradient = self._replicas.sum(grads, (self.shape[0],), poisoned=failed).numpy()
-        self._end_pass(error, [loss, gradient], "the first pass over the data")
-        if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
+        finite = bool(np.isfinite(loss) and np.all(np.isfinite(gradient)))
+        self._end_pass(error, finite, "the first pass over the data")
+        if not finite:
             # Every batch's loss and gradient were finite: the sum overflowed.
             raise ValueError(
                 f"the loss or gradient summed over the batches is not finite ({loss}) "
@@ -560,9 +560,11 @@ class CurvatureOperator(LinearOperator):
             raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
         if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
             raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{name}: the input contains NaN or Inf.")
+        # One pass over the input: the largest magnitude is NaN or Inf exactly when an
+        # entry is (np.max propagates NaN).
         largest = float(np.max(np.abs(a))) if a.size else 0.0
+        if not np.isfinite(largest):
+            raise ValueError(f"{name}: the input contains NaN or Inf.")
         limit = float(np.finfo(self.dtype).max)
         if largest > limit:
             raise ValueError(
@@ -624,9 +626,8 @@ class CurvatureOperator(LinearOperator):
                 on_device[replica] = [tf.identity(block) for block in blocks]
             where = f"the product on {self._batches.describe(index)}"
             with _graph_errors(where):
-                w = tf.constant(weight, dtype)
                 for block, total in zip(on_device[replica], sums):
-                    total.add(replica, self._engine.apply(cache, block) * w)
+                    total.add(replica, _weighted(self._engine.apply(cache, block), weight))
 
         def cached(entries: list[tuple[BatchCache, float, int, int]]) -> None:
             for entry in entries:
@@ -661,10 +662,11 @@ class CurvatureOperator(LinearOperator):
             ],
             axis=0,
         )
-        self._end_pass(error, [out], "a product pass")
+        finite = bool(np.all(np.isfinite(out)))
+        self._end_pass(error, finite, "a product pass")
         self.num_hvps += k
         self.num_data_passes += 1
-        if not np.all(np.isfinite(out)):
+        if not finite:
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
 
@@ -737,6 +739,13 @@ class _CacheFill:
     def caches(self) -> list[tuple[BatchCache, float, int, int]]:
         """The kept caches in batch order."""
         return sorted(self._kept, key=lambda entry: entry[3])
+
+
+def _weighted(value: tf.Tensor, weight: float) -> tf.Tensor:
+    """``weight · value``; a weight of 1 (one batch holding all N examples) costs no op."""
+    if weight == 1.0:
+        return value
+    return value * tf.constant(weight, value.dtype)
 
 
 def _check_batch_finite(
