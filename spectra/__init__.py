@@ -1,7 +1,8 @@
 """spectra: Hessian spectrum analysis for TensorFlow/Keras models.
 
 The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
-(:class:`HessianOperator`), and estimators that read its spectrum through products:
+(:class:`HessianOperator`; also the generalized Gauss-Newton matrix, :class:`GGNOperator`,
+and the Monte Carlo and empirical Fisher, :class:`FisherOperator`), and estimators that read its spectrum through products:
 :func:`eigenvalues`, :func:`lanczos`, :func:`trace`, :func:`diagonal`,
 :func:`spectral_density`, :func:`frobenius_norm`; per-layer spectra (:func:`layerwise`),
 the optimizer-preconditioned Hessian (:func:`preconditioned`, :func:`stability_threshold`)
@@ -33,7 +34,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
     "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
     "spectra.layerwise": ["LayerwiseResult", "layerwise"],
-    "spectra.operators": ["HessianOperator"],
+    "spectra.operators": ["FisherOperator", "GGNOperator", "HessianOperator"],
     "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
     "spectra.results": [
         "DensityCurve",
