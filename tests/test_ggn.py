@@ -42,9 +42,7 @@ def _head_model(units: int, head: str) -> keras.Model:
             dtype=F64,
         )(logits)
     else:
-        outputs = keras.layers.Lambda(lambda t: 1.0 / (1.0 + keras.ops.exp(-t)), dtype=F64)(
-            logits
-        )
+        outputs = keras.layers.Lambda(lambda t: 1.0 / (1.0 + keras.ops.exp(-t)), dtype=F64)(logits)
     return keras.Model(inputs, outputs)
 
 
