@@ -209,18 +209,21 @@ def test_regularization_enters_with_its_exact_hessian(rng):
     assert full.loss() - data_only.loss() == pytest.approx(0.25 * np.sum(kernel**2), rel=1e-12)
 
 
-def _two_headed_model() -> keras.Model:
+def _two_headed_model() -> tuple[keras.Model, keras.Model]:
+    """Softmax classes and a linear value, and the model of their split points."""
     inputs = keras.Input((4,), dtype=F64)
     hidden = keras.layers.Dense(5, activation="tanh", dtype=F64)(inputs)
     logits = keras.layers.Dense(3, name="logits", dtype=F64)(hidden)
     classes = keras.layers.Activation("softmax", name="classes", dtype=F64)(logits)
     value = keras.layers.Dense(2, name="value", dtype=F64)(hidden)
-    return keras.Model(inputs, {"classes": classes, "value": value})
+    return keras.Model(inputs, {"classes": classes, "value": value}), keras.Model(
+        inputs, [logits, value]
+    )
 
 
 def test_multi_output_compiled_loss_with_weights(rng):
     """z is both outputs; ∇²_zℓ is block diagonal with the loss weights."""
-    model = _two_headed_model()
+    model, points_model = _two_headed_model()
     model.compile(
         loss={"classes": "sparse_categorical_crossentropy", "value": "mse"},
         loss_weights={"classes": 0.7, "value": 2.0},
@@ -238,7 +241,7 @@ def test_multi_output_compiled_loss_with_weights(rng):
         part = take((x, y), start, start + BATCH)
 
         def points(part=part):
-            return points_model(part[0])
+            return points_model([part[0]])
 
         def loss(pts, part=part):
             labels = part[1]

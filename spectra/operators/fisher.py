@@ -116,7 +116,14 @@ def _stacked_output(
         return stacked, stacked
     if output.op.type == "Softmax":
         return stacked, keras.activations.softmax(stacked)
-    return stacked, keras.activations.sigmoid(stacked)
+    if output.op.type == "Sigmoid":
+        return stacked, keras.activations.sigmoid(stacked)
+    raise ValueError(
+        f"kind='mc': the loss reads the logits behind the output {output.name!r} (a "
+        f"{output.op.type} op), which spectra cannot recompute for sampled labels. End the "
+        "model with a softmax over the last axis or a sigmoid, or return the logits and "
+        "use a loss with from_logits=True."
+    )
 
 
 def _families() -> dict[Any, tuple[str, bool]]:
@@ -292,9 +299,10 @@ class FisherOperator(CurvatureOperator):
     """A Fisher matrix of a Keras model's loss, a symmetric PSD ``LinearOperator``.
 
     Both kinds are sums over examples of outer products of gradients, weighted like the
-    loss: with the batch loss L_b = Σ_i c_i ℓ_i (Keras' mean, c_i = w_i/n_b for sample
-    weights w_i, scaled by the loss weights of a multi-output model), and J_i = ∂z_i/∂θ
-    the Jacobian of example i's outputs,
+    loss. With J_i = ∂z_i/∂θ the Jacobian of example i's outputs, w_i its sample weight
+    (1 without), n_b the size of its batch and λ the loss weight of an output (1 for a
+    single output), c_i = λ·w_i/n_b is the example's weight in the batch loss
+    L_b = Σ_i c_i ℓ_i (Keras' mean):
 
     * ``kind="mc"`` (Monte Carlo Fisher)::
 
@@ -317,13 +325,14 @@ class FisherOperator(CurvatureOperator):
       predictive distribution (custom callables, label smoothing, hinge, ...) are refused.
     * ``kind="empirical"`` (empirical Fisher)::
 
-          E = Σ_b (n_b/N) Σ_i c_i g_i g_iᵀ,   g_i = J_iᵀ ∇_zℓ_i(y_i) = ∇_θ ℓ_i
+          E = Σ_b (n_b/N) Σ_i (w_i/n_b) g_i g_iᵀ,   g_i = J_iᵀ ∇_zℓ_i(y_i) = ∇_θ ℓ_i
 
-      with the true labels: (1/N) Σ_i g_i g_iᵀ without sample weights, per-example
-      gradients g_i of the example's whole loss (all outputs, with their loss weights).
-      A sample weight multiplies an example's term once, as it does in the loss (it
-      counts the example w_i times); it must be one array for all outputs. Any loss
-      that is a mean of per-example terms works, custom callables included.
+      with the true labels: (1/N) Σ_i g_i g_iᵀ without sample weights, where g_i is the
+      gradient of example i's whole loss ℓ_i = Σ_o λ_o ℓ_io (all outputs with their loss
+      weights, so cross-output terms are included). A sample weight multiplies an
+      example's term once, as it does in the loss (it counts the example w_i times); it
+      must be one array for all outputs. Any loss that is a mean of per-example terms
+      works, custom callables included.
 
     Kunstner, Hennig and Balles (2019) show that the empirical Fisher is not an
     approximation of the Fisher or of the Hessian in general: it is the uncentered
