@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
+
+F64 = "float64"
 
 
 def _variables(variables: Sequence[Any]) -> list[Any]:
@@ -95,3 +98,51 @@ def take(tree: Any, start: int, stop: int) -> Any:
 
 def symmetric_eigenvalues(M: np.ndarray) -> np.ndarray:
     return np.linalg.eigvalsh((M + M.T) / 2)
+
+
+def head_model(units: int, head: str, *, regularizer: Any = None) -> keras.Model:
+    """A float64 MLP 4 → 5 tanh → ``units`` logits (layer "logits") → ``head``: "logits"
+    (none), "softmax"/"sigmoid" (Keras activations, read through their logits by the
+    cross-entropies), or "probabilities"/"sigmoid-probabilities" (the same functions
+    written out, which a loss reads as probabilities)."""
+    inputs = keras.Input((4,), dtype=F64)
+    hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer=regularizer, dtype=F64)(
+        inputs
+    )
+    logits = keras.layers.Dense(units, name="logits", dtype=F64)(hidden)
+    if head == "logits":
+        outputs = logits
+    elif head in ("softmax", "sigmoid"):
+        outputs = keras.layers.Activation(head, dtype=F64)(logits)
+    elif head == "probabilities":
+        outputs = keras.layers.Lambda(
+            lambda t: keras.ops.exp(t) / keras.ops.sum(keras.ops.exp(t), axis=-1, keepdims=True),
+            dtype=F64,
+        )(logits)
+    else:
+        outputs = keras.layers.Lambda(lambda t: 1.0 / (1.0 + keras.ops.exp(-t)), dtype=F64)(logits)
+    return keras.Model(inputs, outputs)
+
+
+def point_model(model: keras.Model, head: str) -> keras.Model:
+    """What the loss differentiates: the logits behind a Keras softmax/sigmoid head, else
+    the model's output."""
+    if head in ("softmax", "sigmoid"):
+        return keras.Model(model.input, model.get_layer("logits").output)
+    return model
+
+
+def random_labels(kind: str, units: int, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` labels: "sparse" classes, "onehot" rows, "binary" entries or "real" targets."""
+    if kind == "sparse":
+        return rng.integers(0, units, n)
+    if kind == "onehot":
+        return np.eye(units)[rng.integers(0, units, n)]
+    if kind == "binary":
+        return rng.integers(0, 2, (n, units)).astype(F64)
+    return rng.standard_normal((n, units))
+
+
+def log_cosh(y_true: Any, y_pred: Any) -> tf.Tensor:
+    """A custom loss callable, convex and twice differentiable in y_pred (a batch mean)."""
+    return tf.reduce_mean(tf.reduce_sum(tf.math.log(tf.cosh(y_pred - y_true)), axis=-1))

@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _dense import relative_error
-from _gauss_newton import per_example_gradients, point_jacobian, symmetric_eigenvalues
+from _gauss_newton import (
+    head_model,
+    log_cosh,
+    per_example_gradients,
+    point_jacobian,
+    point_model,
+    random_labels,
+    symmetric_eigenvalues,
+)
 
 import spectra
 from spectra.operators import FisherOperator, GGNOperator
@@ -24,32 +32,6 @@ from spectra.operators import FisherOperator, GGNOperator
 F64 = "float64"
 N, BATCH = 11, 4
 SEED = 7
-
-
-def _model(units: int, head: str, *, regularizer=None) -> keras.Model:
-    """4 → 5 tanh → ``units`` logits (layer "logits") → head: "logits", "softmax",
-    "sigmoid", or "probabilities" (a softmax written out, read as probabilities)."""
-    inputs = keras.Input((4,), dtype=F64)
-    hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer=regularizer, dtype=F64)(
-        inputs
-    )
-    logits = keras.layers.Dense(units, name="logits", dtype=F64)(hidden)
-    if head == "logits":
-        outputs = logits
-    elif head == "probabilities":
-        outputs = keras.layers.Lambda(
-            lambda t: keras.ops.exp(t) / keras.ops.sum(keras.ops.exp(t), axis=-1, keepdims=True),
-            dtype=F64,
-        )(logits)
-    else:
-        outputs = keras.layers.Activation(head, dtype=F64)(logits)
-    return keras.Model(inputs, outputs)
-
-
-def _points_model(model: keras.Model, head: str) -> keras.Model:
-    if head in ("softmax", "sigmoid"):
-        return keras.Model(model.input, model.get_layer("logits").output)
-    return model
 
 
 def _batches():
@@ -107,16 +89,6 @@ def _mc_cases():
     }  # fmt: skip
 
 
-def _labels(kind: str, units: int, rng, n: int = N) -> np.ndarray:
-    if kind == "sparse":
-        return rng.integers(0, units, n)
-    if kind == "onehot":
-        return np.eye(units)[rng.integers(0, units, n)]
-    if kind == "binary":
-        return rng.integers(0, 2, (n, units)).astype(F64)
-    return rng.standard_normal((n, units))
-
-
 def _as_labels(kind: str, draws: np.ndarray, units: int) -> np.ndarray:
     if kind == "onehot":
         return np.eye(units)[draws]
@@ -128,14 +100,18 @@ def test_mc_fisher_is_its_formula_with_the_documented_draws(case, rng):
     """F = Σ_b (n_b/N) Σ_i (w_i/n_b) J_iᵀ [(1/S) Σ_s ∇ℓ(ŷ_is)∇ℓ(ŷ_is)ᵀ / κ] J_i, exactly."""
     units, head, loss, family, kind, per_example, kappa, from_logits = _mc_cases()[case]
     samples = 3
-    model = _model(units, head)
-    x, y, sw = rng.standard_normal((N, 4)), _labels(kind, units, rng), rng.uniform(0.5, 2, N)
+    model = head_model(units, head)
+    x, y, sw = (
+        rng.standard_normal((N, 4)),
+        random_labels(kind, units, rng, N),
+        rng.uniform(0.5, 2, N),
+    )
     op = FisherOperator.from_keras(
         model, loss, (x, y, sw), batch_size=BATCH, num_samples=samples, seed=SEED
     )
     assert op.curvature == "fisher-mc" and op.kind == "mc" and op.product_path == "split"
     F = op.matmat(np.eye(op.shape[0]))
-    points = _points_model(model, head)
+    points = point_model(model, head)
     reference = np.zeros_like(F)
     for index, start, stop in _batches():
         (point,), J = point_jacobian(
@@ -230,14 +206,16 @@ def test_mc_fisher_converges_to_the_ggn(family, rng):
     twice, the wrong distribution) fails."""
     delta, n = 2e-5, 40
     units = 3 if family == "categorical" else 2
-    model = _model(units, "logits")
+    model = head_model(units, "logits")
     x, sw = rng.standard_normal((n, 4)), rng.uniform(0.5, 2.0, n)
     loss = {
         "categorical": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         "bernoulli": keras.losses.BinaryCrossentropy(from_logits=True),
         "gaussian": "mse",
     }[family]
-    y = _labels({"categorical": "sparse", "bernoulli": "binary"}.get(family, "real"), units, rng, n)
+    y = random_labels(
+        {"categorical": "sparse", "bernoulli": "binary"}.get(family, "real"), units, rng, n
+    )
     data = (x, y, sw)
     ggn = GGNOperator.from_keras(model, loss, data, batch_size=16)
     V = rng.standard_normal((ggn.shape[0], 3))
@@ -268,7 +246,7 @@ def test_mc_fisher_converges_to_the_ggn(family, rng):
 
 
 def test_mc_fisher_is_fixed_per_batch_and_seeded(rng):
-    model = _model(3, "softmax")
+    model = head_model(3, "softmax")
     x, y = rng.standard_normal((N, 4)), rng.integers(0, 3, N)
     loss = "sparse_categorical_crossentropy"
     V = rng.standard_normal((model.count_params(), 4))
@@ -297,7 +275,7 @@ def _per_example_reference(losses, model, sw=None) -> np.ndarray:
 
 
 def test_empirical_fisher_matches_per_example_gradients(rng):
-    model = _model(3, "softmax")
+    model = head_model(3, "softmax")
     x, y, sw = rng.standard_normal((N, 4)), rng.integers(0, 3, N), rng.uniform(0.5, 2, N)
     sce = keras.losses.SparseCategoricalCrossentropy(dtype=F64)
     op = FisherOperator.from_keras(
@@ -334,10 +312,7 @@ def test_empirical_fisher_of_several_outputs_and_of_a_custom_loss(rng):
     reference = _per_example_reference([lambda i=i: example_loss(i) for i in range(N)], model, sw)
     assert relative_error(op.matmat(np.eye(op.shape[0])), reference) < 1e-9
 
-    def log_cosh(y_true, y_pred):
-        return tf.reduce_mean(tf.reduce_sum(tf.math.log(tf.cosh(y_pred - y_true)), axis=-1))
-
-    single = _model(2, "logits")
+    single = head_model(2, "logits")
     target = rng.standard_normal((N, 2))
     op = FisherOperator.from_keras(
         single, log_cosh, (x, target), batch_size=BATCH, kind="empirical"
@@ -349,7 +324,7 @@ def test_empirical_fisher_of_several_outputs_and_of_a_custom_loss(rng):
 
 @pytest.mark.parametrize("kind", ["mc", "empirical"])
 def test_regularization_enters_with_its_exact_hessian(kind, rng):
-    model = _model(3, "logits", regularizer=keras.regularizers.L2(0.25))
+    model = head_model(3, "logits", regularizer=keras.regularizers.L2(0.25))
     x, y = rng.standard_normal((N, 4)), rng.integers(0, 3, N)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eye = np.eye(model.count_params())
@@ -364,7 +339,7 @@ def test_regularization_enters_with_its_exact_hessian(kind, rng):
 
 
 def test_bad_input(rng):
-    model = _model(3, "logits")
+    model = head_model(3, "logits")
     x, y = rng.standard_normal((N, 4)), rng.integers(0, 3, N)
     sce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

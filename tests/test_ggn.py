@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _dense import batch_weighted, dense_hessian, relative_error
-from _gauss_newton import dense_ggn, symmetric_eigenvalues, take
+from _gauss_newton import (
+    dense_ggn,
+    head_model,
+    log_cosh,
+    point_model,
+    random_labels,
+    symmetric_eigenvalues,
+    take,
+)
 
 import spectra
 from spectra import _keras
@@ -22,33 +30,6 @@ from spectra.operators import FisherOperator, GGNOperator, HessianOperator
 
 N, BATCH = 11, 4
 F64 = "float64"
-
-
-def _head_model(units: int, head: str) -> keras.Model:
-    """4 → 5 tanh → ``units`` logits (layer "logits"), then the head: "logits" (none),
-    "softmax"/"sigmoid" (Keras activations, read through their logits by the
-    cross-entropies), or "probabilities"/"sigmoid-probabilities" (the same functions
-    written out, which the loss reads as probabilities)."""
-    inputs = keras.Input((4,), dtype=F64)
-    hidden = keras.layers.Dense(5, activation="tanh", dtype=F64)(inputs)
-    logits = keras.layers.Dense(units, name="logits", dtype=F64)(hidden)
-    if head == "logits":
-        outputs = logits
-    elif head in ("softmax", "sigmoid"):
-        outputs = keras.layers.Activation(head, dtype=F64)(logits)
-    elif head == "probabilities":
-        outputs = keras.layers.Lambda(
-            lambda t: keras.ops.exp(t) / keras.ops.sum(keras.ops.exp(t), axis=-1, keepdims=True),
-            dtype=F64,
-        )(logits)
-    else:
-        outputs = keras.layers.Lambda(lambda t: 1.0 / (1.0 + keras.ops.exp(-t)), dtype=F64)(logits)
-    return keras.Model(inputs, outputs)
-
-
-def _log_cosh(y_true, y_pred):
-    """A custom convex loss, twice differentiable in y_pred."""
-    return tf.reduce_mean(tf.reduce_sum(tf.math.log(tf.cosh(y_pred - y_true)), axis=-1))
 
 
 # name: (units, head, the loss given to the operator, labels, the reference loss at the
@@ -73,25 +54,8 @@ def _cases():
             2, "sigmoid-probabilities", bce(), "binary", bce(dtype=F64)
         ),
         "mse": (2, "logits", "mse", "real", keras.losses.MeanSquaredError(dtype=F64)),
-        "custom-callable": (2, "logits", _log_cosh, "real", _log_cosh),
+        "custom-callable": (2, "logits", log_cosh, "real", log_cosh),
     }  # fmt: skip
-
-
-def _labels(kind: str, units: int, rng: np.random.Generator) -> np.ndarray:
-    if kind == "sparse":
-        return rng.integers(0, units, N)
-    if kind == "onehot":
-        return np.eye(units)[rng.integers(0, units, N)]
-    if kind == "binary":
-        return rng.integers(0, 2, (N, units)).astype(F64)
-    return rng.standard_normal((N, units))
-
-
-def _point_model(model: keras.Model, head: str) -> keras.Model:
-    """What the loss differentiates: the logits behind a Keras softmax/sigmoid head."""
-    if head in ("softmax", "sigmoid"):
-        return keras.Model(model.input, model.get_layer("logits").output)
-    return model
 
 
 def _reference(point_model, reference_loss, data, weighted: bool) -> np.ndarray:
@@ -115,16 +79,16 @@ def _reference(point_model, reference_loss, data, weighted: bool) -> np.ndarray:
 @pytest.mark.parametrize("case", list(_cases()))
 def test_ggn_matches_dense_for_every_loss(case, rng):
     units, head, loss, label_kind, reference_loss = _cases()[case]
-    model = _head_model(units, head)
+    model = head_model(units, head)
     x = rng.standard_normal((N, 4))
-    y = _labels(label_kind, units, rng)
+    y = random_labels(label_kind, units, rng, N)
     weighted = case != "custom-callable"  # a plain callable cannot weight examples
     sw = rng.uniform(0.5, 2.0, N)
     data = (x, y, sw) if weighted else (x, y)
     op = GGNOperator.from_keras(model, loss, data, batch_size=BATCH)
     assert op.product_path == "split" and op.curvature == "ggn"
     G = op.matmat(np.eye(op.shape[0]))
-    reference = _reference(_point_model(model, head), reference_loss, (x, y, sw), weighted)
+    reference = _reference(point_model(model, head), reference_loss, (x, y, sw), weighted)
     assert relative_error(G, reference) < 1e-9
     # Convex losses: G is PSD.
     eigenvalues = symmetric_eigenvalues(G)
@@ -135,8 +99,8 @@ def test_probability_split_is_the_empirical_fisher(rng):
     """ℓ(z) = −log z_y has ∇²ℓ = ∇ℓ∇ℓᵀ: split at probabilities the GGN is the empirical
     Fisher, a different matrix from the GGN split at the logits (the softmax head)."""
     x, y = rng.standard_normal((N, 4)), rng.integers(0, 3, N)
-    probabilities = _head_model(3, "probabilities")
-    softmax = _head_model(3, "softmax")
+    probabilities = head_model(3, "probabilities")
+    softmax = head_model(3, "softmax")
     softmax.set_weights(probabilities.get_weights())
     loss = "sparse_categorical_crossentropy"
     G = GGNOperator.from_keras(probabilities, loss, (x, y), batch_size=BATCH)
@@ -168,7 +132,7 @@ def test_ggn_equals_hessian_for_a_linear_model(loss, rng):
 
 
 def test_ggn_is_psd_where_the_hessian_is_not(rng):
-    model = _head_model(3, "logits")
+    model = head_model(3, "logits")
     x, y = 3 * rng.standard_normal((N, 4)), rng.integers(0, 3, N)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eye = np.eye(model.count_params())
@@ -257,7 +221,7 @@ def test_multi_output_compiled_loss_with_weights(rng):
 
 
 def test_snapshot_and_cache_modes(rng):
-    model = _head_model(3, "softmax")
+    model = head_model(3, "softmax")
     x, y = rng.standard_normal((N, 4)), rng.integers(0, 3, N)
     loss = "sparse_categorical_crossentropy"
     V = rng.standard_normal((model.count_params(), 3))
@@ -289,10 +253,10 @@ def test_float32_model_in_float64(rng):
         model, "sparse_categorical_crossentropy", (x, y), batch_size=BATCH, dtype=np.float64
     )
     assert op.dtype == np.float64
-    copy = _head_model(3, "softmax")
+    copy = head_model(3, "softmax")
     copy.set_weights([w.astype(F64) for w in model.get_weights()])
     reference = _reference(
-        _point_model(copy, "softmax"),
+        point_model(copy, "softmax"),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype=F64),
         (x.astype(F64), y, None),
         weighted=False,
@@ -379,7 +343,7 @@ def test_bad_input():
     w = tf.Variable([1.0, 2.0])
     with pytest.raises(TypeError, match=r"GGNOperator.from_keras\(model, loss, data\)"):
         GGNOperator(lambda: tf.reduce_sum(w**2), [w])
-    model = _head_model(3, "logits")
+    model = head_model(3, "logits")
     x, y = np.zeros((N, 4)), np.zeros(N, dtype=int)
     constant = lambda y_true, y_pred: tf.constant(1.0, F64)  # noqa: E731
     with pytest.raises(ValueError, match="do not affect the loss"):
