@@ -1,13 +1,14 @@
 """spectra: Hessian spectrum analysis for TensorFlow/Keras models.
 
 The loss Hessian of a model, never formed, as a SciPy ``LinearOperator``
-(:class:`HessianOperator`), and estimators that read its spectrum through products:
-:func:`eigenvalues`, :func:`lanczos`, :func:`trace`, :func:`diagonal`,
-:func:`spectral_density`, :func:`frobenius_norm`; per-layer spectra (:func:`layerwise`),
-the optimizer-preconditioned Hessian (:func:`preconditioned`, :func:`stability_threshold`)
-and subspace overlaps (:func:`subspace_overlap`, :func:`gradient_overlap`). Estimators
-accept any symmetric ``LinearOperator`` (or a dense array), so they run on plain matrices
-too.
+(:class:`HessianOperator`; also the generalized Gauss-Newton matrix, :class:`GGNOperator`,
+and the Monte Carlo and empirical Fisher, :class:`FisherOperator`), and estimators that
+read its spectrum through products: :func:`eigenvalues`, :func:`lanczos`, :func:`trace`,
+:func:`diagonal`, :func:`spectral_density`, :func:`frobenius_norm`; per-layer spectra
+(:func:`layerwise`), the optimizer-preconditioned Hessian (:func:`preconditioned`,
+:func:`stability_threshold`) and subspace overlaps (:func:`subspace_overlap`,
+:func:`gradient_overlap`). Estimators accept any symmetric ``LinearOperator`` (or a dense
+array), so they run on plain matrices too.
 
 Names are imported on first use: ``import spectra`` and the NumPy-only estimators do not
 import TensorFlow; ``spectra.HessianOperator`` does. Submodules (``spectra.plotting``,
@@ -33,7 +34,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
     "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
     "spectra.layerwise": ["LayerwiseResult", "layerwise"],
-    "spectra.operators": ["HessianOperator"],
+    "spectra.operators": ["FisherOperator", "GGNOperator", "HessianOperator"],
     "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
     "spectra.results": [
         "DensityCurve",

@@ -5,9 +5,12 @@ TensorFlow's C++ runtime writes to file descriptor 2 directly. Some of its start
 before its logging is set up, so ``TF_CPP_MIN_LOG_LEVEL`` does not hold them back, and probing
 the devices on a machine without a GPU logs ``failed call to cuInit`` as an error. They are
 noise to a user: :func:`quiet_tensorflow` imports TensorFlow and probes the devices with
-descriptor 2 routed to a temporary file, and keeps later C++ INFO and WARNING lines out
-(``TF_CPP_MIN_LOG_LEVEL=2``; errors still show). If the import fails, what was captured is
-written back to stderr, so nothing that explains a failure is lost.
+descriptor 2 routed to a temporary file, and keeps later C++ log lines below FATAL out
+(``TF_CPP_MIN_LOG_LEVEL=3``): oneDNN's "falling back to Eigen" notices for int64 or bool
+kernels are logged as errors, while a failing op reaches Python as an exception with its
+message, so nothing a user needs is dropped (``--verbose`` shows every line). If the
+import fails, what was captured is written back to stderr, so nothing that explains a
+failure is lost.
 
 The command line calls it first; notebooks call ``spectra.quiet_tensorflow()`` in their first
 cell. It has an effect only before TensorFlow is first imported.
@@ -25,8 +28,8 @@ from types import ModuleType
 
 __all__ = ["native_stderr_captured", "quiet_tensorflow"]
 
-# C++ log lines below ERROR (INFO, WARNING) are dropped.
-_QUIET_CPP_LEVEL = "2"
+# C++ log lines below FATAL are dropped (op failures still raise Python exceptions).
+_QUIET_CPP_LEVEL = "3"
 
 
 @contextlib.contextmanager
@@ -66,7 +69,7 @@ def quiet_tensorflow(verbose: bool = False) -> ModuleType:
     """Import TensorFlow (and probe its devices) without C++ log lines; return the module.
 
     With ``verbose=True`` TensorFlow is imported as it is, every log line shown. Otherwise
-    ``TF_CPP_MIN_LOG_LEVEL`` is set to 2 (C++ errors only) unless the environment sets it,
+    ``TF_CPP_MIN_LOG_LEVEL`` is set to 3 (C++ fatal lines only) unless the environment sets it,
     the import and ``tf.config.list_physical_devices()`` (where the CUDA probing happens) run
     with descriptor 2 captured (:func:`native_stderr_captured`), and TensorFlow's and absl's
     Python loggers are set to ERROR. The device probe does not initialize the devices, so GPU

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -239,6 +240,20 @@ def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> 
     return [value] * len(names)
 
 
+@dataclass
+class LossTerm:
+    """One output's part of a :class:`StructuredLoss`: ``weight · loss(labels, output,
+    sample_weight)``, with ``output`` as the model returned it and ``loss`` the item of
+    the loss spec (a name, a ``keras.losses.Loss`` or a callable)."""
+
+    name: str
+    output: Any
+    loss: Any
+    weight: float | None
+    labels: Any
+    sample_weight: Any
+
+
 class StructuredLoss:
     """The data loss of a (multi-output) model as ``compile`` defines it.
 
@@ -265,7 +280,8 @@ class StructuredLoss:
             return [v for v in loss if v is not None]
         return [loss]
 
-    def __call__(self, model: Any, y: Any, outputs: Any, sample_weight: Any) -> tf.Tensor:
+    def terms(self, model: Any, y: Any, outputs: Any, sample_weight: Any) -> list[LossTerm]:
+        """One :class:`LossTerm` per output that has a loss, in the model's output order."""
         entries = _output_entries(model, outputs)
         names = [name for name, _ in entries]
         losses = _per_output(self.loss, names, "loss", broadcast=True)
@@ -284,17 +300,35 @@ class StructuredLoss:
             sample_weights = _per_output(sample_weight, names, "sample_weight", broadcast=False)
         else:
             sample_weights = [sample_weight] * len(names)
-        terms = []
-        for (name, pred), loss, weight, y_o, sw in zip(
-            entries, losses, weights, labels, sample_weights
-        ):
-            if loss is None:
-                continue
-            value = self._one(name, loss, y_o, pred, sw)
-            terms.append(value if weight is None else value * tf.cast(weight, self.dtype))
+        terms = [
+            LossTerm(name, pred, loss, weight, y_o, sw)
+            for (name, pred), loss, weight, y_o, sw in zip(
+                entries, losses, weights, labels, sample_weights
+            )
+            if loss is not None
+        ]
         if not terms:
             raise ValueError("every output's loss is None: there is no loss to differentiate.")
-        return tf.add_n(terms) if len(terms) > 1 else terms[0]
+        return terms
+
+    def value(self, term: LossTerm, labels: Any, sample_weight: Any) -> tf.Tensor:
+        """``weight · L(labels, term.output, sample_weight)``: one output's share of the loss."""
+        value = self._one(term.name, term.loss, labels, term.output, sample_weight)
+        if term.weight is None:
+            return value
+        # tf.constant, not tf.cast: a Python float cast would pass through float32.
+        return value * tf.constant(term.weight, self.dtype)
+
+    def resolved(self, term: LossTerm) -> LossCallable:
+        """The loss callable of ``term`` as it is evaluated (in this loss's dtype)."""
+        return self._resolved[id(term.loss)][0]
+
+    def __call__(self, model: Any, y: Any, outputs: Any, sample_weight: Any) -> tf.Tensor:
+        values = [
+            self.value(term, term.labels, term.sample_weight)
+            for term in self.terms(model, y, outputs, sample_weight)
+        ]
+        return tf.add_n(values) if len(values) > 1 else values[0]
 
     def _one(self, name: str, loss: Any, y: Any, pred: Any, sample_weight: Any) -> tf.Tensor:
         pred = tf.convert_to_tensor(pred)

@@ -24,13 +24,17 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   ``_average_gradients``, ``_accumulators``), indexed by ``_get_variable_index``, checked
   with Keras 3.15; fallback: the public ``optimizer.variables``, found by the names Keras
   gives them (``{variable path with '/' as '_'}_{slot}``, ``add_variable_from_reference``).
-
-(The checks of a model's data that read Keras' functional structure live with the other
-data checks in :mod:`spectra._validation`.)
+* :func:`functional_structure` reads the nested input and output structure of a
+  functional or Sequential model (``_inputs_struct``/``_outputs_struct``, a Sequential's
+  ``_functional``); fallback: the public ``input``/``output`` of a functional model and
+  ``inputs``/``outputs`` of a Sequential.
+* :func:`layer_input_tensors` lists the tensors a layer was called on in the model's graph
+  (``Layer._inbound_nodes``); fallback: the public ``layer.input`` (its first call).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -107,6 +111,38 @@ def _walk_layers(model: Any) -> list[Any]:
         found.append(layer)
         stack.extend(reversed(getattr(layer, "layers", [])))
     return found
+
+
+def functional_structure(model: Any) -> tuple[Any, Any, list[Any]] | None:
+    """``(inputs, outputs, layers)`` of a functional or Sequential model's graph.
+
+    ``inputs`` and ``outputs`` are nested as the model was built (the KerasTensors of its
+    ``Input``s and of its outputs: a dict, list or single tensor); None for a subclassed
+    model, which declares neither.
+    """
+    graph = model if hasattr(model, "_inputs_struct") else getattr(model, "_functional", None)
+    if graph is not None and hasattr(graph, "_outputs_struct"):
+        return graph._inputs_struct, graph._outputs_struct, list(model.layers)
+    # Public: a functional model's ``input``/``output`` are the nested structures; a
+    # Sequential has one input and one output, listed in ``inputs``/``outputs``.
+    with contextlib.suppress(AttributeError, ValueError):
+        return model.input, model.output, list(model.layers)
+    with contextlib.suppress(AttributeError, ValueError, TypeError):
+        inputs, outputs = list(model.inputs), list(model.outputs)
+        if len(inputs) == 1 and len(outputs) == 1:
+            return inputs[0], outputs[0], list(model.layers)
+    return None
+
+
+def layer_input_tensors(layer: Any) -> list[Any]:
+    """The KerasTensors ``layer`` was called on in its model's graph (every call)."""
+    nodes = getattr(layer, "_inbound_nodes", None)
+    if nodes is not None:
+        return [tensor for node in nodes for tensor in node.input_tensors]
+    try:
+        return tf.nest.flatten(layer.input)
+    except (AttributeError, ValueError):
+        return []
 
 
 def seed_state_variables(model: Any) -> list[Any]:

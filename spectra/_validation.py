@@ -30,11 +30,10 @@ Embedding inputs once, a few vectorized numpy reductions — for array data at o
 Hessian-product path.
 
 The model's structure (its nested inputs and outputs, which layer an ``Input`` feeds) is
-read from Keras 3 internals: ``_inputs_struct``/``_outputs_struct`` of a functional
-model (``_functional`` of a ``Sequential``) and ``Layer._inbound_nodes``, tested on
-Keras 3.x. Where they are missing (a subclassed model, another Keras version) the checks
-that need them are skipped: outputs are then inferred with ``compute_output_spec``, and a
-graph error still reaches the user with :func:`root_cause_first`.
+read with :func:`spectra._tf_compat.functional_structure` and
+:func:`~spectra._tf_compat.layer_input_tensors`. A subclassed model declares no structure:
+the checks that need it are skipped, outputs are inferred with ``compute_output_spec``,
+and a graph error still reaches the user with :func:`root_cause_first`.
 """
 
 from __future__ import annotations
@@ -47,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 import tensorflow as tf
+
+from spectra import _tf_compat
 
 if TYPE_CHECKING:
     from spectra.data import Batches
@@ -219,19 +220,12 @@ def _at(where: str | None) -> str:
 # -------------------------------------------------------------------------- model structure
 
 
-def _functional(model: keras.Model) -> Any:
-    """The functional graph of a Sequential or functional model (None for subclasses)."""
-    if hasattr(model, "_inputs_struct"):
-        return model
-    return getattr(model, "_functional", None)
-
-
 def _model_inputs(model: keras.Model) -> list[tuple[tuple, Any]]:
     """``(path in x, KerasTensor)`` for each declared input (empty for subclassed models)."""
-    graph = _functional(model)
-    if graph is None:
+    structure = _tf_compat.functional_structure(model)
+    if structure is None:
         return []
-    return list(_leaves_with_paths(graph._inputs_struct))
+    return list(_leaves_with_paths(structure[0]))
 
 
 def _leaf_at(x: Any, path: tuple, tensor: Any, single: bool) -> tuple[Any, tuple] | None:
@@ -265,9 +259,9 @@ def _keras_tensor(spec: tf.TensorSpec) -> keras.KerasTensor:
 
 def _model_outputs(model: keras.Model, x_spec: Any) -> Any:
     """The nested output structure (KerasTensors) of ``model``, or None if unknown."""
-    graph = _functional(model)
-    if graph is not None:
-        return graph._outputs_struct
+    structure = _tf_compat.functional_structure(model)
+    if structure is not None:
+        return structure[1]
     try:
         return model.compute_output_spec(tf.nest.map_structure(_keras_tensor, x_spec))
     except (ValueError, TypeError, NotImplementedError, AttributeError):
@@ -322,16 +316,15 @@ def _embedding_inputs(model: keras.Model) -> list[tuple[tuple, Any, keras.layers
     inputs = _model_inputs(model)
     by_id = {id(tensor): (path, tensor) for path, tensor in inputs}
     found = []
-    graph = _functional(model)
-    layers = graph.layers if graph is not None else []
+    structure = _tf_compat.functional_structure(model)
+    layers = structure[2] if structure is not None else []
     for layer in layers:
         if not isinstance(layer, keras.layers.Embedding):
             continue
-        for node in getattr(layer, "_inbound_nodes", []):
-            for tensor in node.input_tensors:
-                if id(tensor) in by_id:
-                    path, source = by_id[id(tensor)]
-                    found.append((path, source, layer))
+        for tensor in _tf_compat.layer_input_tensors(layer):
+            if id(tensor) in by_id:
+                path, source = by_id[id(tensor)]
+                found.append((path, source, layer))
     return found
 
 

@@ -1009,3 +1009,69 @@ def test_curvature_and_preconditioner_errors_are_one_line(case, tmp_path, capsys
     assert status == 2
     assert expected in _one_line_error(capsys)
     assert not (out / "results.json").exists()
+
+
+def _checkpoint_truths(checkpoint: Path, data: str) -> dict[str, np.ndarray]:
+    """Dense G = (1/N) Σ Jᵢᵀ (diag pᵢ − pᵢpᵢᵀ) Jᵢ and empirical Fisher (1/N) Σ gᵢgᵢᵀ of a
+    float64 classifier whose last layer gives logits, by TensorFlow Jacobians per example."""
+    import keras
+    import tensorflow as tf
+    from _gauss_newton import dense_ggn, per_example_gradients
+
+    model = keras.models.load_model(checkpoint, compile=False)
+    arrays = np.load(data)
+    x, y = arrays["x"], arrays["y"]
+    n = len(x)
+    variables = model.trainable_variables
+
+    def softmax_cross_entropy(points, label):
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(label, points[0]))
+
+    def example(i):
+        return (
+            lambda: [model(x[i : i + 1])],
+            lambda points: softmax_cross_entropy(points, y[i : i + 1]),
+            1 / n,
+        )
+
+    G = dense_ggn([example(i) for i in range(n)], variables)
+    gradients = per_example_gradients(
+        [lambda i=i: softmax_cross_entropy([model(x[i : i + 1])], y[i : i + 1]) for i in range(n)],
+        variables,
+    )
+    return {"ggn": G, "fisher-empirical": gradients.T @ gradients / n}
+
+
+@pytest.mark.parametrize("curvature", ["ggn", "fisher-empirical", "fisher-mc"])
+def test_analyze_curvature_matrices_against_dense_truths(curvature, adam_mlp_run, tmp_path):
+    """--curvature: the GGN and the empirical Fisher against dense matrices from per-example
+    Jacobians (1e-8); the Monte Carlo Fisher (random labels) against the library operator
+    built with the command's seed, and its top eigenvalue below the GGN's trace."""
+    import keras
+
+    from spectra import FisherOperator
+
+    run, data, _ = adam_mlp_run
+    checkpoint = run / "step_0004.keras"
+    out = tmp_path / "out"
+    args = ["analyze", str(checkpoint), "--data", data, "--curvature", curvature, "--top-k", "2"]
+    args += ["--tol", "1e-10", "--seed", "5", "--trace", "--trace-products", "10"]
+    status, printed = _run([*args, "--no-progress", "--out", str(out)])
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["curvature"] == curvature
+    found = np.array(results["eigenvalues"]["eigenvalues"])
+    if curvature == "fisher-mc":
+        model = keras.models.load_model(checkpoint, compile=False)
+        arrays = np.load(data)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        op = FisherOperator.from_keras(model, loss, (arrays["x"], arrays["y"]), kind="mc", seed=5)
+        matrix = op @ np.eye(op.shape[0])
+        assert "Monte Carlo Fisher" in printed
+    else:
+        matrix = _checkpoint_truths(checkpoint, data)[curvature]
+    dense, _ = _eigh_descending((matrix + matrix.T) / 2)
+    np.testing.assert_allclose(found, dense[:2], rtol=1e-8)
+    assert np.all(np.abs(found - dense[:2]) <= np.array(results["eigenvalues"]["error_bounds"]))
+    # Hutchinson, 10 Rademacher probes: |t| > 6 has probability about 2e-4 (t, 9 dof).
+    assert abs(results["trace"]["estimate"] - np.trace(matrix)) <= 6 * results["trace"]["stderr"]

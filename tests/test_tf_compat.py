@@ -205,3 +205,50 @@ def test_optimizer_slots_and_their_fallback(rng, make):
     for seen in (optimizer, _PublicOptimizer(optimizer)):
         with pytest.raises(ValueError, match="'sequential.*elsewhere/kernel' is not tracked"):
             _tf_compat.optimizer_slots(seen, stranger.trainable_variables, kind)
+
+
+def _multi_io_model():
+    tokens = keras.Input((4,), dtype="int32", name="tokens")
+    features = keras.Input((3,), name="features")
+    embedded = keras.layers.Embedding(7, 2, name="embedding")(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    joined = keras.layers.Concatenate()([pooled, features])
+    outputs = {"a": keras.layers.Dense(2, name="a")(joined), "b": keras.layers.Dense(1)(features)}
+    return keras.Model({"tokens": tokens, "features": features}, outputs)
+
+
+def test_functional_structure_and_its_fallback():
+    functional = _multi_io_model()
+    sequential = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    for model, hidden in ((functional, "_inputs_struct"), (sequential, "_functional")):
+        inputs, outputs, layers = _tf_compat.functional_structure(model)
+        fallback = _tf_compat.functional_structure(_Hidden(model, hidden))
+        assert fallback is not None
+        assert tf.nest.map_structure(id, fallback[0]) == tf.nest.map_structure(id, inputs)
+        assert tf.nest.map_structure(id, fallback[1]) == tf.nest.map_structure(id, outputs)
+        assert [id(layer) for layer in fallback[2]] == [id(layer) for layer in layers]
+    inputs, outputs, _ = _tf_compat.functional_structure(functional)
+    assert sorted(inputs) == ["features", "tokens"] and sorted(outputs) == ["a", "b"]
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    subclassed = Subclassed()
+    subclassed(np.ones((1, 3), np.float32))
+    assert _tf_compat.functional_structure(subclassed) is None
+
+
+def test_layer_input_tensors_and_its_fallback():
+    model = _multi_io_model()
+    embedding = model.get_layer("embedding")
+    primary = _tf_compat.layer_input_tensors(embedding)
+    assert [id(t) for t in primary] == [id(model.input["tokens"])]
+    fallback = _tf_compat.layer_input_tensors(_Hidden(embedding, "_inbound_nodes"))
+    assert [id(t) for t in fallback] == [id(t) for t in primary]
+    assert _tf_compat.layer_input_tensors(keras.layers.Dense(2)) == []  # never called
+    assert _tf_compat.layer_input_tensors(_Hidden(keras.layers.Dense(2), "_inbound_nodes")) == []
