@@ -385,6 +385,19 @@ class Batches:
         all of the data (arrays, or no data)."""
         return self._dataset is not None
 
+    def draw_index(self, index: int) -> int:
+        """The number that seeds the random draws of batch ``index`` of this process's
+        stream (Dropout masks in training mode, sampled labels), distinct over the cluster.
+
+        Batch i of worker w's own stream gets i·W + w: its global index when the shards
+        deal the batches round-robin (``Dataset.shard`` after ``batch``, auto-sharding by
+        data), so such a cluster draws what one process does. Arrays are indexed
+        globally already.
+        """
+        if self._per_worker:
+            return index * self._replicas.num_workers + self._replicas.worker
+        return index
+
     def describe(self, index: int) -> str:
         """How errors name batch ``index`` of this process's stream."""
         if self._per_worker and self._replicas.num_workers > 1:

@@ -7,7 +7,7 @@
         one worker of a 2-worker MultiWorkerMirroredStrategy cluster; several checks on
         one cluster start: arrays, dataset functions (halves, one batch more, an empty
         shard, a bad label on one worker), TFRecord files sharded by file, a dataset of
-        tensors sharded by data.
+        tensors sharded by data, Dropout in training mode with batches dealt round-robin.
     python _distributed_worker.py single OUT.json
         the reference: the same model and examples in one process without a strategy.
 
@@ -65,6 +65,26 @@ def build_model() -> keras.Model:
             keras.layers.Dense(CLASSES, dtype="float64"),
         ]
     )
+
+
+def build_dropout_model() -> keras.Model:
+    """With Dropout: in training mode each batch's products depend on its random draws."""
+    keras.utils.set_random_seed(3)
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,), dtype="float64"),
+            keras.layers.Dense(7, activation="tanh", dtype="float64"),
+            keras.layers.Dropout(0.4, dtype="float64"),
+            keras.layers.Dense(CLASSES, dtype="float64"),
+        ]
+    )
+
+
+def dropout_products(model, data) -> dict:
+    """Products in training mode (seeded Dropout masks per batch)."""
+    kwargs = {"batch_size": BATCH} if isinstance(data, tuple) else {}
+    op = spectra.HessianOperator.from_keras(model, LOSS, data, training=True, seed=7, **kwargs)
+    return products(op)
 
 
 def make_data() -> tuple[np.ndarray, np.ndarray]:
@@ -197,6 +217,11 @@ def cluster_checks(records: Path) -> dict:
     tensors = tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH)
     op = spectra.HessianOperator.from_keras(model, LOSS, tensors)
     result["data_sharded"] = {**products(op), "examples_read": op.num_examples_read}
+    # Batches dealt round-robin: each worker's batch i is global batch 2i + w, and draws
+    # the Dropout masks of that batch in one process.
+    with STRATEGY.scope():
+        dropout = build_dropout_model()
+    result["dropout"] = dropout_products(dropout, dataset_function(every_other_batch, [], []))
     # A bad label in worker 1's shard fails its counting pass, a NaN input its first pass
     # (which checks batch losses): either way both workers must stop, neither wait.
     bad_labels, bad_features = Y.copy(), X.copy()
@@ -247,6 +272,7 @@ def main() -> None:
     else:
         op = spectra.HessianOperator.from_keras(build_model(), LOSS, (X, Y), batch_size=BATCH)
         result = estimates(op)
+        result["dropout"] = dropout_products(build_dropout_model(), (X, Y))
     with open(OUT, "w") as f:
         json.dump(result, f)
 

@@ -180,6 +180,16 @@ def test_cluster_shards_other_datasets_by_data(cluster: dict) -> None:
 
 
 @pytest.mark.slow
+def test_cluster_draws_what_one_process_draws(cluster: dict) -> None:
+    # Training mode with Dropout: worker w's batch i seeds its masks as global batch
+    # 2i + w, which it is when the batches are dealt round-robin. Reusing the local index
+    # would give both workers' first batches the same masks, and other products.
+    reference = cluster["single"]["dropout"]
+    for result in cluster["workers"]:
+        _assert_products(result["dropout"], reference)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "check, error",
     [

@@ -461,7 +461,8 @@ class CurvatureOperator(LinearOperator):
         return sum(c.nbytes for c, _, _, _ in self._caches or [])
 
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
-        return self._snapshot.inputs(replica, index, self._engine.flat_batch(batch))
+        draw = self._batches.draw_index(index)
+        return self._snapshot.inputs(replica, draw, self._engine.flat_batch(batch))
 
     def _run_pass(self, tasks: Iterator[tuple[int, Callable[[], None]]]) -> Exception | None:
         """Run a pass's tasks on the local replicas.
