@@ -20,6 +20,7 @@ import pytest
 from spectra import HessianOperator, eigenvalues
 from spectra.checkpoints import load_model
 from spectra.cli import main
+from spectra.cli._common import plus_minus
 from spectra.datasets import load_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,12 +206,31 @@ def test_analyze_figures_and_summary(analyzed):
     out, results, printed = analyzed
     _assert_png(out / "eigenvalues.png")
     _assert_png(out / "density.png")
-    top = results["eigenvalues"]["eigenvalues"][0]
-    assert f"λ1 = {top:.6g} ±" in printed
+    top, bound = results["eigenvalues"]["eigenvalues"][0], results["eigenvalues"]["error_bounds"][0]
+    assert f"λ1 = {plus_minus(top, bound)}   residual" in printed
     assert "λ1/λ3 = " in printed
-    assert "trace (hutchinson) = " in printed
+    trace = results["trace"]
+    printed_trace = plus_minus(trace["estimate"], trace["stderr"])
+    assert f"trace (hutchinson) = {printed_trace} (standard error)" in printed
     assert "spectral mass below -0.01·λ1" in printed
     assert str(out / "results.json") in printed and str(out / "density.png") in printed
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "text"),
+    [
+        (20.9152, 0.87, "20.92 ± 0.87"),
+        (3.7447885, 4.5e-6, "3.7447885 ± 4.5e-06"),
+        (2.77259e-05, 3.2e-05, "2.8e-05 ± 3.2e-05"),
+        (10.4721, 0.59, "10.47 ± 0.59"),
+        (-0.0374, 0.002, "-0.0374 ± 0.002"),
+        (1.5, None, "1.5"),
+        (1.5, float("nan"), "1.5 ± nan"),
+        (None, 0.1, "n/a"),
+    ],
+)
+def test_plus_minus_rounds_the_value_to_its_uncertainty(value, error, text):
+    assert plus_minus(value, error) == text
 
 
 # --------------------------------------------------------------------------- sharpness

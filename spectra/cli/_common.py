@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib.metadata
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -407,8 +408,13 @@ def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
 
 
 def plus_minus(value: float | None, error: float | None) -> str:
+    """``value ± error`` with the error to 2 significant digits and the value to the same
+    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06), as measurements are written."""
     if value is None:
         return "n/a"
-    if error is None:
-        return f"{value:.6g}"
-    return f"{value:.6g} ± {error:.1e}"
+    if error is None or not math.isfinite(error) or not math.isfinite(value):
+        return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
+    if error <= 0 or value == 0:
+        return f"{value:.6g} ± {error:.2g}"
+    digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(error)) + 2
+    return f"{value:.{min(max(digits, 1), 12)}g} ± {error:.2g}"

@@ -272,8 +272,8 @@ def _print(report: AnalysisReport, console: Console) -> None:
         console.info(f"λ1/λ{eig.eigenvalues.size} = {report.eigenvalue_ratio:.4g}")
     if report.trace is not None:
         console.info(
-            f"trace ({report.trace.method}) = {report.trace.estimate:.6g} ± "
-            f"{report.trace.stderr:.2g} (standard error)"
+            f"trace ({report.trace.method}) = "
+            f"{plus_minus(report.trace.estimate, report.trace.stderr)} (standard error)"
         )
     if report.layers is not None:
         _print_layers(report.layers, console)
