@@ -50,6 +50,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/memory_streaming.py
 	$(BIN)/python benchmarks/trajectory.py
 	$(BIN)/python benchmarks/cli_help.py
+	$(BIN)/python benchmarks/scaling.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache

@@ -328,3 +328,123 @@ def test_sample_weights_in_a_dataset_match_the_dense_hessian(rng):
     assert relative_error(as_arrays.matmat(V), H @ V) < 1e-9
     unweighted = HessianOperator.from_keras(model, SCE, (x, y), batch_size=batch_size)
     assert relative_error(unweighted.matmat(V), H @ V) > 1e-2
+
+
+# -- dataset functions and sharding across workers --------------------------------------
+def test_dataset_function_matches_the_dense_hessian(rng):
+    # data=lambda input_context: dataset, the convention of
+    # strategy.distribute_datasets_from_function; without a strategy, one pipeline.
+    model = small_mlp()
+    x, y = arrays(rng, n=11)
+    contexts = []
+
+    def data(context):
+        contexts.append(
+            (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync)
+        )
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+
+    op = HessianOperator.from_keras(model, SCE, data)
+    assert contexts == [(1, 0, 1)]  # called once, at construction
+
+    def loss():
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
+
+    H = dense_hessian(loss, model.trainable_variables)
+    V = rng.standard_normal((op.shape[0], 4))
+    assert relative_error(op.matmat(V), H @ V) < 1e-10
+    assert op.num_examples == 11
+    # The counting pass and the pass that fills the cache read the data; products do not.
+    op.matmat(V)
+    assert op.num_examples_read == 2 * 11
+    assert op.num_bytes_read == 2 * (x.nbytes + y.nbytes)
+
+
+def test_array_batches_count_what_they_slice(rng):
+    x, y = arrays(rng, n=11)
+    batches = Batches((x, y), 4)
+    assert batches.examples_read == 0 and batches.bytes_read == 0
+    list(batches)
+    assert batches.examples_read == 11 and batches.bytes_read == x.nbytes + y.nbytes
+
+
+def test_dataset_function_errors(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    with pytest.raises(TypeError, match=r"data is a function.*data\(input_context\).*cannot be"):
+        Batches(lambda: dataset)
+    with pytest.raises(TypeError, match=r"must return a tf.data.Dataset.*returned a tuple"):
+        Batches(lambda context: (x, y))
+    with pytest.raises(ValueError, match=r"batch_size cannot be used .* dataset function"):
+        Batches(lambda context: dataset, 4)
+    with pytest.raises(ValueError, match=r"infinite tf.data.Dataset"):
+        Batches(lambda context: dataset.repeat())
+
+
+def test_components_of_unknown_rank_are_refused(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    unknown = dataset.map(lambda a, b: (a, tf.py_function(lambda t: t, [b], tf.int32)))
+    with pytest.raises(ValueError, match=r"known rank.*tf.ensure_shape"):
+        Batches(unknown)
+    known = unknown.map(lambda a, b: (a, tf.ensure_shape(b, [None])))
+    assert Batches(known).num_examples == 12
+
+
+class _Workers:
+    """What sharding reads of a strategy: W workers, this one's index, R replicas."""
+
+    def __init__(self, num_workers, worker):
+        self.num_workers, self.worker, self.total = num_workers, worker, num_workers
+
+
+def _records(directory, num_files, per_file):
+    files = []
+    for f in range(num_files):
+        path = str(directory / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(per_file):
+                writer.write(tf.io.serialize_tensor(tf.constant(100 * f + i, tf.int64)).numpy())
+        files.append(path)
+    return files
+
+
+def _read_ids(dataset):
+    return [int(i) for batch in dataset for i in batch.numpy()]
+
+
+def _parsed(files):
+    return (
+        tf.data.Dataset.from_tensor_slices(files)
+        .interleave(tf.data.TFRecordDataset, cycle_length=1)
+        .map(lambda r: tf.io.parse_tensor(r, tf.int64))
+        .map(lambda t: tf.ensure_shape(t, []))
+        .batch(3)
+    )
+
+
+def test_file_datasets_are_sharded_by_file(tmp_path):
+    files = _records(tmp_path, num_files=4, per_file=2)
+    shards = [
+        _read_ids(spectra.data._shard_across_workers(_parsed(files), _Workers(2, w)))
+        for w in range(2)
+    ]
+    # Worker w opens files w and w + 2 only, and batches what it reads.
+    assert shards == [[0, 1, 200, 201], [100, 101, 300, 301]]
+
+
+def test_other_datasets_are_sharded_by_batch():
+    dataset = tf.data.Dataset.range(10).batch(3)
+    shards = [
+        _read_ids(spectra.data._shard_across_workers(dataset, _Workers(2, w))) for w in (0, 1)
+    ]
+    assert shards == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9]]
+    # OFF would let every worker compute every batch (counted twice in the sum): by data.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    off = spectra.data._shard_across_workers(dataset.with_options(options), _Workers(2, 1))
+    assert _read_ids(off) == [3, 4, 5, 9]
+    # FILE on a dataset that reads no files: refused, with what to do instead.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    with pytest.raises(ValueError, match=r"FILE but TensorFlow found no files.*dataset function"):
+        spectra.data._shard_across_workers(dataset.with_options(options), _Workers(2, 0))

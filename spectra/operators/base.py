@@ -17,7 +17,10 @@ C_b is comes from a :class:`~spectra.operators.problem.Curvature` (the Hessian i
 * **blocks**: ``matmat`` multiplies k vectors in one pass over the data, in one compiled
   graph per batch;
 * **replicas**: under a ``tf.distribute`` strategy each replica computes its share of the
-  batches and the sums are all-reduced;
+  batches, the local replicas concurrently (one host thread each), and the sums are
+  all-reduced; with several workers each reads only its shard of a dataset
+  (:mod:`spectra.data`), and every pass ends on all workers together, failed or not
+  (:mod:`spectra._replicas`);
 * **checks**: non-finite weights, batch losses or gradients and products are refused
   with the variable or batch named; so are vectors that do not fit the operator's dtype.
 """
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -166,7 +171,16 @@ class CurvatureOperator(LinearOperator):
     same model, loss and data shapes share their compiled functions).
 
     Counters: ``num_hvps`` (vectors multiplied) and ``num_data_passes`` (passes over the
-    batches or their caches; the first pass that fills the cache counts too).
+    batches or their caches; the first pass that fills the cache counts too);
+    ``num_examples_read`` and ``num_bytes_read`` (what this process took from the data,
+    its shard with several workers, the counting pass included).
+
+    **Distributed.** ``strategy`` (or the one the model was built under) spreads the
+    batches over the replicas; ``data`` may then be a dataset function
+    ``lambda input_context: dataset`` that builds each worker's shard (see
+    :mod:`spectra.data`). Under a multi-worker strategy every worker must build the
+    operator and call the same methods in the same order (SPMD); the data are counted
+    across workers at construction.
     """
 
     # -- construction -----------------------------------------------------------------
@@ -200,7 +214,8 @@ class CurvatureOperator(LinearOperator):
         tf_variables = [_as_tf_variable(v) for v in user_variables]
         _check_distinct(user_variables, tf_variables)
         _check_variable_dtypes(user_variables, tf_variables)
-        batches = Batches(data, batch_size)
+        replicas = Replicas(strategy)
+        batches = Batches(data, batch_size, replicas=replicas)
         spec = batches.element_spec
         key = (
             curvature.key,
@@ -217,7 +232,6 @@ class CurvatureOperator(LinearOperator):
             return Engine(curvature, program, spec, allow_unused=allow_unused)
 
         engine = cached_engine(key, (loss_fn, *tf_variables), build)
-        replicas = Replicas(strategy, engine.dtype)
         captures, keep_alive = _capture_snapshots(engine, replicas.devices)
         snapshot = _Snapshot(captures, [[] for _ in replicas.devices], 0, keep_alive=keep_alive)
         self._setup(
@@ -265,7 +279,8 @@ class CurvatureOperator(LinearOperator):
         else:
             loss_weights = None
         structured = _keras.StructuredLoss(loss, loss_weights, target)
-        batches = Batches(data, batch_size, cast_floats_to=target)
+        replicas = Replicas(strategy)
+        batches = Batches(data, batch_size, cast_floats_to=target, replicas=replicas)
         check_keras_data(model, loss, batches)
         spec = batches.element_spec
         loss_id, loss_owners = _keras.loss_key((loss, loss_weights))
@@ -297,7 +312,6 @@ class CurvatureOperator(LinearOperator):
         engine = cached_engine(key, (model, *loss_owners), build)
         program = engine.program
         _check_no_clone_reads(engine, model, program.model)  # type: ignore[attr-defined]
-        replicas = Replicas(strategy, engine.dtype)
         state = _keras.snapshot_state(model, program.model, replicas.devices)  # type: ignore[attr-defined]
         seed_positions = list(program.seed_indices)  # type: ignore[attr-defined]
         seed_bases = {}
@@ -356,12 +370,26 @@ class CurvatureOperator(LinearOperator):
         self._gradient: np.ndarray | None = None
         n = engine.size
         LinearOperator.__init__(self, dtype=np.dtype(engine.dtype.as_numpy_dtype), shape=(n, n))
+        if replicas.num_workers > 1:
+            # The count all-reduce now, while every worker is here (SPMD construction):
+            # later uses (num_examples, repr) must not start a collective on one worker.
+            batches.synchronize()
 
     # -- flat vectors and variables -------------------------------------------------
     @property
     def num_examples(self) -> int:
-        """Number of examples N the loss is averaged over."""
+        """Number of examples N the loss is averaged over (all workers together)."""
         return self._batches.num_examples
+
+    @property
+    def num_examples_read(self) -> int:
+        """Examples this process has read from the data so far, over all passes."""
+        return self._batches.examples_read
+
+    @property
+    def num_bytes_read(self) -> int:
+        """Bytes of batches this process has read from the data so far, over all passes."""
+        return self._batches.bytes_read
 
     @property
     def variable_shapes(self) -> list[tuple[int, ...]]:
@@ -432,48 +460,78 @@ class CurvatureOperator(LinearOperator):
         """Bytes held by the batch caches (0 when streaming)."""
         return sum(c.nbytes for c, _, _, _ in self._caches or [])
 
-    def _owned_batches(self) -> Iterator[tuple[int, Any, float, int]]:
-        """``(index, batch, weight, local replica)`` for the batches this process computes."""
-        for index, (batch, weight) in enumerate(self._batches):
-            replica = self._replicas.owner(index)
-            if replica is not None:
-                yield index, batch, weight, replica
-
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
-        return self._snapshot.inputs(replica, index, self._engine.flat_batch(batch))
+        draw = self._batches.draw_index(index)
+        return self._snapshot.inputs(replica, draw, self._engine.flat_batch(batch))
+
+    def _run_pass(self, tasks: Iterator[tuple[int, Callable[[], None]]]) -> Exception | None:
+        """Run a pass's tasks on the local replicas.
+
+        With one worker an error is raised at once. With several it is returned: the
+        worker still joins the pass's all-reduces (contributing NaN, so every worker sees
+        a non-finite sum) and raises after them (:meth:`_end_pass`), so none waits forever.
+        """
+        try:
+            self._replicas.run(tasks)
+        except Exception as err:
+            if self._replicas.num_workers == 1:
+                raise
+            return err
+        return None
+
+    def _end_pass(self, error: Exception | None, finite: bool, what: str) -> None:
+        """After a pass's all-reduces (``finite``: whether all its sums are): if a sum is
+        not finite, learn whether a worker failed (one small all-reduce, on every worker
+        alike) and raise its error there, :class:`~spectra._replicas.WorkerFailed`
+        elsewhere. A pass that went well costs no extra collective."""
+        if error is not None or not finite:
+            self._replicas.agree(error, what)
 
     def _prepare(self) -> None:
         """First pass over the data: loss, gradient, and the caches when they fit."""
         if self._loss is not None:
             return
-        keep = self._cache_policy is not False
-        caches: list[tuple[BatchCache, float, int, int]] = []
-        used = 0
-        losses = self._replicas.accumulator()
-        grads = self._replicas.accumulator()
-        for index, batch, weight, replica in self._owned_batches():
+        dtype = self._engine.dtype
+        fill = _CacheFill(self._cache_policy, self.cache_bytes)
+        losses = self._replicas.accumulator(dtype)
+        grads = self._replicas.accumulator(dtype)
+
+        def step(index: int, batch: Any, weight: float, replica: int) -> None:
             inputs = self._inputs(index, batch, replica)
-            with self._replicas.device(replica), _graph_errors(f"batch {index}"):
-                if keep:
+            where = self._batches.describe(index)
+            with _graph_errors(where):
+                if fill.keeping:
                     cache = self._engine.cache(inputs)
                     batch_loss, batch_grad = cache.loss, cache.gradient
-                    used += cache.nbytes
-                    if self._cache_policy == "auto" and used > self.cache_bytes:
-                        keep = False
-                        caches = []
-                    else:
-                        caches.append((cache, weight, replica, index))
+                    fill.offer((cache, weight, replica, index))
                 else:
                     batch_loss, batch_grad = self._engine.loss_and_gradient(inputs)
-            _check_batch_finite(index, weight, self._batches, batch_loss, batch_grad)
-            w = tf.constant(weight, self._engine.dtype)
-            losses.add(replica, batch_loss * w)
-            grads.add(replica, batch_grad * w)
+            _check_batch_finite(where, weight, self._batches, batch_loss, batch_grad)
+            losses.add(replica, _weighted(batch_loss, weight))
+            grads.add(replica, _weighted(batch_grad, weight))
+
+        tasks = (
+            (replica, functools.partial(step, index, batch, weight, replica))
+            for index, batch, weight, replica in self._batches.assigned()
+        )
+        error = self._run_pass(tasks)
+        failed = error is not None
+        loss = self._replicas.sum(losses, (), poisoned=failed).numpy()
+        gradient = self._replicas.sum(grads, (self.shape[0],), poisoned=failed).numpy()
+        finite = bool(np.isfinite(loss) and np.all(np.isfinite(gradient)))
+        self._end_pass(error, finite, "the first pass over the data")
+        if not finite:
+            # Every batch's loss and gradient were finite: the sum overflowed.
+            raise ValueError(
+                f"the loss or gradient summed over the batches is not finite ({loss}) "
+                f"although every batch's is: it overflows {self.dtype}. Build the operator "
+                "with dtype=np.float64."
+            )
         self.num_data_passes += 1
-        self._loss = float(self._replicas.sum(losses, ()).numpy())
-        self._gradient = self._replicas.sum(grads, (self.shape[0],)).numpy()
-        self._caches = caches if keep else None
-        self._streaming = not keep
+        self._loss = float(loss)
+        self._gradient = gradient
+        self._caches = fill.caches() if fill.keeping else None
+        self._streaming = not fill.keeping
 
     def loss(self) -> float:
         """The dataset loss L(θ) at the operator's parameters."""
@@ -503,9 +561,11 @@ class CurvatureOperator(LinearOperator):
             raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
         if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
             raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{name}: the input contains NaN or Inf.")
+        # One pass over the input: the largest magnitude is NaN or Inf exactly when an
+        # entry is (np.max propagates NaN).
         largest = float(np.max(np.abs(a))) if a.size else 0.0
+        if not np.isfinite(largest):
+            raise ValueError(f"{name}: the input contains NaN or Inf.")
         limit = float(np.finfo(self.dtype).max)
         if largest > limit:
             raise ValueError(
@@ -558,33 +618,67 @@ class CurvatureOperator(LinearOperator):
         blocks = [
             tf.constant(rows[i : i + self.max_block_size]) for i in range(0, k, self.max_block_size)
         ]
-        sums = [self._replicas.accumulator() for _ in blocks]
-        for cache, weight, replica, index in self._iterate_caches():
-            with self._replicas.device(replica), _graph_errors(f"the product on batch {index}"):
-                w = tf.constant(weight, self._engine.dtype)
-                for block, total in zip(blocks, sums):
-                    total.add(replica, self._engine.apply(cache, block) * w)
-        self.num_hvps += k
-        self.num_data_passes += 1
+        dtype = self._engine.dtype
+        sums = [self._replicas.accumulator(dtype) for _ in blocks]
+        on_device: dict[int, list[tf.Tensor]] = {}
+
+        def product(cache: BatchCache, weight: float, replica: int, index: int) -> None:
+            if replica not in on_device:  # one copy per replica (its own thread)
+                on_device[replica] = [tf.identity(block) for block in blocks]
+            where = f"the product on {self._batches.describe(index)}"
+            with _graph_errors(where):
+                for block, total in zip(on_device[replica], sums):
+                    total.add(replica, _weighted(self._engine.apply(cache, block), weight))
+
+        def cached(entries: list[tuple[BatchCache, float, int, int]]) -> None:
+            for entry in entries:
+                product(*entry)
+
+        def streamed(index: int, batch: Any, weight: float, replica: int) -> None:
+            inputs = self._inputs(index, batch, replica)
+            with _graph_errors(self._batches.describe(index)):
+                cache = self._engine.cache(inputs)
+            product(cache, weight, replica, index)
+
+        if self._caches is not None:
+            per_replica: dict[int, list[tuple[BatchCache, float, int, int]]] = {}
+            for entry in self._caches:
+                per_replica.setdefault(entry[2], []).append(entry)
+            tasks: Iterator[tuple[int, Callable[[], None]]] = iter(
+                [(r, functools.partial(cached, entries)) for r, entries in per_replica.items()]
+            )
+        else:
+            tasks = (
+                (replica, functools.partial(streamed, index, batch, weight, replica))
+                for index, batch, weight, replica in self._batches.assigned()
+            )
+        error = self._run_pass(tasks)
         n = self.shape[0]
         out = np.concatenate(
             [
-                self._replicas.sum(total, (int(block.shape[0]), n)).numpy()
+                self._replicas.sum(
+                    total, (int(block.shape[0]), n), poisoned=error is not None
+                ).numpy()
                 for block, total in zip(blocks, sums)
             ],
             axis=0,
         )
-        if not np.all(np.isfinite(out)):
+        finite = bool(np.all(np.isfinite(out)))
+        self._end_pass(error, finite, "a product pass")
+        self.num_hvps += k
+        self.num_data_passes += 1
+        if not finite:
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
 
     def _iterate_caches(self) -> Iterator[tuple[BatchCache, float, int, int]]:
+        """This process's batch caches, one after another (computed now when streaming)."""
         if self._caches is not None:
             yield from self._caches
             return
-        for index, batch, weight, replica in self._owned_batches():
+        for index, batch, weight, replica in self._batches.assigned():
             inputs = self._inputs(index, batch, replica)
-            with self._replicas.device(replica), _graph_errors(f"batch {index}"):
+            with self._replicas.device(replica), _graph_errors(self._batches.describe(index)):
                 cache = self._engine.cache(inputs)
             yield cache, weight, replica, index
 
@@ -596,10 +690,10 @@ class CurvatureOperator(LinearOperator):
                 for block in blocks:
                     part = self._engine.apply(cache, block)
                     if not bool(tf.reduce_all(tf.math.is_finite(part))):
-                        bad_batches.append(index)
+                        bad_batches.append(self._batches.describe(index))
                         break
         count = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
-        where = f"batches {bad_batches[:10]}" if bad_batches else "the sum over batches (overflow)"
+        where = ", ".join(bad_batches[:10]) or "the sum over batches (overflow)"
         raise ValueError(
             f"the {self._engine.curvature.title} product is not finite ({count} NaN/Inf "
             f"entries, from {where}) although the weights, the batch losses and gradients "
@@ -620,8 +714,43 @@ class CurvatureOperator(LinearOperator):
         )
 
 
+class _CacheFill:
+    """The batch caches of the first pass, kept while they fit the budget (thread-safe:
+    the local replicas fill it concurrently)."""
+
+    def __init__(self, policy: bool | str, budget: int) -> None:
+        self.keeping = policy is not False
+        self._auto = policy == "auto"
+        self._budget = budget
+        self._used = 0
+        self._kept: list[tuple[BatchCache, float, int, int]] = []
+        self._lock = threading.Lock()
+
+    def offer(self, entry: tuple[BatchCache, float, int, int]) -> None:
+        with self._lock:
+            if not self.keeping:
+                return
+            self._used += entry[0].nbytes
+            if self._auto and self._used > self._budget:
+                self.keeping = False
+                self._kept = []
+            else:
+                self._kept.append(entry)
+
+    def caches(self) -> list[tuple[BatchCache, float, int, int]]:
+        """The kept caches in batch order."""
+        return sorted(self._kept, key=lambda entry: entry[3])
+
+
+def _weighted(value: tf.Tensor, weight: float) -> tf.Tensor:
+    """``weight · value``; a weight of 1 (one batch holding all N examples) costs no op."""
+    if weight == 1.0:
+        return value
+    return value * tf.constant(weight, value.dtype)
+
+
 def _check_batch_finite(
-    index: int, weight: float, batches: Batches, loss: tf.Tensor, gradient: tf.Tensor
+    where: str, weight: float, batches: Batches, loss: tf.Tensor, gradient: tf.Tensor
 ) -> None:
     """Refuse a batch whose loss or gradient is NaN/Inf, naming it.
 
@@ -640,7 +769,7 @@ def _check_batch_finite(
     if bad:
         problems.append(f"{bad} of {int(tf.size(gradient))} gradient entries NaN/Inf")
     raise ValueError(
-        f"batch {index} ({examples} examples) gives a non-finite loss or gradient "
+        f"{where} ({examples} examples) gives a non-finite loss or gradient "
         f"({', '.join(problems)}). The weights are finite, so look at the data of this batch "
         "(NaN/Inf inputs or sample weights, labels out of range) or at an overflow in the "
         "model."

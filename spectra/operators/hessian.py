@@ -60,7 +60,9 @@ class HessianOperator(CurvatureOperator):
         listed once. The operator has shape (n, n) with n their total number of entries.
     data:
         None, a nested structure of arrays/tensors sharing a leading example dimension,
-        or a finite ``tf.data.Dataset`` of such batches (see :class:`spectra.data.Batches`).
+        a finite ``tf.data.Dataset`` of such batches, or a dataset function
+        ``lambda input_context: dataset`` giving each worker its shard (see
+        :mod:`spectra.data`).
     batch_size:
         Batch size for array data (default: one batch of everything).
     cache:
@@ -82,8 +84,9 @@ class HessianOperator(CurvatureOperator):
         A ``tf.distribute`` strategy (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``):
         each replica computes the products of its share of the batches on its device,
         and the sums are all-reduced, so every process gets the exact dataset Hessian
-        product. With several workers, every worker runs the same code on the same data
-        (SPMD): same estimator, same seed.
+        product. With several workers, every worker runs the same code (SPMD): same
+        estimator, same seed; each reads only its shard of a dataset (by file, or from a
+        dataset function).
 
     **Snapshot.** The operator is the Hessian at the weights it was built with. The
     constructor copies every ``tf.Variable`` the traced ``loss_fn`` reads (the
@@ -158,7 +161,8 @@ class HessianOperator(CurvatureOperator):
         name, as in ``compile``. ``None`` (default) is the loss the model was compiled
         with, its ``loss_weights`` included. ``data``: ``(x, y)`` or ``(x, y,
         sample_weight)`` arrays (``x`` may be a dict or list for multi-input models, ``y``
-        a list or dict for multi-output models) or a ``tf.data.Dataset`` of such batches.
+        a list or dict for multi-output models), a ``tf.data.Dataset`` of such batches,
+        or a dataset function ``input_context -> tf.data.Dataset`` (each worker's shard).
         ``variables`` defaults to ``model.trainable_variables``; a subset gives the
         Hessian block of those variables (e.g. one layer's kernel).
 
