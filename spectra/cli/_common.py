@@ -409,7 +409,8 @@ def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
 
 def plus_minus(value: float | None, error: float | None) -> str:
     """``value ± error`` with the error to 2 significant digits and the value to the same
-    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06), as measurements are written."""
+    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6441033 ± 2.0e-06), as
+    measurements are written."""
     if value is None:
         return "n/a"
     if error is None or not math.isfinite(error) or not math.isfinite(value):
@@ -417,4 +418,4 @@ def plus_minus(value: float | None, error: float | None) -> str:
     if error <= 0 or value == 0:
         return f"{value:.6g} ± {error:.2g}"
     digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(error)) + 2
-    return f"{value:.{min(max(digits, 1), 12)}g} ± {error:.2g}"
+    return f"{value:.{min(max(digits, 1), 12)}g} ± {error:#.2g}"
