@@ -38,7 +38,9 @@ def test_quadrature_rows_and_moments(density, matrix, spectrum):
     assert moments.estimate[0] == pytest.approx(1.0)
     n = matrix.shape[0]
     for order, truth in ((1, np.trace(matrix) / n), (2, np.trace(matrix @ matrix) / n)):
-        assert abs(moments.estimate[order] - truth) <= 4 * moments.stderr[order]
+        # A mean of 10 probes: |error|/stderr is a Student t with 9 degrees of freedom,
+        # P(|t| > 6) = 2e-4, so false alarm < 5e-4 over both moments (seed fixed).
+        assert abs(moments.estimate[order] - truth) <= 6 * moments.stderr[order]
         assert moments.stderr[order] < 0.1 * np.mean(np.abs(spectrum) ** order)
 
 
