@@ -61,6 +61,16 @@ class ReluMLP:
     def loss(self) -> float:
         return float(-np.mean(np.log(self.p[np.arange(self.num_examples), self.y])))
 
+    def gradient(self) -> np.ndarray:
+        """∇L by backpropagation, flattened in Keras' order."""
+        delta = (self.p - self.onehot) / self.num_examples
+        parts: list[np.ndarray] = []
+        for layer in range(len(self.kernels) - 1, -1, -1):
+            parts[:0] = [(self.inputs[layer].T @ delta).reshape(-1), delta.sum(axis=0)]
+            if layer:
+                delta = (delta @ self.kernels[layer].T) * self.masks[layer - 1]
+        return np.concatenate(parts)
+
     def _unflatten(self, v: np.ndarray) -> list[np.ndarray]:
         pieces = np.split(v, np.cumsum([int(np.prod(s)) for s in self.shapes])[:-1])
         return [piece.reshape(shape) for piece, shape in zip(pieces, self.shapes)]
