@@ -1,4 +1,5 @@
 import json
+import time
 
 import numpy as np
 import pytest
@@ -212,3 +213,61 @@ def test_invalid_arguments(matrix):
         density.density(sigma=0.0)
     with pytest.raises(ValueError, match="max_order"):
         density.moments(max_order=-1)
+
+
+# -- contracts that mutation testing (make mutate) found untested -------------------------
+def test_defaults_settings_time_and_messages(matrix):
+    small = random_symmetric(90, seed=15)
+    started = time.perf_counter()
+    result = spectral_density(small, num_probes=2)
+    elapsed = time.perf_counter() - started
+    assert result.nodes.shape == (2, 80)  # the default of 80 steps
+    np.testing.assert_array_equal(result.nodes, spectral_density(small, num_probes=2, seed=0).nodes)
+    assert 0.0 <= result.wall_time <= elapsed
+    assert result.settings == {
+        "num_steps": 80,
+        "num_probes": 2,
+        "distribution": "rademacher",
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    with pytest.raises(ValueError, match=r"^num_steps must be an integer >= 1, got 0$"):
+        spectral_density(matrix, num_steps=0)
+    with pytest.raises(ValueError, match=r"^num_probes must be an integer >= 1, got 0$"):
+        spectral_density(matrix, num_probes=0)
+    with pytest.raises(ValueError, match=r"^unknown distribution 'uniform'; valid values"):
+        spectral_density(matrix, distribution="uniform")
+    asymmetric = np.triu(np.ones((8, 8)))
+    unchecked = spectral_density(asymmetric, num_steps=3, num_probes=2, check_symmetry=False)
+    assert unchecked.settings["check_symmetry"] is False
+
+
+class _SlowOperator(BlockOperator):
+    """Products that take long enough for the progress bar to show every step."""
+
+    def _matmat(self, x):
+        time.sleep(0.12)
+        return super()._matmat(x)
+
+
+def test_progress_bar_names_the_estimator_and_counts_every_step(capsys):
+    spectral_density(_SlowOperator(random_symmetric(20, seed=16)), 3, 2, progress=True)
+    lines = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    assert lines[0].startswith("spectral density: ") and "0/6" in lines[0]
+    # The bar advances with the steps (2 products each), not only at the end.
+    assert any("2/6" in line or "4/6" in line for line in lines), lines
+
+
+def test_mass_below_needs_a_positive_lambda_max():
+    zero = spectral_density(np.zeros((10, 10)), num_steps=3, num_probes=2)
+    with pytest.raises(ValueError, match=r"needs λ_max > 0; the largest node is 0"):
+        spectral_mass_below(zero)
+    # λ_max below 1 is fine: the rule is about its sign, not its size.
+    small = spectral_density(0.5 * np.diag([1.0, -1.0, 0.2, 0.1]), num_steps=4, num_probes=3)
+    mass = spectral_mass_below(small, tau=0.5)
+    assert mass.lambda_max == pytest.approx(0.5) and mass.threshold == pytest.approx(-0.25)
+    assert mass.estimate == pytest.approx(0.25)  # exactly one of four eigenvalues, -0.5
+    with pytest.raises(ValueError, match=r"^tau must be a positive finite number, got 0"):
+        spectral_mass_below(small, tau=0.0)
+    with pytest.raises(ValueError, match=r"^lambda_max must be a positive finite number"):
+        spectral_mass_below(small, lambda_max=-1.0)

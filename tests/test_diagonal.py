@@ -1,4 +1,5 @@
 import json
+import time
 
 import numpy as np
 import pytest
@@ -62,3 +63,37 @@ def test_invalid_arguments():
         diagonal(np.ones((2, 3)))
     with pytest.raises(ValueError, match="operator is not symmetric"):
         diagonal(np.triu(np.ones((6, 6))))
+
+
+# -- contracts that mutation testing (make mutate) found untested -------------------------
+def test_defaults_settings_time_and_messages():
+    a = random_symmetric(20, seed=13)
+    started = time.perf_counter()
+    result = diagonal(a)
+    elapsed = time.perf_counter() - started
+    assert result.num_products == 100  # the default budget
+    np.testing.assert_array_equal(result.estimate, diagonal(a, seed=0).estimate)
+    assert 0.0 <= result.wall_time <= elapsed
+    assert result.settings == {
+        "num_products": 100,
+        "block_size": 16,
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    smallest = diagonal(a, num_products=2)  # the smallest budget with a standard error
+    assert smallest.num_products == 2 and np.all(np.isfinite(smallest.stderr))
+    with pytest.raises(ValueError, match=r"^num_products must be an integer >= 2, got 1$"):
+        diagonal(a, num_products=1)
+    with pytest.raises(ValueError, match=r"^block_size must be an integer >= 1, got 0$"):
+        diagonal(a, block_size=0)
+    asymmetric = np.triu(np.ones((10, 10)))
+    unchecked = diagonal(asymmetric, num_products=4, check_symmetry=False)
+    assert unchecked.settings["check_symmetry"] is False
+    with pytest.raises(ValueError, match="not symmetric"):
+        diagonal(asymmetric, num_products=4)
+
+
+def test_progress_bar_names_the_estimator(capsys):
+    diagonal(random_symmetric(20, seed=14), num_products=8, progress=True)
+    first = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[0]
+    assert first.startswith("diagonal: ") and "0/8" in first
