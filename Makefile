@@ -47,6 +47,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/hvp_speed.py
 	$(BIN)/python benchmarks/zoo_speed.py
 	$(BIN)/python benchmarks/estimators_digits.py
+	$(BIN)/python benchmarks/pyhessian_compare.py
 	$(BIN)/python benchmarks/memory_streaming.py
 	$(BIN)/python benchmarks/trajectory.py
 	$(BIN)/python benchmarks/cli_help.py

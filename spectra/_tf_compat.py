@@ -19,6 +19,11 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
 * :func:`seed_state_variables` finds the state variables of a model's
   ``keras.random.SeedGenerator``s (``Layer._seed_generators``); fallback: the
   non-trainable variables whose path ends in ``seed_generator_state``.
+* :func:`optimizer_slots` reads the per-variable state of a Keras optimizer (Adam's second
+  moments, ...) from its private slot lists (``_velocities``, ``_velocity_hats``,
+  ``_average_gradients``, ``_accumulators``), indexed by ``_get_variable_index``, checked
+  with Keras 3.15; fallback: the public ``optimizer.variables``, found by the names Keras
+  gives them (``{variable path with '/' as '_'}_{slot}``, ``add_variable_from_reference``).
 
 (The checks of a model's data that read Keras' functional structure live with the other
 data checks in :mod:`spectra._validation`.)
@@ -26,9 +31,10 @@ data checks in :mod:`spectra._validation`.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 SUPPORTED_TENSORFLOW = ">=2.16,<2.22"
@@ -123,3 +129,103 @@ def _seed_states_by_name(model: Any) -> list[Any]:
         for v in model.non_trainable_variables
         if str(getattr(v, "path", v.name)).endswith("seed_generator_state")
     ]
+
+
+# Keras 3 optimizers' per-variable state: the private slot list and the name Keras gives
+# each slot variable, per optimizer class (Adam's ``_velocity_hats`` exist with amsgrad,
+# RMSprop's ``_average_gradients`` with centered=True).
+OPTIMIZER_SLOTS: Mapping[str, Mapping[str, str]] = {
+    "Adam": {"_velocities": "velocity", "_velocity_hats": "velocity_hat"},
+    "AdamW": {"_velocities": "velocity", "_velocity_hats": "velocity_hat"},
+    "RMSprop": {"_velocities": "velocity", "_average_gradients": "average_gradient"},
+    "Adagrad": {"_accumulators": "accumulator"},
+}
+
+
+def optimizer_slots(
+    optimizer: Any, variables: Sequence[Any], kind: str
+) -> dict[str, list[np.ndarray]]:
+    """Per-variable float64 copies of the state of a ``kind`` optimizer (a key of
+    :data:`OPTIMIZER_SLOTS`) for ``variables``: ``{slot list name: [array shaped like
+    variable i, ...]}``, leaving out the slots it does not have.
+
+    A variable is found by identity (Keras' own key), else by its ``path`` among the
+    variables the optimizer was built on (a float64 clone, a model rebuilt with the same
+    names). Raises ValueError for a variable the optimizer does not track.
+    """
+    slots = OPTIMIZER_SLOTS[kind]
+    private = hasattr(optimizer, "_get_variable_index") and any(
+        hasattr(optimizer, attribute) for attribute in slots
+    )
+    if private:
+        return _private_slots(optimizer, variables, slots)
+    return _slots_by_name(optimizer, variables, slots)
+
+
+def _untracked(optimizer: Any, variable: Any) -> ValueError:
+    name = getattr(variable, "path", None) or getattr(variable, "name", repr(variable))
+    return ValueError(
+        f"variable {name!r} is not tracked by the optimizer {type(optimizer).__name__}: "
+        "build the operator on the variables the optimizer trains (e.g. "
+        "model.trainable_variables of the same model)"
+    )
+
+
+def _as_array(value: Any, variable: Any) -> np.ndarray:
+    return np.asarray(value.numpy(), dtype=np.float64).reshape(tuple(variable.shape))
+
+
+def _private_slots(
+    optimizer: Any, variables: Sequence[Any], slots: Mapping[str, str]
+) -> dict[str, list[np.ndarray]]:
+    tracked = list(getattr(optimizer, "_trainable_variables", []))
+    indices = []
+    for variable in variables:
+        try:
+            index = optimizer._get_variable_index(variable)
+        except (KeyError, AttributeError):
+            path = getattr(variable, "path", None)
+            same = [
+                i
+                for i, candidate in enumerate(tracked)
+                if path is not None
+                and getattr(candidate, "path", None) == path
+                and tuple(candidate.shape) == tuple(variable.shape)
+            ]
+            if len(same) != 1:
+                raise _untracked(optimizer, variable) from None
+            index = same[0]
+        indices.append(index)
+    found = {}
+    for attribute in slots:
+        values = getattr(optimizer, attribute, None)
+        if values:
+            found[attribute] = [_as_array(values[i], v) for i, v in zip(indices, variables)]
+    return found
+
+
+def _slots_by_name(
+    optimizer: Any, variables: Sequence[Any], slots: Mapping[str, str]
+) -> dict[str, list[np.ndarray]]:
+    by_name: dict[str, list[Any]] = {}
+    for candidate in optimizer.variables:
+        name = str(getattr(candidate, "name", "")).removesuffix(":0").rpartition("/")[2]
+        by_name.setdefault(name, []).append(candidate)
+    found = {}
+    for attribute, slot in slots.items():
+        values = []
+        for variable in variables:
+            path = getattr(variable, "path", None)
+            matches = [] if path is None else by_name.get(f"{path.replace('/', '_')}_{slot}", [])
+            matches = [m for m in matches if tuple(m.shape) == tuple(variable.shape)]
+            values.append(_as_array(matches[0], variable) if len(matches) == 1 else None)
+        missing = [v for v, value in zip(variables, values) if value is None]
+        if len(missing) == len(variables):
+            continue  # a slot this optimizer does not have
+        if missing:
+            raise _untracked(optimizer, missing[0])
+        found[attribute] = values
+    names = list(by_name)
+    if not found and variables and any(n.endswith(f"_{s}") for n in names for s in slots.values()):
+        raise _untracked(optimizer, variables[0])  # it has state, but for other variables
+    return found

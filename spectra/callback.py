@@ -5,12 +5,15 @@ fixed data set, and optionally its Hutchinson trace, at the start of training an
 epochs or optimizer steps. Each measurement is :func:`spectra.trajectory.measure_sharpness`
 (the one ``spectra sharpness`` makes per checkpoint) on a :class:`spectra.HessianOperator`
 built at the current weights (cheap: the compiled functions are reused), with the eigensolver
-started from the previous measurement's eigenvectors.
+started from the previous measurement's eigenvectors. With ``preconditioned=True`` it
+measures the preconditioned sharpness λ_max(P⁻¹H) instead, with P the live optimizer's
+preconditioner (:func:`spectra.preconditioned`).
 
 Under full-batch gradient descent with step size η the sharpness λ₁ rises to about 2/η and
-hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021); the
-threshold of the model's optimizer (:mod:`spectra.stability`) is recorded with each
-measurement.
+hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021); under
+full-batch Adam the preconditioned sharpness does so at (2 + 2β₁)/((1 − β₁)η) (Cohen et al.
+2022). The threshold of the model's optimizer (:mod:`spectra.stability`) is recorded with
+each measurement.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import tensorflow as tf
 
 from spectra._files import atomic_write_json, prepare_directory
 from spectra.operator import HessianOperator
-from spectra.stability import stability_threshold_of
+from spectra.preconditioned import preconditioned as precondition
+from spectra.stability import stability_threshold_of, threshold_matrix
 from spectra.trajectory import (
     SharpnessMeasurement,
     SharpnessSettings,
@@ -90,8 +94,9 @@ class SharpnessCallback(keras.callbacks.Callback):
     al. 2021).
 
     Checked in ``on_train_begin``, before any training step: the loss (given, or the
-    compiled one), that the operator can be built on ``data`` (shapes, dtype), and that
-    ``log_file`` can be written.
+    compiled one), that the operator can be built on ``data`` (shapes, dtype), that
+    ``log_file`` can be written and, with ``preconditioned=True``, that the optimizer has a
+    diagonal preconditioner.
 
     Results
     -------
@@ -99,18 +104,40 @@ class SharpnessCallback(keras.callbacks.Callback):
     (optimizer steps taken), ``epoch`` (epochs completed), ``loss`` (the loss on ``data``),
     ``eigenvalues`` (largest first), ``residual_norms``, ``error_bounds``, ``converged``,
     ``trace`` and ``trace_stderr`` (None without ``trace=True``), ``num_parameters``,
-    ``num_products``, ``num_data_passes``, ``wall_time`` (seconds), ``seed``, ``warm_start``
-    and ``threshold`` (the stability threshold of the model's optimizer at that point,
-    :func:`spectra.stability.stability_threshold`, or None for an optimizer without one).
-    ``callback.points`` lists the measurement points in the callback's unit (the ``step`` or
-    ``epoch`` of each record). The history keeps growing over several ``fit`` calls.
+    ``num_products``, ``num_data_passes``, ``wall_time`` (seconds), ``seed``, ``warm_start``,
+    ``eigenvector_overlap`` (how much the top eigenspace turned since the previous
+    measurement: ⟨v_t, v_{t−1}⟩² for ``top_k=1``, the mean fraction of the new eigenvectors
+    in the previous span for more; None at the first), ``gradient_overlap`` (with
+    ``gradient_overlap=True``: the fraction ‖Vᵀg‖²/‖g‖² of the gradient g of the loss on
+    ``data`` in the span of the top-k eigenvectors V, Gur-Ari, Roberts & Dyer 2018; else
+    None), ``threshold`` (the stability threshold of the model's optimizer at that point,
+    :func:`spectra.stability.stability_threshold`, or None for an optimizer without one) and
+    ``threshold_matrix`` (which matrix that threshold bounds: ``"hessian"`` for SGD,
+    ``"preconditioned"`` for Adam, AdamW, RMSprop and Adagrad; see
+    :func:`spectra.stability.threshold_matrix`). Both overlaps come from the eigenvectors
+    the eigensolver computed anyway: no further product. ``callback.points`` lists the
+    measurement points in the callback's unit (the ``step`` or ``epoch`` of each record).
+    The history keeps growing over several ``fit`` calls.
 
     Keras logs: with ``unit="epoch"`` the logs of each measured epoch get ``sharpness`` (λ₁),
-    ``sharpness_2`` … ``sharpness_{top_k}`` and, with ``trace=True``, ``hessian_trace`` and
-    ``hessian_trace_stderr``, so ``fit``'s ``History`` holds one value per measurement after
-    an epoch (the point at the start of training is in ``callback.history`` only). With
-    ``unit="step"`` nothing goes into the per-epoch logs: the measurements belong to steps,
-    and ``callback.history`` (or ``log_file``) holds them keyed by ``step``.
+    ``sharpness_2`` … ``sharpness_{top_k}``, with ``trace=True`` ``hessian_trace`` and
+    ``hessian_trace_stderr``, and with ``gradient_overlap=True`` ``gradient_overlap``, so
+    ``fit``'s ``History`` holds one value per measurement after an epoch (the point at the
+    start of training is in ``callback.history`` only). With ``preconditioned=True`` the
+    names start with ``preconditioned_`` (``preconditioned_sharpness``, …), so that a raw
+    and a preconditioned callback can log side by side. With ``unit="step"`` nothing goes
+    into the per-epoch logs: the measurements belong to steps, and ``callback.history`` (or
+    ``log_file``) holds them keyed by ``step``.
+
+    Preconditioned sharpness: with ``preconditioned=True`` each measurement is of the
+    symmetric P^{-1/2} H P^{-1/2} (the eigenvalues of P⁻¹H), with P the diagonal
+    preconditioner of the model's optimizer (Adam, AdamW: √v̂ + ε with bias correction;
+    RMSprop; Adagrad) read from its state at that point (:func:`spectra.preconditioned`);
+    the optimizer is only read. P exists only after the optimizer's first step, so the
+    point at step 0 is not measured. Under full-batch Adam it rises to about
+    (2 + 2β₁)/((1 − β₁)η) = 38/η (β₁ = 0.9) and hovers there (Cohen et al. 2022, "Adaptive
+    gradient methods at the edge of stability"). The eigenvectors and the gradient of the
+    overlaps are then in the coordinates u = P^{1/2}θ (the gradient P^{-1/2}∇L).
 
     With ``log_file`` the settings and the whole history are written as strict JSON after
     every measurement, atomically (temporary file and ``os.replace``), so an interrupted run
@@ -145,6 +172,10 @@ class SharpnessCallback(keras.callbacks.Callback):
     warm_start:
         Start each eigensolve from the previous measurement's eigenvectors (default True):
         fewer products for the same tolerance.
+    preconditioned:
+        Measure λ_max(P⁻¹H) with the optimizer's preconditioner P (see above).
+    gradient_overlap:
+        Record the gradient's overlap with the top-k eigenspace at each measurement.
     log_file:
         Path of a JSON file rewritten after each measurement.
     verbose:
@@ -168,6 +199,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         method: str = "lanczos",
         seed: int = 0,
         warm_start: bool = True,
+        preconditioned: bool = False,
+        gradient_overlap: bool = False,
         log_file: str | os.PathLike | None = None,
         verbose: int = 0,
     ) -> None:
@@ -210,6 +243,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         self.tol = float(tol)
         self.method = method
         self.seed = int(seed)
+        self.preconditioned = bool(preconditioned)
+        self.gradient_overlap = bool(gradient_overlap)
         self.log_file = None if log_file is None else os.fspath(log_file)
         self.verbose = int(verbose)
         self.history: list[dict[str, Any]] = []
@@ -228,10 +263,12 @@ class SharpnessCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._resolved_loss = self._resolve_loss()
         self._current_step()  # a compiled model (it has an optimizer)
+        if self.preconditioned:
+            self._check_preconditioner()
         self._check_log_file()
         try:
             with _global_rng_preserved():
-                self._operator()
+                self._hessian()
         except (ValueError, TypeError) as err:
             raise ValueError(
                 f"SharpnessCallback cannot measure the Hessian of this model on its data: {err}"
@@ -263,11 +300,11 @@ class SharpnessCallback(keras.callbacks.Callback):
             return
         step = self._current_step()
         if self.history and self.history[-1]["step"] == step:
-            record = self.history[-1]
+            record: dict[str, Any] | None = self.history[-1]
             record["epoch"] = self._epochs_completed
         else:
             record = self._measure(step)
-        if logs is not None:
+        if logs is not None and record is not None:
             logs.update(self._log_entries(record))
 
     # -- measurement ------------------------------------------------------------------
@@ -302,7 +339,22 @@ class SharpnessCallback(keras.callbacks.Callback):
             raise ValueError("SharpnessCallback needs a compiled model (it has no optimizer).")
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
-    def _operator(self) -> HessianOperator:
+    def _check_preconditioner(self) -> None:
+        """An optimizer with a diagonal preconditioner, before the first training step."""
+        optimizer = self.model.optimizer
+        try:
+            matrix = threshold_matrix(optimizer)
+        except ValueError:
+            matrix = None
+        if matrix != "preconditioned":
+            name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+            raise ValueError(
+                f"preconditioned=True needs an optimizer with a diagonal preconditioner "
+                f"(Adam, AdamW, RMSprop, Adagrad); the model's optimizer is {name}"
+                + (", whose P = I: use preconditioned=False." if matrix == "hessian" else ".")
+            )
+
+    def _hessian(self) -> HessianOperator:
         return HessianOperator.from_keras(
             self.model,
             self._resolved_loss,
@@ -312,29 +364,45 @@ class SharpnessCallback(keras.callbacks.Callback):
             dtype=self.dtype,
         )
 
-    def _threshold(self) -> float | None:
-        try:
-            return stability_threshold_of(self.model.optimizer).value
-        except (ValueError, TypeError, AttributeError):
-            return None
+    def _operator(self) -> Any:
+        """The measured matrix at the current weights (and optimizer state)."""
+        hessian = self._hessian()
+        if not self.preconditioned:
+            return hessian
+        return precondition(hessian, self.model.optimizer)
 
-    def _measure(self, step: int) -> dict[str, Any]:
-        """Measure at the current weights and record it."""
+    def _threshold(self) -> tuple[float | None, str | None]:
+        optimizer = self.model.optimizer
+        try:
+            return stability_threshold_of(optimizer).value, threshold_matrix(optimizer)
+        except (ValueError, TypeError, AttributeError):
+            return None, None
+
+    def _measure(self, step: int) -> dict[str, Any] | None:
+        """Measure at the current weights and record it (None: a preconditioned point
+        before the optimizer's first step, not measured)."""
+        if self.preconditioned and step < 1:
+            return None
         index = len(self.history)
+        vectors = None if self._previous is None else self._previous.eigenvectors
         with _global_rng_preserved():
             measurement = measure_sharpness(
                 self._operator(),
                 self.settings,
                 seed=self.seed + index,
-                v0=None if self._previous is None else self._previous.eigenvectors,
+                v0=vectors,
+                previous=vectors,
+                gradient_overlap=self.gradient_overlap,
                 progress=False,
             )
         self._previous = measurement
+        threshold, matrix = self._threshold()
         record: dict[str, Any] = {
             "step": int(step),
             "epoch": self._epochs_completed,
             **measurement.record(),
-            "threshold": self._threshold(),
+            "threshold": threshold,
+            "threshold_matrix": matrix,
         }
         self.history.append(record)
         if not all(record["converged"]):
@@ -361,6 +429,10 @@ class SharpnessCallback(keras.callbacks.Callback):
         if record["trace"] is not None:
             entries["hessian_trace"] = record["trace"]
             entries["hessian_trace_stderr"] = record["trace_stderr"]
+        if record["gradient_overlap"] is not None:
+            entries["gradient_overlap"] = record["gradient_overlap"]
+        if self.preconditioned:
+            return {f"preconditioned_{name}": value for name, value in entries.items()}
         return entries
 
     def _settings(self) -> dict[str, Any]:
@@ -373,18 +445,24 @@ class SharpnessCallback(keras.callbacks.Callback):
             "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
             **self.settings.numbers(),
             "warm_start": self.settings.warm_start,
+            "preconditioned": self.preconditioned,
+            "gradient_overlap": self.gradient_overlap,
         }
 
     def _summary_line(self, record: dict[str, Any]) -> str:
         values = record["eigenvalues"]
+        symbol = "λ₁(P⁻¹H)" if self.preconditioned else "λ₁"
         line = (
             f"SharpnessCallback step {record['step']} (epoch {record['epoch']}): "
-            f"λ₁ = {values[0]:.5g}"
+            f"{symbol} = {values[0]:.5g}"
         )
         if len(values) > 1:
             line += " (top " + ", ".join(f"{v:.4g}" for v in values) + ")"
-        if record["threshold"] is not None:
+        measured = "preconditioned" if self.preconditioned else "hessian"
+        if record["threshold"] is not None and record["threshold_matrix"] == measured:
             line += f" = {values[0] / record['threshold']:.3f} × threshold"
+        if record["gradient_overlap"] is not None:
+            line += f", gradient overlap {record['gradient_overlap']:.3f}"
         if record["trace"] is not None:
             line += f", trace = {record['trace']:.4g} ± {record['trace_stderr']:.2g}"
         if not all(record["converged"]):

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,7 +120,12 @@ def _load_keras_archive(
     import keras
 
     try:
-        model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
+        with warnings.catch_warnings():
+            # A compiled model saved before its optimizer's first step has no optimizer
+            # state to load: Keras warns and keeps a fresh optimizer (iterations 0), which
+            # is what such a checkpoint holds; whoever needs the state checks iterations.
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
     except Exception as err:
         raise ValueError(
             f"Could not load the Keras model '{path}': {type(err).__name__}: {err}\n"
@@ -633,16 +639,22 @@ class CheckpointLoader:
     text), or the builder for weights files and tf.train.Checkpoints. A new architecture, or
     a checkpoint that failed to load (it may have left the model half overwritten), gets a
     fresh model. ``num_models_built`` counts the models made.
+
+    ``compile=True`` loads ``.keras`` files compiled, with their loss and optimizer: Keras
+    restores the optimizer's variables (``iterations`` and the moments) with the weights,
+    from the first file and, through ``load_weights``, from each further one.
     """
 
     def __init__(
         self,
         builder: Builder | None = None,
         *,
+        compile: bool = False,
         custom_objects: Mapping[str, Any] | None = None,
         checkpoint_key: str = "model",
     ) -> None:
         self.builder = builder
+        self.compile = bool(compile)
         self.custom_objects = custom_objects
         self.checkpoint_key = checkpoint_key
         self.num_models_built = 0
@@ -664,6 +676,7 @@ class CheckpointLoader:
             model = load_model(
                 path,
                 builder=self.builder,
+                compile=self.compile,
                 custom_objects=self.custom_objects,
                 checkpoint_key=self.checkpoint_key,
             )

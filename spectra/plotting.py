@@ -35,6 +35,7 @@ __all__ = [
     "add_title",
     "figure_caption",
     "plot_eigenvalues",
+    "plot_layerwise",
     "plot_loss_landscape_1d",
     "plot_loss_landscape_2d",
     "plot_sharpness",
@@ -55,6 +56,7 @@ _LOG_FLOOR = 1e-6
 _MAX_MARKED_POINTS = 50
 _TRACE_LABEL = "Trace of H"
 _LOSS_LABEL = "Loss"
+_OVERLAP_LABEL = "Overlap with the previous top eigenvector(s)"
 # Error bars shorter than this fraction of the plotted range hide under the markers.
 _VISIBLE_ERROR_FRACTION = 0.01
 # A threshold more than this many times above the data is named, not drawn.
@@ -93,8 +95,9 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
 
     The legend goes on the last axes (the one drawn on top, e.g. a twin), so
     that no line of the others can cover it; with ``outside`` (and a
-    constrained layout) it goes above the axes instead, where it covers no
-    data. Labels starting with "_" are matplotlib's hidden ones.
+    constrained layout, and no other panel in the figure) it goes under the
+    axes instead, where it covers no data. Labels starting with "_" are
+    matplotlib's hidden ones.
     """
     handles: list[Any] = []
     labels: list[str] = []
@@ -105,13 +108,18 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         if holder.get_legend() is not None:
             holder.get_legend().remove()
     figure = axes[0].figure
-    for legend in list(figure.legends):
-        if legend.get_gid() == _SERIES_GID:
-            legend.remove()
+    # A figure legend speaks for the whole figure: only for a figure of these axes alone
+    # (another panel beside them gets a legend of its own axes instead).
+    alone = all(any(other is mine for mine in axes) for other in figure.axes)
+    if alone:
+        for legend in list(figure.legends):
+            if legend.get_gid() == _SERIES_GID:
+                legend.remove()
     if not (len(handles) > 1 or (always and handles)):
         return
     engine = figure.get_layout_engine()
-    if outside and engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine":
+    constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
+    if outside and alone and constrained:
         legend = figure.legend(
             handles, labels, loc="outside lower center", fontsize="small", frameon=False, ncols=2
         )
@@ -409,6 +417,12 @@ def _twin(ax: Axes, ylabel: str) -> Axes:
     return twin
 
 
+def _color_y_axis(ax: Axes, color: Any) -> None:
+    """The y label and ticks of ``ax`` in the color of its series."""
+    ax.yaxis.label.set_color(color)
+    ax.tick_params(axis="y", which="both", colors=color)
+
+
 def _per_step(name: str, values: Any, size: int) -> np.ndarray:
     """``values`` as a 1-D array of one value per step."""
     array = _as_1d(name, values)
@@ -451,7 +465,9 @@ def plot_sharpness(
     traces: Any = None,
     trace_errors: Any = None,
     losses: Any = None,
+    overlaps: Any = None,
     xlabel: str = "Training step",
+    ylabel: str | None = None,
     log_scale: bool = False,
     ax: Axes | None = None,
     label: str | None = None,
@@ -473,9 +489,13 @@ def plot_sharpness(
 
     ``losses`` (one per step) go on a twin y axis on the right, on a log scale
     when they span more than two decades; ``traces`` (and ``trace_errors``) on
-    another. ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …);
-    ``log_scale`` makes the sharpness axis logarithmic. Returns the primary
-    (sharpness) axes.
+    another; ``overlaps`` (one per step in [0, 1], NaN where there is none, e.g.
+    the first step), the overlap of consecutive top eigenvectors
+    (:func:`spectra.trajectory.measure_sharpness`), on another, from 0 to 1.
+    ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
+    the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
+    sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
+    axis logarithmic. Returns the primary (sharpness) axes.
     """
     step_array = _as_1d("steps", steps)
     value_array = np.asarray(values, dtype=np.float64)
@@ -499,6 +519,13 @@ def plot_sharpness(
             raise ValueError("trace_errors given without traces")
         trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
     loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
+    overlap_array = None
+    if overlaps is not None:
+        overlap_array = _per_step("overlaps", overlaps, step_array.size)
+        shown = overlap_array[np.isfinite(overlap_array)]
+        if np.any((shown < 0) | (shown > 1 + 1e-9)):
+            raise ValueError("overlaps must lie in [0, 1] (NaN for steps without one)")
+    quantity = ylabel or "Sharpness λ₁"
 
     if ax is None:
         ax = _new_axes()
@@ -512,7 +539,7 @@ def plot_sharpness(
     for column in range(columns.shape[1]):
         color = _next_color(ax)
         colors.append(color)
-        name = "Sharpness λ₁" if value_array.ndim == 1 else f"λ{_subscript(column + 1)}"
+        name = quantity if value_array.ndim == 1 else f"λ{_subscript(column + 1)}"
         if label:
             name = label if value_array.ndim == 1 else f"{label}, {name}"
         if column_errors is not None and column == 0:
@@ -546,7 +573,8 @@ def plot_sharpness(
         else:
             ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("Sharpness λ₁" if value_array.ndim == 1 else "Top Hessian eigenvalues")
+    default_many = "Top Hessian eigenvalues"
+    ax.set_ylabel(quantity if value_array.ndim == 1 else (ylabel or default_many))
     _style_axes(ax)
 
     twins = []
@@ -570,8 +598,7 @@ def plot_sharpness(
             loss_ax.set_yscale("log")
             # Labelled decades only: a twin axis has no room for minor-tick labels.
             loss_ax.yaxis.set_minor_formatter(NullFormatter())
-        loss_ax.tick_params(axis="y", which="both", colors=loss_color)
-        loss_ax.yaxis.label.set_color(loss_color)
+        _color_y_axis(loss_ax, loss_color)
         twins.append(loss_ax)
     else:
         existing = _find_twin(ax, _LOSS_LABEL)
@@ -590,17 +617,155 @@ def plot_sharpness(
             label=(_TRACE_LABEL if not label else f"{label}, trace")
             + ("" if trace_error_array is None else " ± s.e."),
         )
-        trace_ax.yaxis.label.set_color(next_color)
-        trace_ax.tick_params(axis="y", which="both", colors=next_color)
+        _color_y_axis(trace_ax, next_color)
         twins.append(trace_ax)
     else:
         existing = _find_twin(ax, _TRACE_LABEL)
         if existing is not None:
             twins.append(existing)
+    if overlap_array is not None:
+        overlap_ax = _twin(ax, _OVERLAP_LABEL)
+        overlap_color = _PALETTE[(_PALETTE.index(next_color) + 1) % len(_PALETTE)]
+        overlap_ax.plot(
+            step_array,
+            overlap_array,
+            color=overlap_color,
+            linestyle="--",
+            linewidth=1.2,
+            marker="^" if marker else None,
+            markersize=4,
+            label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if columns.shape[1] == 1 else "Top-k subspace overlap")
+            if not label
+            else f"{label}, overlap",
+        )
+        overlap_ax.set_ylim(0.0, 1.05)
+        _color_y_axis(overlap_ax, overlap_color)
+        twins.append(overlap_ax)
     if twins and value_array.ndim == 1 and len(colors) == 1:
-        ax.yaxis.label.set_color(colors[0])
-        ax.tick_params(axis="y", which="both", colors=colors[0])
+        _color_y_axis(ax, colors[0])
     _refresh_legend(ax, *twins, always=column_errors is not None, outside=True)
+    return ax
+
+
+def plot_layerwise(
+    result: Any,
+    ax: Axes | None = None,
+    *,
+    quantity: str = "eigenvalue",
+    symbol: str = "H",
+    color: Any = None,
+    annotate: bool | None = None,
+) -> Axes:
+    """Per-layer bars of a :class:`spectra.LayerwiseResult`, one row per group, first at top.
+
+    ``quantity="eigenvalue"``: the top eigenvalue λ₁ of each diagonal block H_ll as a bar
+    with its error bound, and the further top-k eigenvalues as dots on the same row;
+    ``quantity="trace"``: the Hutchinson trace of each block ± one standard error (needs a
+    result computed with ``trace=True``). Groups whose eigenvalues did not converge get a
+    hatched bar, named in the legend. ``symbol`` is the matrix' letter in the legend ("G"
+    for a Gauss-Newton matrix). ``annotate`` writes each value at its bar (default: up to
+    30 groups). The legend goes under the axes, clear of the bars. Returns the axes.
+    """
+    from spectra.layerwise import LayerwiseResult
+
+    if not isinstance(result, LayerwiseResult):
+        raise TypeError(f"result must be a LayerwiseResult, got {type(result).__name__}")
+    if quantity not in ("eigenvalue", "trace"):
+        raise ValueError(f"quantity must be 'eigenvalue' or 'trace', got {quantity!r}")
+    names = list(result.groups)
+    if not names:
+        raise ValueError("result holds no groups")
+    rows = np.arange(len(names))
+    if quantity == "trace":
+        if result.traces is None or result.trace_stderr is None:
+            raise ValueError("result holds no traces: compute it with layerwise(..., trace=True)")
+        values = np.asarray(result.traces, dtype=np.float64)
+        errors = np.asarray(result.trace_stderr, dtype=np.float64)
+        unconverged = np.zeros(len(names), dtype=bool)
+        name = f"trace of {symbol}ₗₗ ± standard error"
+        xlabel = "Trace of the diagonal block"
+    else:
+        values = np.array([float(v[0]) for v in result.eigenvalues])
+        errors = np.array([float(e[0]) for e in result.error_bounds])
+        unconverged = np.array([not bool(np.all(c)) for c in result.converged])
+        name = f"λ₁ of {symbol}ₗₗ ± error bound"
+        xlabel = "Top eigenvalue of the diagonal block"
+    errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
+    if ax is None:
+        ax = _new_axes()
+    color = _next_color(ax, color)
+    note = _hidden_bars_note(values, errors, False).replace(
+        "bars smaller than the markers", "error bars too small to see"
+    )
+    bars = ax.barh(
+        rows,
+        values,
+        xerr=errors,
+        height=0.6,
+        color=color,
+        alpha=0.85,
+        error_kw={"ecolor": "0.2", "capsize": 3, "elinewidth": 1.0},
+        label=name + note,
+    )
+    bars.patches[0].set_gid(_SERIES_GID)
+    extra: list[Any] = []
+    if unconverged.any():
+        for patch, flag in zip(bars.patches, unconverged):
+            if flag:
+                patch.set_hatch("//")
+                patch.set_facecolor("white")
+                patch.set_edgecolor(color)
+        from matplotlib.patches import Patch
+
+        extra.append(Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged"))
+    if quantity == "eigenvalue" and any(v.size > 1 for v in result.eigenvalues):
+        xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
+        ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
+        ax.plot(
+            xs,
+            ys,
+            linestyle="none",
+            marker="o",
+            markersize=4,
+            color="0.15",
+            label=f"λ₂ … λₖ of {symbol}ₗₗ",
+        )
+    if annotate is None:
+        annotate = len(names) <= 30
+    if annotate:
+        for row, value, error in zip(rows, values, errors):
+            ax.annotate(
+                f"{value:.4g}",
+                (value + (error if value >= 0 else -error), row),
+                xytext=(4 if value >= 0 else -4, 0),
+                textcoords="offset points",
+                va="center",
+                ha="left" if value >= 0 else "right",
+                fontsize="small",
+            )
+        low, high = ax.get_xlim()
+        ax.set_xlim(low - 0.08 * (high - low) * (low < 0), high + 0.15 * (high - low))
+    ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=0.8)
+    ax.set_yticks(rows, names)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Layer (parameter group)")
+    _style_axes(ax)
+    ax.grid(False, axis="y")
+    handles, labels = ax.get_legend_handles_labels()
+    handles += extra
+    labels += [handle.get_label() for handle in extra]
+    # Bars first (matplotlib lists lines before containers).
+    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(len(names), 3)),
+        fontsize="small",
+        frameon=False,
+        ncols=1,
+    )
     return ax
 
 

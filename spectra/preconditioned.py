@@ -23,7 +23,9 @@ with β₂ = 0.999 — the formulas here use the exact values):
 
 A ``LossScaleOptimizer`` is unwrapped. The state is read when the operator is built: a
 later training step does not change it (the operator is the matrix at the state it was
-built with).
+built with). Keras keeps that state in private attributes of its optimizers; reading it is
+:func:`spectra._tf_compat.optimizer_slots`, with a fallback through the public
+``optimizer.variables``.
 """
 
 from __future__ import annotations
@@ -37,75 +39,21 @@ from scipy.sparse.linalg import LinearOperator, aslinearoperator
 __all__ = ["PreconditionedOperator", "preconditioned", "preconditioner_diagonal"]
 
 
-# -- Keras optimizer internals -------------------------------------------------------------
-# The only place where private attributes of Keras 3 optimizers are read (checked with Keras
-# 3.15): ``_get_variable_index`` (slot index of a model variable, by identity),
-# ``_trainable_variables`` (the variables the optimizer was built on, for the match by
-# path), and the slot lists ``_velocities``, ``_velocity_hats`` (Adam, AdamW),
-# ``_velocities``, ``_average_gradients`` (RMSprop) and ``_accumulators`` (Adagrad).
-_SLOT_LISTS = {
-    "Adam": ("_velocities", "_velocity_hats"),
-    "AdamW": ("_velocities", "_velocity_hats"),
-    "RMSprop": ("_velocities", "_average_gradients"),
-    "Adagrad": ("_accumulators",),
-}
-
-
-def _keras_optimizer_slots(optimizer: Any, variables: Sequence[Any]) -> dict[str, list[np.ndarray]]:
-    """Per-variable float64 copies of the optimizer's second-moment slots.
-
-    Returns ``{slot list name: [array shaped like variable i, ...]}`` for the slot lists
-    of ``_SLOT_LISTS`` that the optimizer has (empty lists are left out). A variable is
-    found by identity (Keras' own key); failing that, by a unique equal ``path`` among
-    the optimizer's variables with the same shape.
-    """
-    tracked = list(getattr(optimizer, "_trainable_variables", []))
-    indices = []
-    for variable in variables:
-        try:
-            index = optimizer._get_variable_index(variable)
-        except (KeyError, AttributeError):
-            path = getattr(variable, "path", None)
-            same = [
-                i
-                for i, candidate in enumerate(tracked)
-                if path is not None
-                and getattr(candidate, "path", None) == path
-                and tuple(candidate.shape) == tuple(variable.shape)
-            ]
-            if len(same) != 1:
-                name = path or getattr(variable, "name", repr(variable))
-                raise ValueError(
-                    f"variable {name!r} is not tracked by the optimizer "
-                    f"{type(optimizer).__name__}: build the operator on the variables the "
-                    "optimizer trains (e.g. model.trainable_variables of the same model)"
-                ) from None
-            index = same[0]
-        indices.append(index)
-    slots = {}
-    for attribute in _SLOT_LISTS[type(optimizer).__name__]:
-        values = getattr(optimizer, attribute, None)
-        if values:
-            slots[attribute] = [
-                np.asarray(values[i].numpy(), dtype=np.float64).reshape(tuple(v.shape))
-                for i, v in zip(indices, variables)
-            ]
-    return slots
-
-
 # -- P from an optimizer -----------------------------------------------------------------------
 def _supported_optimizer(optimizer: Any) -> Any:
     """The optimizer to read (a LossScaleOptimizer's inner one), after the clear errors."""
+    from spectra._tf_compat import OPTIMIZER_SLOTS
+
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     kind = type(optimizer).__name__
-    if kind not in _SLOT_LISTS:
+    if kind not in OPTIMIZER_SLOTS:
         hint = (
             " SGD has no preconditioner (P = I): use the operator itself."
             if kind == "SGD"
             else " Pass P's diagonal as an array instead."
         )
         raise ValueError(
-            f"optimizer {kind} is not supported; supported: {', '.join(_SLOT_LISTS)}.{hint}"
+            f"optimizer {kind} is not supported; supported: {', '.join(OPTIMIZER_SLOTS)}.{hint}"
         )
     steps = int(optimizer.iterations.numpy()) if optimizer.built else 0
     if steps < 1:
@@ -131,7 +79,9 @@ def preconditioner_diagonal(
     eps = float(optimizer.epsilon if epsilon is None else epsilon)
     if not eps >= 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
-    slots = _keras_optimizer_slots(optimizer, variables)
+    from spectra._tf_compat import optimizer_slots
+
+    slots = optimizer_slots(optimizer, variables, kind)
 
     def slot(name: str) -> list[np.ndarray]:
         if name not in slots:
@@ -139,7 +89,8 @@ def preconditioner_diagonal(
 
             raise RuntimeError(
                 f"cannot find the {kind} state {name!r} in Keras {keras.__version__} (read "
-                "for Keras 3.15): pass P's diagonal as an array instead"
+                "for Keras 3.15, see spectra._tf_compat.optimizer_slots): pass P's "
+                "diagonal as an array instead"
             )
         return slots[name]
 

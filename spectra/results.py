@@ -12,7 +12,6 @@ Hessian), the wall time in seconds and the settings used.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from spectra._files import atomic_write_text
+from spectra._files import atomic_write_text, strict_json_text
 from spectra.tridiagonal import tridiagonal_eigh
 
 __all__ = [
@@ -73,16 +72,18 @@ class Result:
         return out
 
     def to_json(self, path: str | os.PathLike | None = None, include_vectors: bool = True) -> str:
-        """Serialize to JSON; when ``path`` is given also write it atomically.
+        """Serialize to strict JSON; when ``path`` is given also write it atomically.
 
-        The file is written to a temporary file in the same directory and moved
-        into place with ``os.replace``, so readers never see a partial file.
-        Returns the JSON text.
+        Strict (RFC 8259): a non-finite number (the NaN standard error of a single
+        probe, say) is written as ``null`` and listed with its reason under
+        ``"null_values"``, so every JSON parser reads the file. The file is written to a
+        temporary file in the same directory and moved into place with ``os.replace``,
+        so readers never see a partial file. Returns the JSON text.
         """
-        text = json.dumps(self.to_dict(include_vectors=include_vectors), indent=2)
+        text = strict_json_text(self.to_dict(include_vectors=include_vectors))
         if path is not None:
-            atomic_write_text(path, text + "\n")
-        return text
+            atomic_write_text(path, text)
+        return text.rstrip("\n")
 
 
 @dataclass

@@ -55,6 +55,7 @@ from spectra._files import (
     strictly_jsonable,
 )
 from spectra.eigenvalues import eigenvalues
+from spectra.subspace import subspace_overlap
 from spectra.trace import trace as estimate_trace
 
 __all__ = [
@@ -171,6 +172,15 @@ class SharpnessMeasurement:
     symmetry and residual checks and the trace included) and ``num_data_passes`` (None for an
     operator that does not count them); ``warm_start`` whether the eigensolver started from
     given vectors. ``eigenvectors`` (n × k) are kept for the next warm start, not recorded.
+
+    ``eigenvector_overlap`` is how far the top eigenspace turned since the previous point:
+    the mean over the k new unit eigenvectors v_i of their fraction ‖Qᵀv_i‖² in the span Q of
+    the previous point's k eigenvectors, i.e. ⟨v_t, v_{t−1}⟩² for k = 1 (1: unchanged, 0:
+    orthogonal; None without a previous point of the same size). ``gradient_overlap`` is
+    the fraction ‖Vᵀg‖²/‖g‖² of the gradient g in the span of the new eigenvectors
+    (Gur-Ari, Roberts & Dyer 2018; None unless asked for, or for a zero gradient). Both are
+    in the operator's coordinates (for a preconditioned operator, u = P^{1/2}θ, where its
+    gradient is P^{-1/2}∇L) and cost no product.
     """
 
     loss: float | None
@@ -186,6 +196,8 @@ class SharpnessMeasurement:
     wall_time: float
     seed: int
     warm_start: bool
+    eigenvector_overlap: float | None = None
+    gradient_overlap: float | None = None
     eigenvectors: np.ndarray | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
@@ -201,6 +213,8 @@ def measure_sharpness(
     *,
     seed: int | None = None,
     v0: np.ndarray | None = None,
+    previous: np.ndarray | None = None,
+    gradient_overlap: bool = False,
     progress: bool | None = None,
 ) -> SharpnessMeasurement:
     """Measure the loss, top eigenvalues (and trace) of ``operator`` with ``settings``.
@@ -208,10 +222,13 @@ def measure_sharpness(
     ``seed`` overrides ``settings.seed`` (the callback uses ``seed + i`` for its i-th
     measurement). ``v0`` (n × j), typically the previous point's ``eigenvectors``, is the
     eigensolver's start when ``settings.warm_start`` and it has the operator's length (a
-    checkpoint of another architecture starts cold).
+    checkpoint of another architecture starts cold). ``previous`` (n × k), the previous
+    point's eigenvectors, gives the ``eigenvector_overlap``; ``gradient_overlap=True``
+    records the gradient's overlap with the top-k eigenspace (``operator.gradient()``).
 
     Cost: one data pass for the loss (the first pass, which fills the operator's cache), the
-    eigensolver's products (fewer from a good ``v0``), ``trace_products`` for the trace.
+    eigensolver's products (fewer from a good ``v0``), ``trace_products`` for the trace; the
+    overlaps need no product.
 
     Raises:
         ValueError: ``top_k`` larger than the number of parameters, or a loss or eigenvalue
@@ -224,7 +241,7 @@ def measure_sharpness(
         raise ValueError(
             f"top_k = {settings.top_k} is more than the {size} parameters of the model."
         )
-    passes_before = getattr(operator, "num_data_passes", None)
+    passes_before = _data_passes(operator)
     loss = None
     if callable(getattr(operator, "loss", None)):
         loss = float(operator.loss())
@@ -268,7 +285,10 @@ def measure_sharpness(
         products += int(trace_result.num_products)
     passes = None
     if passes_before is not None:
-        passes = int(operator.num_data_passes) - int(passes_before)
+        passes = int(_data_passes(operator)) - int(passes_before)
+    gradient_fraction = None
+    if gradient_overlap:
+        gradient_fraction = _gradient_overlap(operator, eig.eigenvectors)
     return SharpnessMeasurement(
         loss=loss,
         eigenvalues=[float(v) for v in eig.eigenvalues],
@@ -283,8 +303,48 @@ def measure_sharpness(
         wall_time=time.perf_counter() - started,
         seed=seed,
         warm_start=start is not None,
+        eigenvector_overlap=_eigenspace_overlap(previous, eig.eigenvectors),
+        gradient_overlap=gradient_fraction,
         eigenvectors=eig.eigenvectors,
     )
+
+
+def _data_passes(operator: Any) -> int | None:
+    """The operator's data-pass counter, or that of the operator it wraps (a preconditioned
+    Hessian), or None."""
+    for candidate in (operator, getattr(operator, "base", None)):
+        passes = getattr(candidate, "num_data_passes", None)
+        if passes is not None:
+            return int(passes)
+    return None
+
+
+def _eigenspace_overlap(previous: np.ndarray | None, vectors: np.ndarray) -> float | None:
+    """Mean fraction of the new unit eigenvectors in the span of the previous ones."""
+    if previous is None:
+        return None
+    previous = np.asarray(previous, dtype=np.float64)
+    if previous.ndim == 1:
+        previous = previous[:, None]
+    if previous.shape[0] != vectors.shape[0] or not np.all(np.isfinite(previous)):
+        return None
+    return float(np.mean(subspace_overlap(vectors, previous)))
+
+
+def _gradient_overlap(operator: Any, vectors: np.ndarray) -> float | None:
+    """‖Vᵀg‖²/‖g‖² for the operator's gradient g (None for a zero gradient)."""
+    method = getattr(operator, "gradient", None)
+    if not callable(method):
+        raise ValueError(
+            f"gradient_overlap needs the operator's gradient, and {type(operator).__name__} "
+            "has no gradient()."
+        )
+    gradient = np.asarray(method(), dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(gradient)):
+        raise ValueError("the gradient is not finite: there is no overlap to measure.")
+    if not np.any(gradient):
+        return None
+    return float(subspace_overlap(gradient, vectors))
 
 
 def explain_null(path: str, value: float) -> str | None:
@@ -395,6 +455,7 @@ _CSV_TAIL = [
     "num_data_passes",
     "wall_time",
     "warm_start",
+    "eigenvector_overlap",
     "sha256",
     "error",
 ]

@@ -8,10 +8,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _dense import dense_hessian, flat_gradient
 
 from spectra.callback import SharpnessCallback
 from spectra.eigenvalues import eigenvalues
 from spectra.operator import HessianOperator
+from spectra.preconditioned import preconditioner_diagonal
 from spectra.trace import trace
 
 LOSS = "sparse_categorical_crossentropy"
@@ -94,7 +96,10 @@ def test_epoch_mode_records_the_start_and_every_epoch(data):
         "wall_time",
         "seed",
         "warm_start",
+        "eigenvector_overlap",
+        "gradient_overlap",
         "threshold",
+        "threshold_matrix",
     }
     assert record["trace"] is None and record["trace_stderr"] is None
     assert record["num_products"] > 0 and record["wall_time"] > 0
@@ -102,8 +107,12 @@ def test_epoch_mode_records_the_start_and_every_epoch(data):
     assert [r["seed"] for r in callback.history] == [0, 1, 2, 3]
     # Each eigensolve after the first starts from the previous eigenvector.
     assert [r["warm_start"] for r in callback.history] == [False, True, True, True]
-    # SGD with momentum 0.9 and η = 0.1: (2 + 2β)/η.
+    # SGD with momentum 0.9 and η = 0.1: (2 + 2β)/η, a threshold for H.
     assert record["threshold"] == pytest.approx(38.0, rel=1e-6)
+    assert record["threshold_matrix"] == "hessian"
+    # No previous point at the first measurement; overlaps in [0, 1] after it.
+    assert record["eigenvector_overlap"] is None and record["gradient_overlap"] is None
+    assert all(0 <= r["eigenvector_overlap"] <= 1 for r in callback.history[1:])
 
 
 def test_every_two_epochs_skipped_epochs_have_no_key(data):
@@ -384,3 +393,144 @@ def test_verbose_prints_one_line_per_measurement(data, capsys):
     assert len(lines) == 2
     assert lines[0].startswith("SharpnessCallback step 0 (epoch 0): λ₁ = ")
     assert "trace = " in lines[0] and "products" in lines[1]
+
+
+# -- preconditioned sharpness and overlaps against dense truth ----------------------------
+def _float64_adam_model(learning_rate: float = 0.05) -> keras.Model:
+    """A compiled float64 5-6-3 MLP with logits, trained by Adam."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="float64"),
+            keras.layers.Dense(6, activation="tanh", dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64"),
+    )
+    return model
+
+
+class _DenseTruth(keras.callbacks.Callback):
+    """At the steps given, the dense H, D = P^{-1/2}, and the gradient at the live weights
+    (placed after the callback under test, so it sees the same weights)."""
+
+    def __init__(self, data, steps) -> None:
+        super().__init__()
+        self.x, self.y = (np.asarray(a) for a in data)
+        self.steps = set(steps)
+        self.found: dict[int, dict[str, np.ndarray]] = {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step not in self.steps:
+            return
+        variables = self.model.trainable_variables
+
+        def loss():
+            logits = self.model(self.x, training=False)
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(self.y, logits))
+
+        diagonal = preconditioner_diagonal(self.model.optimizer, variables)
+        self.found[step] = {
+            "H": dense_hessian(loss, variables),
+            "D": 1.0 / np.sqrt(diagonal),
+            "g": flat_gradient(loss, variables),
+        }
+
+
+def _top(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    values, vectors = np.linalg.eigh(matrix)
+    return values[::-1][:k], vectors[:, ::-1][:, :k]
+
+
+def test_preconditioned_sharpness_and_overlaps_match_dense_truth(data):
+    """λ(D H D), ⟨v_t, v_{t−1}⟩² and ‖Vᵀg‖²/‖g‖² against eigh of dense matrices (float64:
+    Lanczos to tol 1e-10 gives the eigenvalues to ~1e-10 and the eigenvectors to about
+    residual/gap, far below the 1e-6 asked)."""
+    x, y = data[0].astype(np.float64), data[1]
+    model = _float64_adam_model()
+    measured_steps = [2, 4, 6]
+    raw = SharpnessCallback((x, y), unit="step", every=2, top_k=2, tol=1e-10, gradient_overlap=True)
+    pre = SharpnessCallback(
+        (x, y), unit="step", every=2, top_k=2, tol=1e-10, preconditioned=True, gradient_overlap=True
+    )
+    truth = _DenseTruth((x, y), measured_steps)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(NUM_EXAMPLES)  # full batch
+    history = model.fit(dataset, epochs=6, shuffle=False, verbose=0, callbacks=[raw, pre, truth])
+    # Step 0 has no optimizer state: the preconditioned callback starts at step 2.
+    assert raw.points == [0, *measured_steps] and pre.points == measured_steps
+    previous = {"raw": None, "pre": None}
+    for step in measured_steps:
+        dense = truth.found[step]
+        H, D, g = dense["H"], dense["D"], dense["g"]
+        for name, callback, matrix, gradient in (
+            ("raw", raw, H, g),
+            ("pre", pre, D[:, None] * H * D[None, :], D * g),
+        ):
+            record = next(r for r in callback.history if r["step"] == step)
+            values, vectors = _top(matrix, 2)
+            np.testing.assert_allclose(record["eigenvalues"], values, rtol=1e-8)
+            expected = np.sum((vectors.T @ gradient) ** 2) / (gradient @ gradient)
+            assert record["gradient_overlap"] == pytest.approx(expected, abs=1e-6)
+            if previous[name] is not None:
+                old = previous[name]
+                overlap = np.mean(np.sum((old.T @ vectors) ** 2, axis=0))
+                assert record["eigenvector_overlap"] == pytest.approx(overlap, abs=1e-6)
+            previous[name] = vectors
+    record = pre.history[0]
+    assert record["threshold"] == pytest.approx(38 / 0.05) and record["threshold_matrix"] == (
+        "preconditioned"
+    )
+    assert raw.history[0]["eigenvector_overlap"] is None
+    assert pre.history[0]["eigenvector_overlap"] is None
+    # Epoch logs are per-epoch only in epoch mode; step mode leaves them alone.
+    assert "preconditioned_sharpness" not in history.history
+
+
+def test_preconditioned_logs_and_training_left_alone(data):
+    """A preconditioned callback in epoch mode logs under its own names and changes
+    neither the weights nor the optimizer's state."""
+    x, y = data[0].astype(np.float64), data[1]
+
+    def train(callbacks):
+        model = _float64_adam_model()
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+        history = model.fit(batches, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        return model, history
+
+    plain, _ = train([])
+    pre = SharpnessCallback((x, y), preconditioned=True, gradient_overlap=True, top_k=2)
+    raw = SharpnessCallback((x, y))
+    model, history = train([pre, raw])
+    for a, b in zip(plain.weights, model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(plain.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert pre.points == [1, 2] and raw.points == [0, 1, 2]
+    assert history.history["preconditioned_sharpness"] == [r["eigenvalues"][0] for r in pre.history]
+    assert history.history["preconditioned_sharpness_2"] == [
+        r["eigenvalues"][1] for r in pre.history
+    ]
+    assert history.history["preconditioned_gradient_overlap"] == [
+        r["gradient_overlap"] for r in pre.history
+    ]
+    assert history.history["sharpness"] == [r["eigenvalues"][0] for r in raw.history[1:]]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (lambda: keras.optimizers.SGD(0.1), "SGD, whose P = I"),
+        (lambda: keras.optimizers.Lion(0.1), "the model's optimizer is Lion."),
+    ],
+)
+def test_preconditioned_needs_a_diagonal_preconditioner(data, optimizer, message):
+    model = _model()
+    model.compile(optimizer=optimizer(), loss=LOSS)
+    callback = SharpnessCallback(data, preconditioned=True)
+    with pytest.raises(ValueError, match=message):
+        _fit(model, data, [callback], epochs=1)
+    assert int(model.optimizer.iterations.numpy()) == 0

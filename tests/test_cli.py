@@ -244,6 +244,9 @@ def test_sharpness_json_csv_and_figure(sharpness_run):
         assert entry["status"] == "done" and len(entry["sha256"]) == 64
     # One model for the four checkpoints; each eigensolve after the first starts warm.
     assert [entry["warm_start"] for entry in entries] == [False, True, True, True]
+    # How far the top eigenvector turned since the previous checkpoint: ⟨v_t, v_{t−1}⟩².
+    assert entries[0]["eigenvector_overlap"] is None
+    assert all(0 < entry["eigenvector_overlap"] <= 1 for entry in entries[1:])
     # progressive sharpening at the start of the run
     sharpness = [entry["eigenvalues"][0] for entry in entries]
     assert sharpness == sorted(sharpness)
@@ -258,6 +261,8 @@ def test_sharpness_json_csv_and_figure(sharpness_run):
         assert float(row["error_bound_1"]) == entry["error_bounds"][0]
         assert float(row["trace"]) == entry["trace"]
         assert float(row["loss"]) == entry["loss"]
+        overlap = entry["eigenvector_overlap"]
+        assert row["eigenvector_overlap"] == ("" if overlap is None else repr(overlap))
     _assert_png(out / "sharpness.png")
 
 
@@ -482,7 +487,7 @@ def test_more_errors_are_one_line_before_any_computation(case, tmp_path, capsys)
         out.write_text("a file")
         expected = "is a file, not a directory"
     elif case == "missing option":
-        expected = "the following arguments are required: --loss"
+        expected = "the following arguments are required: --data"
     elif case == "bad format":
         extra = ["--format", "png,docx"]
         expected = "unknown figure format"
@@ -490,8 +495,9 @@ def test_more_errors_are_one_line_before_any_computation(case, tmp_path, capsys)
         command, extra = "landscape", ["--directions", "2", "--points", "1"]
         expected = "needs --points 3 or more"
     model = str(tmp_path / "tiny.keras") if case == "top-k above the parameters" else MLP
-    loss = [] if case == "missing option" else ["--loss", "mse" if "top-k" in case else LOSS]
-    args = [command, model, "--data", data, *loss, "--out", str(out), "--no-progress", *extra]
+    loss = ["--loss", "mse" if "top-k" in case else LOSS]
+    data_option = [] if case == "missing option" else ["--data", data]
+    args = [command, model, *data_option, *loss, "--out", str(out), "--no-progress", *extra]
     if case in ("missing option", "bad format"):
         with pytest.raises(SystemExit) as exit_info:
             main(args)
@@ -759,3 +765,247 @@ def test_help_and_numpy_estimators_do_not_import_tensorflow():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- compiled checkpoints
+
+
+def _adam_run(
+    directory: Path, name: str, x: np.ndarray, y: np.ndarray, layers: list, dense_steps=(2, 4)
+) -> tuple:
+    """A float64 classifier compiled with its loss and Adam (η = 0.05), saved before
+    training (step 0, no optimizer state) and after 2 and 4 full-batch steps, with the
+    dense Hessian H and D = P^{-1/2} of the live optimizer at the ``dense_steps``."""
+    import keras
+    import tensorflow as tf
+    from _dense import dense_hessian
+
+    from spectra.preconditioned import preconditioner_diagonal
+
+    run = directory / "run"
+    run.mkdir()
+    data = _npz(directory / "data.npz", x=x, y=y)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(layers, name=name)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+    def loss():
+        logits = model(x, training=False)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+
+    model.save(run / "step_0000.keras")
+    truth = {}
+    for step in (2, 4):
+        model.fit(x, y, batch_size=len(x), epochs=2, shuffle=False, verbose=0)
+        model.save(run / f"step_{step:04d}.keras")
+        if step not in dense_steps:
+            continue
+        variables = model.trainable_variables
+        diagonal = preconditioner_diagonal(model.optimizer, variables)
+        truth[step] = {
+            "H": dense_hessian(loss, variables),
+            "D": 1.0 / np.sqrt(diagonal),
+            "loss": float(loss()),
+        }
+    return run, data, truth
+
+
+@pytest.fixture(scope="module")
+def adam_lstm_run(tmp_path_factory):
+    """Embedding → LSTM → Dense on token sequences (61 parameters)."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 6, size=(24, 5)).astype(np.int32)
+    y = rng.integers(0, 3, size=24)
+    layers = [
+        keras.Input((5,), dtype="int32"),
+        keras.layers.Embedding(6, 2, mask_zero=True, dtype="float64", name="embedding"),
+        keras.layers.LSTM(2, dtype="float64", name="lstm"),
+        keras.layers.Dense(3, dtype="float64", name="logits"),
+    ]
+    directory = tmp_path_factory.mktemp("lstm")
+    return _adam_run(directory, "lstm_classifier", x, y, layers, dense_steps=(4,))
+
+
+@pytest.fixture(scope="module")
+def adam_mlp_run(tmp_path_factory):
+    """A 4-5-3 tanh MLP (43 parameters)."""
+    import keras
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((30, 4))
+    y = rng.integers(0, 3, size=30)
+    layers = [
+        keras.Input((4,), dtype="float64"),
+        keras.layers.Dense(5, activation="tanh", dtype="float64"),
+        keras.layers.Dense(3, dtype="float64"),
+    ]
+    return _adam_run(tmp_path_factory.mktemp("mlp"), "adam_mlp", x, y, layers)
+
+
+def _eigh_descending(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values, vectors = np.linalg.eigh(matrix)
+    return values[::-1], vectors[:, ::-1]
+
+
+@pytest.mark.slow
+def test_analyze_a_compiled_lstm_checkpoint_without_loss(adam_lstm_run, tmp_path):
+    """No --loss: the compiled loss; λ and the per-layer table against dense eigh (1e-8)."""
+    run, data, truth = adam_lstm_run
+    out = tmp_path / "out"
+    checkpoint = run / "step_0004.keras"
+    args = ["analyze", str(checkpoint), "--data", data, "--top-k", "2", "--tol", "1e-10"]
+    args += ["--layers", "--trace", "--trace-products", "10", "--no-progress", "--out", str(out)]
+    status, printed = _run(args)
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    settings = results["settings"]
+    assert settings["loss"] is None and settings["curvature"] == "hessian"
+    assert settings["matrix"] == "Hessian" and settings["layers"] is True
+    assert results["model"]["compiled_loss"] == "sparse_categorical_crossentropy"
+    H = truth[4]["H"]
+    dense, _ = _eigh_descending(H)
+    np.testing.assert_allclose(results["eigenvalues"]["eigenvalues"], dense[:2], rtol=1e-8)
+    # The compiled loss is the mean cross-entropy on logits the dense Hessian differentiates.
+    assert results["loss"] == pytest.approx(truth[4]["loss"], rel=1e-12)
+
+    # Per layer: the diagonal blocks of the dense Hessian.
+    layers = results["layers"]
+    assert layers["groups"] == ["embedding", "lstm/lstm_cell", "logits"]
+    bounds = np.cumsum([0, 12, 40, 9])
+    assert layers["group_sizes"] == [12, 40, 9]
+    for index in range(3):
+        block = H[bounds[index] : bounds[index + 1], bounds[index] : bounds[index + 1]]
+        top, _ = _eigh_descending(block)
+        np.testing.assert_allclose(layers["eigenvalues"][index], top[:2], rtol=1e-8)
+        # Hutchinson with 10 Rademacher probes: (estimate − trace)/s.e. is roughly t with 9
+        # degrees of freedom; |t| > 6 has probability about 2e-4.
+        error = abs(layers["traces"][index] - np.trace(block))
+        assert error <= 6 * layers["trace_stderr"][index]
+    table = results["layer_table"]
+    assert [row["group"] for row in table] == layers["groups"]
+    for row, values, trace_value in zip(table, layers["eigenvalues"], layers["traces"]):
+        assert row["eigenvalues"] == values and row["trace"] == trace_value
+    assert "per layer (3 layers" in printed and "lstm/lstm_cell" in printed
+    _assert_png(out / "layers.png")
+    assert results["files"]["layers_figure"] == [str(out / "layers.png")]
+
+
+def test_sharpness_preconditioned_on_adam_checkpoints(adam_mlp_run, tmp_path, capsys):
+    """λ_max(P⁻¹H) from the optimizer state each checkpoint carries, against the dense
+    D H D at save time and the library on the loaded checkpoint; the checkpoint saved
+    before the first step has no state."""
+    import spectra
+
+    run, data, truth = adam_mlp_run
+    out = tmp_path / "out"
+    args = ["sharpness", str(run), "--data", data, "--preconditioned", "--tol", "1e-10"]
+    args += ["--plot-overlap", "--no-progress", "--out", str(out)]
+    assert main(args) == 2
+    error = _one_line_error(capsys)
+    assert "step_0000.keras: no optimizer state yet" in error and "--skip-bad" in error
+
+    assert main([*args, "--skip-bad"]) == 1
+    captured = capsys.readouterr()
+    assert "bounds the preconditioned sharpness" not in captured.err
+    report = json.loads((out / "sharpness.json").read_text())
+    assert report["settings"]["matrix"] == "preconditioned Hessian P⁻¹H"
+    assert report["settings"]["loss"] is None
+    threshold = report["threshold"]
+    assert threshold["optimizer"] == "Adam" and threshold["preconditioned"] is True
+    assert threshold["value"] == pytest.approx(38 / 0.05)
+    failed, *done = report["checkpoints"]
+    assert failed["status"] == "failed" and "no optimizer state yet" in failed["error"]
+    vectors = {}
+    for entry in done:
+        dense = truth[entry["step"]]
+        D = dense["D"]
+        values, vectors[entry["step"]] = _eigh_descending(D[:, None] * dense["H"] * D[None, :])
+        assert entry["eigenvalues"][0] == pytest.approx(values[0], rel=1e-8)
+        assert entry["num_data_passes"] > 0  # counted through the preconditioned operator
+        model = load_model(run / entry["file"], compile=True)
+        op = HessianOperator.from_keras(model, None, load_data(data).as_tuple())
+        library = eigenvalues(spectra.preconditioned(op, model.optimizer), k=1, tol=1e-10)
+        assert entry["eigenvalues"][0] == pytest.approx(library.eigenvalues[0], rel=1e-10)
+    # Overlap only between neighbours: step 2 follows a failed checkpoint.
+    assert done[0]["eigenvector_overlap"] is None
+    expected = float(vectors[2][:, 0] @ vectors[4][:, 0]) ** 2
+    assert done[1]["eigenvector_overlap"] == pytest.approx(expected, abs=1e-6)
+    _assert_png(out / "sharpness.png")
+
+
+def test_landscape_of_a_compiled_checkpoint_without_loss(adam_mlp_run, tmp_path):
+    run, data, truth = adam_mlp_run
+    out = tmp_path / "out"
+    args = ["landscape", str(run / "step_0004.keras"), "--data", data, "--points", "3"]
+    assert main([*args, "--no-progress", "--out", str(out)]) == 0
+    report = json.loads((out / "landscape.json").read_text())
+    assert report["curves"]["losses"]["v1"][1] == pytest.approx(truth[4]["loss"], rel=1e-12)
+    top = np.linalg.eigvalsh(truth[4]["H"])[-1]
+    assert report["eigenvalues"]["eigenvalues"][0] == pytest.approx(top, rel=1e-6)
+    assert report["settings"]["loss"] is None
+
+
+def _compiled_sgd_checkpoint(tmp_path: Path) -> Path:
+    """The digits GD model compiled with SGD, after one step."""
+    import keras
+
+    model = keras.models.load_model(DATA / "gd_trajectory" / "step_0000.keras", compile=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    digits = load_data(DIGITS, max_examples=60)
+    model.fit(digits.x, digits.y, batch_size=60, epochs=1, verbose=0)
+    path = tmp_path / "sgd_0001.keras"
+    model.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no compiled loss",
+        "no optimizer state",
+        "optimizer without preconditioner",
+        "matrix missing from this build",
+        "unknown curvature",
+    ],
+)
+def test_curvature_and_preconditioner_errors_are_one_line(case, tmp_path, capsys, monkeypatch):
+    import spectra
+
+    out = tmp_path / "out"
+    command, target, extra = "analyze", MLP, ["--loss", LOSS]
+    if case == "no compiled loss":
+        extra = []
+        expected = "digits_mlp.keras carries no compiled loss"
+    elif case == "no optimizer state":
+        # A copy without the trajectory.json beside it (whose SGD line would be warned about).
+        command, target = "sharpness", tmp_path / "step_0000.keras"
+        target.write_bytes((DATA / "gd_trajectory" / "step_0000.keras").read_bytes())
+        extra += ["--preconditioned"]
+        expected = "step_0000.keras: no optimizer state (saved without compile"
+    elif case == "optimizer without preconditioner":
+        command, extra = "sharpness", ["--preconditioned"]
+        target = _compiled_sgd_checkpoint(tmp_path)
+        expected = "sgd_0001.keras is SGD, which has no preconditioner (P = I)"
+    elif case == "matrix missing from this build":
+        # As if this build had no GGNOperator (whether or not it has one).
+        monkeypatch.delitem(spectra._SOURCE, "GGNOperator", raising=False)
+        monkeypatch.delattr(spectra, "GGNOperator", raising=False)
+        extra += ["--curvature", "ggn"]
+        expected = "--curvature ggn needs spectra.GGNOperator, which this build"
+    else:
+        extra += ["--curvature", "hessain"]
+        expected = "argument --curvature: invalid choice: 'hessain'"
+    args = [command, str(target), "--data", DIGITS, "--max-examples", "60", *extra]
+    args += ["--no-progress", "--out", str(out)]
+    try:
+        status = main(args)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
+    assert expected in _one_line_error(capsys)
+    assert not (out / "results.json").exists()

@@ -16,10 +16,12 @@ from matplotlib.contour import ContourSet
 
 from spectra.density import spectral_density
 from spectra.eigenvalues import eigenvalues
+from spectra.layerwise import layerwise
 from spectra.plotting import (
     add_title,
     figure_caption,
     plot_eigenvalues,
+    plot_layerwise,
     plot_loss_landscape_1d,
     plot_loss_landscape_2d,
     plot_sharpness,
@@ -302,6 +304,117 @@ def test_sharpness_rejects_bad_input(kwargs, message):
     arguments = {"steps": STEPS, "values": SHARPNESS, **kwargs}
     with pytest.raises(ValueError, match=message):
         plot_sharpness(arguments.pop("steps"), arguments.pop("values"), **arguments)
+
+
+def test_sharpness_overlaps_on_their_own_axis_and_a_named_quantity():
+    overlaps = np.r_[np.nan, np.linspace(0.5, 0.99, STEPS.size - 1)]
+    name = "Preconditioned sharpness λ₁(P⁻¹H)"
+    ax = plot_sharpness(
+        STEPS, SHARPNESS, losses=np.ones(STEPS.size), overlaps=overlaps, ylabel=name
+    )
+    assert ax.get_ylabel() == name
+    assert _series_lines(ax)[0].get_label() == name
+    twins = {other.get_ylabel(): other for other in ax.figure.axes if other is not ax}
+    overlap_ax = twins["Overlap with the previous top eigenvector(s)"]
+    assert overlap_ax.get_ylim() == (0.0, 1.05)
+    (line,) = overlap_ax.get_lines()
+    np.testing.assert_array_equal(line.get_ydata(), overlaps)  # NaN: a gap, not a zero
+    assert "Overlap ⟨vₜ, vₜ₋₁⟩²" in _legend_texts(ax)
+    ax = plot_sharpness(STEPS, np.stack([SHARPNESS, SHARPNESS / 2], 1), overlaps=overlaps)
+    assert "Top-k subspace overlap" in _legend_texts(ax)
+    with pytest.raises(ValueError, match=r"overlaps must lie in \[0, 1\]"):
+        plot_sharpness(STEPS, SHARPNESS, overlaps=np.full(STEPS.size, 1.5))
+    with pytest.raises(ValueError, match="11 steps but 3 overlaps"):
+        plot_sharpness(STEPS, SHARPNESS, overlaps=[0.5, 0.6, 0.7])
+
+
+def test_sharpness_panels_side_by_side_keep_their_own_legends():
+    figure, (left, right) = plt.subplots(1, 2, layout="constrained")
+    plot_sharpness(STEPS, SHARPNESS, lr=0.2, losses=np.ones(STEPS.size), ax=left)
+    plot_sharpness(STEPS, SHARPNESS / 2, lr=0.1, ax=right)
+    assert figure.legends == []
+    texts = [
+        [text.get_text() for text in axes.get_legend().get_texts()]
+        for axes in figure.axes
+        if axes.get_legend() is not None
+    ]
+    assert sorted(texts) == [
+        ["Sharpness λ₁", "2/η = 10 (gradient descent)", "Loss"],
+        ["Sharpness λ₁", "2/η = 20 (gradient descent), above the plotted range"],
+    ]
+
+
+# --- per-layer spectra ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    """layerwise on a block-diagonal matrix with three groups (the last indefinite)."""
+    rng = np.random.default_rng(1)
+    sizes = {"dense": 6, "dense_1": 4, "output": 3}
+    parts, groups, start = [], {}, 0
+    for name, size in sizes.items():
+        q, _ = np.linalg.qr(rng.standard_normal((size, size)))
+        parts.append(q @ np.diag(np.linspace(-1.0, 3.0, size) * (start + 1)) @ q.T)
+        groups[name] = list(range(start, start + size))
+        start += size
+    matrix = np.zeros((start, start))
+    offset = 0
+    for part in parts:
+        matrix[offset : offset + len(part), offset : offset + len(part)] = part
+        offset += len(part)
+    return layerwise(matrix, k=2, trace=True, groups=groups, num_probes=20, seed=0)
+
+
+def _bars(ax: Axes):
+    from matplotlib.container import BarContainer
+
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer) and c.patches]
+    return bars.patches
+
+
+def test_layerwise_bars_values_and_order(blocks):
+    ax = plot_layerwise(blocks)
+    widths = [patch.get_width() for patch in _bars(ax)]
+    np.testing.assert_allclose(widths, [v[0] for v in blocks.eigenvalues])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["dense", "dense_1", "output"]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # the first layer on top
+    texts = _legend_texts(ax)
+    assert texts[0].startswith("λ₁ of Hₗₗ ± error bound")
+    assert "error bars too small to see" in texts[0]
+    assert texts[1] == "λ₂ … λₖ of Hₗₗ"
+    dots = [line for line in ax.get_lines() if line.get_label() == "λ₂ … λₖ of Hₗₗ"]
+    np.testing.assert_allclose(dots[0].get_xdata(), [v[1] for v in blocks.eigenvalues])
+    assert ax.get_xlabel() == "Top eigenvalue of the diagonal block"
+
+
+def test_layerwise_traces_with_standard_errors_and_other_symbol(blocks):
+    ax = plot_layerwise(blocks, quantity="trace", symbol="G")
+    widths = [patch.get_width() for patch in _bars(ax)]
+    np.testing.assert_allclose(widths, blocks.traces)
+    (errorbar,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    spans = [abs(seg[1][0] - seg[0][0]) / 2 for seg in errorbar.get_segments()]
+    np.testing.assert_allclose(spans, blocks.trace_stderr)
+    assert _legend_texts(ax) == ["trace of Gₗₗ ± standard error"]
+
+
+def test_layerwise_unconverged_groups_are_hatched(blocks):
+    flags = [np.array([True, True]), np.array([False, True]), np.array([True, True])]
+    ax = plot_layerwise(dataclasses.replace(blocks, converged=flags))
+    hatches = [patch.get_hatch() for patch in _bars(ax)]
+    assert hatches == [None, "//", None]
+    assert "not converged" in _legend_texts(ax)
+
+
+def test_layerwise_rejects_bad_input(blocks, eigen):
+    with pytest.raises(TypeError, match="LayerwiseResult"):
+        plot_layerwise(eigen)
+    with pytest.raises(ValueError, match="quantity must be"):
+        plot_layerwise(blocks, quantity="diagonal")
+    with pytest.raises(ValueError, match="no traces"):
+        plot_layerwise(
+            dataclasses.replace(blocks, traces=None, trace_stderr=None), quantity="trace"
+        )
 
 
 # --- loss landscapes ----------------------------------------------------------

@@ -91,3 +91,22 @@ def test_lanczos_result_helpers(results):
     t = lan.tridiagonal()
     assert t.shape == (lan.num_steps_taken, lan.num_steps_taken)
     np.testing.assert_allclose(lan.ritz_values(), np.linalg.eigvalsh(t), atol=1e-12)
+
+
+def test_to_json_is_strict_json_with_the_reasons_for_nulls(tmp_path):
+    # One probe has no sampling error bar: its standard error is NaN, written as null.
+    single = spectral_density(random_symmetric(30, seed=2), num_steps=8, num_probes=1)
+    moments = single.moments(2)
+    assert np.isnan(moments.stderr).all()
+    path = tmp_path / "moments.json"
+    text = moments.to_json(path)
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    assert data == json.loads(text, parse_constant=refuse)
+    assert data["stderr"] == [None, None, None]
+    assert set(data["null_values"]) == {"stderr[0]", "stderr[1]", "stderr[2]"}
+    assert all(reason.startswith("NaN") for reason in data["null_values"].values())
+    np.testing.assert_allclose(data["estimate"], moments.estimate)

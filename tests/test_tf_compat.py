@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from _dense import dense_hessian, relative_error
 
@@ -155,3 +156,52 @@ def test_seed_state_variables_and_its_fallback():
     assert len(primary) == 2
     fallback = _tf_compat.seed_state_variables(_Hidden(model, "_seed_generators"))
     assert {id(v) for v in fallback} == {id(v) for v in primary}
+
+
+class _PublicOptimizer:
+    """An optimizer seen through its public ``variables`` only (no private slot lists)."""
+
+    def __init__(self, optimizer):
+        self.variables = optimizer.variables
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.Adam(0.01, amsgrad=True),
+        lambda: keras.optimizers.AdamW(0.01),
+        lambda: keras.optimizers.RMSprop(0.01, centered=True),
+        lambda: keras.optimizers.Adagrad(0.1),
+    ],
+    ids=["adam", "adam-amsgrad", "adamw", "rmsprop-centered", "adagrad"],
+)
+def test_optimizer_slots_and_their_fallback(rng, make):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)]
+    )
+    optimizer = make()
+    kind = type(optimizer).__name__
+    variables = model.trainable_variables
+    x, y = rng.standard_normal((16, 4)), rng.standard_normal((16, 3))
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    primary = _tf_compat.optimizer_slots(optimizer, variables, kind)
+    fallback = _tf_compat.optimizer_slots(_PublicOptimizer(optimizer), variables, kind)
+    expected = {"Adagrad": 1, "RMSprop": 2}.get(kind) or (2 if optimizer.amsgrad else 1)
+    assert len(primary) == expected and primary.keys() == fallback.keys()
+    for name in primary:
+        assert len(primary[name]) == len(variables)
+        for a, b, v in zip(primary[name], fallback[name], variables):
+            assert a.shape == tuple(v.shape) and np.any(a != 0)
+            np.testing.assert_array_equal(a, b)
+    # Both find a variable of a model rebuilt with the same names by its path, and refuse
+    # one the optimizer does not track.
+    keras.utils.set_random_seed(0)
+    stranger = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="elsewhere")])
+    for seen in (optimizer, _PublicOptimizer(optimizer)):
+        with pytest.raises(ValueError, match="'sequential.*elsewhere/kernel' is not tracked"):
+            _tf_compat.optimizer_slots(seen, stranger.trainable_variables, kind)

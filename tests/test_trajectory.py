@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -138,6 +139,105 @@ def test_warm_starts_use_fewer_products_for_the_same_eigenvalues():
     assert sum(warm_products) < sum(cold_products), (warm_products, cold_products)
     fewer = sum(w < c for w, c in zip(warm_products, cold_products))
     assert fewer >= len(cold_products) // 2, (warm_products, cold_products)
+
+
+class _MatrixWithGradient:
+    """A symmetric matrix as an operator with a gradient (what measure_sharpness reads)."""
+
+    def __init__(self, matrix: np.ndarray, gradient: np.ndarray) -> None:
+        self.matrix, self._gradient = matrix, gradient
+        self.shape, self.dtype = matrix.shape, matrix.dtype
+
+    def matvec(self, v):
+        return self.matrix @ v
+
+    def matmat(self, block):
+        return self.matrix @ block
+
+    def gradient(self) -> np.ndarray:
+        return self._gradient
+
+
+def _rotated_pair(rng: np.random.Generator, n: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """Two symmetric matrices with separated top eigenvalues, the second a rotation of the
+    first by a small random orthogonal matrix (exp of a skew matrix)."""
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    first = q @ np.diag(np.r_[10.0, 7.0, 5.0, np.linspace(0.0, 2.0, n - 3)]) @ q.T
+    skew = rng.standard_normal((n, n)) * 0.15
+    import scipy.linalg
+
+    rotation = scipy.linalg.expm(skew - skew.T)
+    return first, rotation @ first @ rotation.T
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_eigenvector_and_gradient_overlaps_against_eigh(k):
+    rng = np.random.default_rng(3)
+    first, second = _rotated_pair(rng)
+    gradient = rng.standard_normal(first.shape[0])
+    settings = SharpnessSettings(top_k=k, tol=1e-12)
+    a = measure_sharpness(_MatrixWithGradient(first, gradient), settings)
+    b = measure_sharpness(
+        _MatrixWithGradient(second, gradient),
+        settings,
+        v0=a.eigenvectors,
+        previous=a.eigenvectors,
+        gradient_overlap=True,
+    )
+    old = np.linalg.eigh(first)[1][:, ::-1][:, :k]
+    new = np.linalg.eigh(second)[1][:, ::-1][:, :k]
+    # Mean over the new eigenvectors of their fraction in the old span; ⟨v, v'⟩² for k = 1.
+    expected = np.mean(np.sum((old.T @ new) ** 2, axis=0))
+    assert 0.05 < expected < 0.99  # the rotation is neither negligible nor total
+    assert a.eigenvector_overlap is None and a.gradient_overlap is None
+    assert b.eigenvector_overlap == pytest.approx(expected, abs=1e-9)
+    fraction = np.sum((new.T @ gradient) ** 2) / (gradient @ gradient)
+    assert b.gradient_overlap == pytest.approx(fraction, abs=1e-9)
+    assert b.record()["eigenvector_overlap"] == b.eigenvector_overlap
+    # Eigenvectors of another size (another architecture) give no overlap.
+    other = measure_sharpness(
+        _MatrixWithGradient(second, gradient), settings, previous=np.ones((7, k))
+    )
+    assert other.eigenvector_overlap is None
+
+
+def test_gradient_overlap_needs_a_gradient_and_is_none_for_zero():
+    first, _ = _rotated_pair(np.random.default_rng(0))
+    settings = SharpnessSettings(top_k=1)
+    zero = _MatrixWithGradient(first, np.zeros(first.shape[0]))
+    assert measure_sharpness(zero, settings, gradient_overlap=True).gradient_overlap is None
+    with pytest.raises(ValueError, match="has no gradient"):
+        measure_sharpness(first, settings, gradient_overlap=True)
+    nan = _MatrixWithGradient(first, np.full(first.shape[0], np.nan))
+    with pytest.raises(ValueError, match="the gradient is not finite"):
+        measure_sharpness(nan, settings, gradient_overlap=True)
+
+
+def test_compiled_loader_restores_the_optimizer_state_of_each_checkpoint(tmp_path, tiny_data):
+    """Keras restores Adam's moments from a compiled .keras file, and load_weights of a
+    further checkpoint into the shared model restores that one's (a checkpoint saved before
+    the first step loads with iterations 0, silently)."""
+    x, y = tiny_data
+    model = _tiny_model()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=LOSS)
+    model.save(tmp_path / "step_0.keras")
+    saved = {}
+    for step in (1, 3):
+        model.fit(x, y, batch_size=30, epochs=2 if step == 3 else 1, verbose=0)
+        model.save(tmp_path / f"step_{step}.keras")
+        saved[step] = [v.numpy() for v in model.optimizer.variables]
+    loader = CheckpointLoader(compile=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Skipping variable loading for optimizer")
+        first = loader.load(tmp_path / "step_0.keras")
+    assert int(first.optimizer.iterations.numpy()) == 0 and first.loss is not None
+    for step in (1, 3):
+        loaded = loader.load(tmp_path / f"step_{step}.keras")
+        assert loaded is first and int(loaded.optimizer.iterations.numpy()) == step
+        for a, b in zip(loaded.optimizer.variables, saved[step]):
+            np.testing.assert_array_equal(a.numpy(), b)
+    assert loader.num_models_built == 1
+    assert getattr(CheckpointLoader().load(tmp_path / "step_3.keras"), "optimizer", None) is None
 
 
 # --------------------------------------------------------------------------- reuse

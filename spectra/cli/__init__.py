@@ -2,16 +2,20 @@
 
 Subcommands:
 
-* ``spectra analyze MODEL``: top eigenvalues, optionally the trace and the spectral density
-  of the loss Hessian of one model; writes ``results.json`` and figures.
+* ``spectra analyze MODEL``: top eigenvalues, optionally the trace, the spectral density and
+  the per-layer spectra (``--layers``) of the loss Hessian of one model, or of another
+  ``--curvature`` matrix (:mod:`spectra.cli._curvature`); writes ``results.json`` and figures.
 * ``spectra sharpness CHECKPOINTS``: the top eigenvalue(s) (and trace) of every checkpoint of a
-  training run, resumable (:mod:`spectra.trajectory`); writes ``sharpness.json``,
-  ``sharpness.csv`` and ``sharpness.png``.
+  training run, or with ``--preconditioned`` those of P⁻¹H for the optimizer state each
+  checkpoint carries, and the overlap of consecutive top eigenvectors; resumable
+  (:mod:`spectra.trajectory`); writes ``sharpness.json``, ``sharpness.csv`` and
+  ``sharpness.png``.
 * ``spectra landscape MODEL``: the loss along the top eigenvector(s) and a random direction;
   writes ``landscape.json`` and ``landscape_1d.png`` (and ``landscape_2d.png``).
 
 Everything that can be checked is checked before computing: the options, ``--out`` (created,
-proven writable and locked against a second run), the data, the model and the loss. Errors in
+proven writable and locked against a second run), the data, the model and the loss (``--loss``,
+or without it the loss the model was compiled with). Errors in
 what the user gave print one line ``spectra: error: ...`` and exit with status 2; an
 unexpected error prints one line too and exits with 1; ``--debug`` shows the traceback.
 TensorFlow is imported only by the commands that need it, without its C++ log lines

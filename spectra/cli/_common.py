@@ -21,11 +21,9 @@ import numpy as np
 
 from spectra import __version__
 from spectra._files import DirectoryLock, DirectoryLocked, prepare_directory, remove_temporaries
+from spectra.cli._curvature import curvature_choice
 from spectra.results import Result
 from spectra.trajectory import SharpnessSettings
-
-# The curvature matrix the commands measure; other matrices (GGN, Fisher) name themselves.
-MATRIX = "Hessian"
 
 
 class UserError(Exception):
@@ -118,8 +116,21 @@ def measurement_settings(args: argparse.Namespace) -> SharpnessSettings:
         )
 
 
+def matrix_title(args: argparse.Namespace) -> str:
+    """How figures, captions and settings name the matrix a run measures: the
+    ``--curvature`` (default the Hessian), or the preconditioned Hessian with
+    ``--preconditioned``."""
+    title = curvature_choice(getattr(args, "curvature", None)).title
+    if getattr(args, "preconditioned", False):
+        return f"preconditioned {title} P⁻¹H"
+    return title
+
+
 def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> dict[str, Any]:
-    """Every option that decides the numbers of ``analyze`` and ``sharpness``."""
+    """Every option that decides the numbers of ``analyze`` and ``sharpness``.
+
+    ``loss`` None means the loss each checkpoint was compiled with.
+    """
     return {
         "loss": args.loss,
         "max_examples": args.max_examples,
@@ -128,7 +139,7 @@ def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> di
         "float64": args.float64,
         "training": args.training,
         "builder": args.builder,
-        "matrix": MATRIX,
+        "matrix": matrix_title(args),
     }
 
 
@@ -154,7 +165,10 @@ def load_data(args: argparse.Namespace) -> Any:
 
 
 def check_loss(args: argparse.Namespace) -> None:
-    """An unknown loss name is a user error (needs TensorFlow)."""
+    """An unknown loss name is a user error (needs TensorFlow); no ``--loss`` means the
+    compiled loss, checked with the model (:func:`check_model`)."""
+    if args.loss is None:
+        return
     import tensorflow as tf
 
     from spectra import _keras
@@ -163,13 +177,39 @@ def check_loss(args: argparse.Namespace) -> None:
         _keras.resolve_loss(args.loss, tf.float32)
 
 
+def compiles_model(args: argparse.Namespace) -> bool:
+    """Whether models are loaded compiled: for the compiled loss (no ``--loss``) and for
+    the optimizer state (``--preconditioned``)."""
+    return args.loss is None or bool(getattr(args, "preconditioned", False))
+
+
+def loss_text(loss: Any) -> str:
+    """A short name of a loss spec: a name, a loss object's name, a list or dict of them."""
+    if isinstance(loss, str):
+        return loss
+    if isinstance(loss, dict):
+        return "{" + ", ".join(f"{key}: {loss_text(value)}" for key, value in loss.items()) + "}"
+    if isinstance(loss, (list, tuple)):
+        return "[" + ", ".join(loss_text(value) for value in loss) + "]"
+    return str(
+        getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+    )
+
+
 def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) -> int:
-    """Check that the data and the loss fit ``model`` (2 examples) and that ``--top-k`` is
-    not more than its parameters; returns the number of parameters."""
+    """Check that the model has a loss (``--loss`` or a compiled one), that the data and
+    the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
+    parameters; returns the number of parameters."""
     from spectra.datasets import check_data_fits_model
 
+    loss = args.loss if args.loss is not None else getattr(model, "loss", None)
+    if loss is None:
+        raise SettingError(
+            f"{source} carries no compiled loss (it was saved without compile, or is a "
+            "weights file): give --loss, e.g. --loss sparse_categorical_crossentropy."
+        )
     with user_errors(source):
-        check_data_fits_model(model, data.x, data.y, args.loss)
+        check_data_fits_model(model, data.x, data.y, loss)
     size = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     option = "--top-k" if hasattr(args, "top_k") else "--directions"
     top_k = getattr(args, "top_k", getattr(args, "directions", 1))
@@ -180,31 +220,84 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
     return size
 
 
-def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
-    from spectra.operator import HessianOperator
-
+def check_curvature(args: argparse.Namespace) -> None:
+    """A ``--curvature`` whose operator this build of spectra lacks is a user error."""
     with user_errors():
-        return HessianOperator.from_keras(
+        curvature_choice(getattr(args, "curvature", None)).operator_class()
+
+
+def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
+    """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
+    the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
+    (:func:`spectra.preconditioned`)."""
+    choice = curvature_choice(getattr(args, "curvature", None))
+    with user_errors():
+        op = choice.from_keras(
             model,
             args.loss,
             data.as_tuple(),
+            args.seed,
             batch_size=args.batch_size,
             training=args.training,
             dtype=np.float64 if args.float64 else None,
         )
+    if getattr(args, "preconditioned", False):
+        op = _preconditioned(op, model)
+    return op
+
+
+def _preconditioned(op: Any, model: Any) -> Any:
+    """``op`` seen through the preconditioner of ``model``'s restored optimizer state.
+
+    Raises ValueError for a checkpoint without optimizer state (one checkpoint's problem)
+    and :class:`SettingError` for an optimizer without a preconditioner (every checkpoint's).
+    """
+    from spectra.preconditioned import preconditioned
+    from spectra.stability import threshold_matrix
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError(
+            "no optimizer state (saved without compile, or a weights file): "
+            "--preconditioned needs a .keras file saved by a compiled model after training "
+            "(model.save)."
+        )
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    try:
+        matrix = threshold_matrix(optimizer)
+    except ValueError:
+        matrix = None
+    if matrix == "hessian":
+        raise SettingError(
+            f"the checkpoint's optimizer is {type(optimizer).__name__}, which has no "
+            "preconditioner (P = I): measure λ_max(H) without --preconditioned."
+        )
+    steps = int(optimizer.iterations.numpy()) if getattr(optimizer, "built", False) else 0
+    if steps < 1:
+        raise ValueError(
+            f"no optimizer state yet: its {type(optimizer).__name__} optimizer was saved "
+            "before the first training step, and --preconditioned needs its second moments."
+        )
+    try:
+        return preconditioned(op, optimizer)
+    except (ValueError, RuntimeError) as err:
+        raise SettingError(f"--preconditioned: {err}") from err
 
 
 def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     """The model of ``args.model`` (checked against the data, the loss and ``--top-k``), its
-    number of parameters, and its Hessian operator. Imports TensorFlow."""
+    number of parameters, and the operator of the run's matrix. Imports TensorFlow."""
     require_tensorflow(args)
     check_loss(args)
+    check_curvature(args)
     from spectra.checkpoints import load_model
 
     with user_errors(args.model):
-        model = load_model(args.model, builder=args.builder)
+        model = load_model(args.model, builder=args.builder, compile=compiles_model(args))
     size = check_model(model, args, data, args.model)
-    return model, size, make_operator(model, args, data)
+    with user_errors(args.model):
+        op = make_operator(model, args, data)
+    return model, size, op
 
 
 def data_fingerprint(data: Any) -> str:
@@ -231,11 +324,15 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
 
 
 def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:
+    """The model's path, name, size, dtype and the loss it was compiled with (None if not
+    compiled or not loaded compiled)."""
+    compiled = getattr(model, "loss", None)
     return {
         "path": str(path),
         "name": model.name,
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
+        "compiled_loss": None if compiled is None else loss_text(compiled),
     }
 
 
@@ -275,10 +372,18 @@ def describe_data(data: dict[str, Any]) -> str:
     return f"{data['name']}, {data['num_examples']:,} examples"
 
 
-def describe_matrix(args: argparse.Namespace) -> str:
+def describe_loss(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
+    """``--loss``, or the compiled loss recorded in a :func:`model_description`."""
+    if args.loss is not None:
+        return args.loss
+    compiled = None if model is None else model.get("compiled_loss")
+    return f"compiled loss {compiled}" if compiled else "compiled loss"
+
+
+def describe_matrix(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
     mode = "training mode" if args.training else "inference mode"
     batches = f", batches of {args.batch_size}" if args.batch_size else ""
-    return f"{MATRIX} of the mean {args.loss} ({mode}{batches})"
+    return f"{matrix_title(args)} of the mean {describe_loss(args, model)} ({mode}{batches})"
 
 
 def describe_eigensolver(args: argparse.Namespace, k: int, dtype: str) -> str:

@@ -9,6 +9,7 @@ import sys
 from typing import NoReturn
 
 from spectra import __version__
+from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE
 
 # The landscape's α grid when --points is not given: enough points in the quadratic region.
 LANDSCAPE_POINTS = 41
@@ -69,8 +70,9 @@ def _common_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--loss",
-        required=True,
-        help="a Keras loss name, e.g. sparse_categorical_crossentropy, binary_crossentropy, mse",
+        help="a Keras loss name, e.g. sparse_categorical_crossentropy, binary_crossentropy, "
+        "mse (default: the loss the model was compiled with, its loss weights included; "
+        "a .keras file saved after compile carries it)",
     )
     group.add_argument(
         "--max-examples",
@@ -193,11 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser(
         "analyze",
         parents=[common, eigen, trace],
-        help="eigenvalues, trace and spectral density of one model's loss Hessian",
+        help="eigenvalues, trace, spectral density and per-layer spectra of one model's loss "
+        "Hessian (or GGN, Fisher)",
         description="Top eigenvalues (with error bounds), optionally the trace (± standard "
         "error) and the spectral density (stochastic Lanczos quadrature) of the Hessian of a "
-        "model's dataset loss. Writes DIR/results.json, DIR/eigenvalues.png and, with "
-        "--density, DIR/density.png (one file per --format).",
+        "model's dataset loss (or of another --curvature matrix). Writes DIR/results.json, "
+        "DIR/eigenvalues.png, with --density DIR/density.png and with --layers "
+        "DIR/layers.png (one file per --format).",
     )
     analyze.add_argument(
         "model",
@@ -209,6 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--log-scale", action="store_true", help="eigenvalue figure on a logarithmic axis"
+    )
+    analyze.add_argument(
+        "--curvature",
+        choices=tuple(CURVATURES),
+        default=DEFAULT_CURVATURE,
+        help="the curvature matrix: the loss Hessian, the generalized Gauss-Newton matrix, "
+        "the Monte Carlo Fisher (labels sampled with --seed) or the empirical Fisher "
+        f"(default {DEFAULT_CURVATURE})",
+    )
+    analyze.add_argument(
+        "--layers",
+        action="store_true",
+        help="also the top --top-k eigenvalues of each layer's diagonal block (and, with "
+        "--trace, its Hutchinson trace from --trace-products probes per layer), all layers "
+        "in one data pass per step; writes DIR/layers.png",
     )
     group = analyze.add_argument_group("spectral density")
     group.add_argument("--density", action="store_true", help="estimate the spectral density")
@@ -235,10 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Analyze each checkpoint in step order and write DIR/sharpness.json and "
         "DIR/sharpness.csv after each one, and DIR/sharpness.png at the end, with the "
         "stability threshold of the run's optimizer (2/η for gradient descent, Cohen et al. "
-        "2021) when it is known. Resumable: a rerun with the same checkpoints and settings "
-        "skips the checkpoints already done; anything else is refused. Checkpoints of one "
-        "architecture share one model and one compiled Hessian product, and each eigensolve "
-        "starts from the previous checkpoint's eigenvectors.",
+        "2021) when it is known; with --preconditioned the sharpness of P⁻¹H for the "
+        "optimizer state of each checkpoint, against the optimizer's threshold (38/η for "
+        "Adam, Cohen et al. 2022). Each entry also records the overlap of the top "
+        "eigenvector(s) with the previous checkpoint's. Resumable: a rerun with the same "
+        "checkpoints and settings skips the checkpoints already done; anything else is "
+        "refused. Checkpoints of one architecture share one model and one compiled Hessian "
+        "product, and each eigensolve starts from the previous checkpoint's eigenvectors.",
     )
     sharpness.add_argument(
         "checkpoints",
@@ -271,6 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record a checkpoint that cannot be loaded or measured as failed, with the "
         "reason, and go on (exit status 1 if any failed)",
+    )
+    sharpness.add_argument(
+        "--preconditioned",
+        action="store_true",
+        help="measure the preconditioned sharpness λ_max(P⁻¹H) (the eigenvalues of "
+        "P^-1/2 H P^-1/2) with P the diagonal preconditioner of the optimizer state each "
+        "checkpoint carries (Adam, AdamW, RMSprop, Adagrad; a .keras file saved by a "
+        "compiled model after training), against the optimizer's threshold, e.g. "
+        "(2+2β₁)/((1−β₁)η) for Adam (Cohen et al. 2022)",
+    )
+    sharpness.add_argument(
+        "--plot-overlap",
+        action="store_true",
+        help="draw the overlap of consecutive top eigenvectors (recorded either way) on the figure",
     )
     sharpness.add_argument(
         "--cold-start",

@@ -1,4 +1,5 @@
-"""``spectra analyze MODEL``: eigenvalues, trace and spectral density of one model's Hessian."""
+"""``spectra analyze MODEL``: eigenvalues, trace, spectral density and per-layer spectra of one
+model's Hessian (or another ``--curvature`` matrix)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import numpy as np
 
 from spectra._files import atomic_write_json
 from spectra.cli._common import (
-    MATRIX,
     CommandReport,
     Console,
     UserError,
@@ -24,6 +24,7 @@ from spectra.cli._common import (
     load_data,
     load_operator,
     locked_output,
+    matrix_title,
     measurement_settings,
     model_description,
     number_settings,
@@ -31,8 +32,10 @@ from spectra.cli._common import (
     save_figure_formats,
     versions,
 )
+from spectra.cli._curvature import curvature_choice
 from spectra.density import spectral_density, spectral_mass_below
 from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
+from spectra.layerwise import LayerwiseResult, layerwise
 from spectra.results import EigenResult, SpectralDensity, SpectralMass, SpectralMoments, TraceResult
 from spectra.trace import trace
 from spectra.trajectory import explain_null
@@ -42,12 +45,17 @@ from spectra.trajectory import explain_null
 # spectra.density.spectral_mass_below.
 _NEGATIVE_MASS_TAU = 0.01
 _RESULTS = "results.json"
-_FIGURES = ("eigenvalues", "density")
+_FIGURES = ("eigenvalues", "density", "layers")
 
 
 @dataclass
 class AnalysisReport(CommandReport):
-    """Everything ``spectra analyze`` computed, as written to ``results.json``."""
+    """Everything ``spectra analyze`` computed, as written to ``results.json``.
+
+    With ``--layers``: ``layers`` is the :class:`spectra.LayerwiseResult` (one list entry
+    per layer in each field) and ``layer_table`` the same as one row per layer (name,
+    size, eigenvalues, error bounds, converged, and with ``--trace`` trace and its
+    standard error)."""
 
     model: dict[str, Any]
     loss: float
@@ -57,6 +65,8 @@ class AnalysisReport(CommandReport):
     density: SpectralDensity | None
     density_moments: SpectralMoments | None
     negative_mass: SpectralMass | None
+    layers: LayerwiseResult | None
+    layer_table: list[dict[str, Any]] | None
     num_products: int
     num_data_passes: int
     wall_times: dict[str, float]
@@ -119,6 +129,17 @@ def _compute(
             density, tau=_NEGATIVE_MASS_TAU, lambda_max=float(eig.eigenvalues[0])
         )
         wall_times["density"] = density.wall_time
+    layers = None
+    if args.layers:
+        layers = layerwise(
+            op,
+            k=args.top_k,
+            trace=args.trace,
+            tol=args.tol,
+            num_probes=args.trace_products,
+            seed=args.seed,
+        )
+        wall_times["layers"] = layers.wall_time
     return AnalysisReport(
         command=args.command_line,
         versions=versions(),
@@ -127,6 +148,8 @@ def _compute(
             "density": args.density,
             "density_steps": args.density_steps if args.density else None,
             "density_probes": args.density_probes if args.density else None,
+            "layers": args.layers,
+            "curvature": args.curvature,
             "dtype": str(op.dtype),
         },
         data={},
@@ -138,6 +161,8 @@ def _compute(
         density=density,
         density_moments=moments,
         negative_mass=negative,
+        layers=layers,
+        layer_table=None if layers is None else layers.rows(),
         num_products=op.num_hvps,
         num_data_passes=op.num_data_passes,
         wall_times=wall_times,
@@ -155,11 +180,16 @@ def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None
 
     eig = report.eigenvalues
     dtype = report.settings["dtype"]
-    where = (describe_model(report.model), describe_data(report.data), describe_matrix(args))
+    matrix = matrix_title(args)
+    where = (
+        describe_model(report.model),
+        describe_data(report.data),
+        describe_matrix(args, report.model),
+    )
     ax = plot_eigenvalues(eig, log_scale=args.log_scale)
     figure = add_title(
         ax,
-        f"Top {eig.eigenvalues.size} eigenvalues of the {MATRIX}",
+        f"Top {eig.eigenvalues.size} eigenvalues of the {matrix}",
         figure_caption(
             *where,
             describe_eigensolver(args, eig.eigenvalues.size, dtype),
@@ -175,7 +205,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None
         sigma = density.default_sigma()
         figure = add_title(
             ax,
-            f"Spectral density of the {MATRIX}",
+            f"Spectral density of the {matrix}",
             figure_caption(
                 *where,
                 f"stochastic Lanczos quadrature, {density.num_probes} probes × "
@@ -185,7 +215,41 @@ def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None
             ),
         )
         files["density_figure"] = save_figure_formats(figure, out, "density", args.format)
+    if report.layers is not None:
+        figure = _layers_figure(args, report.layers, matrix, where)
+        files["layers_figure"] = save_figure_formats(figure, out, "layers", args.format)
     report.files = files
+
+
+def _layers_figure(
+    args: argparse.Namespace, layers: LayerwiseResult, matrix: str, where: tuple[str, ...]
+) -> Any:
+    """Per-layer top eigenvalues (and traces) as bar charts, one row per layer."""
+    import matplotlib.pyplot as plt
+
+    from spectra.plotting import add_title, figure_caption, plot_layerwise
+
+    panels = 2 if layers.traces is not None else 1
+    height = 2.4 + 0.32 * len(layers.groups)
+    figure, axes = plt.subplots(
+        1, panels, figsize=(6.4 * panels, max(3.2, height)), layout="constrained", squeeze=False
+    )
+    symbol = curvature_choice(args.curvature).symbol
+    plot_layerwise(layers, ax=axes[0, 0], symbol=symbol)
+    if panels == 2:
+        plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[0, 1])
+        axes[0, 1].set_yticklabels([])
+        axes[0, 1].set_ylabel("")
+    return add_title(
+        figure,
+        f"Per-layer spectra of the {matrix}: diagonal blocks {symbol}ₗₗ",
+        figure_caption(
+            *where,
+            f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}",
+            f"trace: Hutchinson, {args.trace_products} probes per layer" if args.trace else None,
+            f"{layers.num_products} products in {layers.num_operator_calls} data passes",
+        ),
+    )
 
 
 def _print(report: AnalysisReport, console: Console) -> None:
@@ -211,6 +275,8 @@ def _print(report: AnalysisReport, console: Console) -> None:
             f"trace ({report.trace.method}) = {report.trace.estimate:.6g} ± "
             f"{report.trace.stderr:.2g} (standard error)"
         )
+    if report.layers is not None:
+        _print_layers(report.layers, console)
     if report.negative_mass is not None:
         mass = report.negative_mass
         console.info(
@@ -219,8 +285,8 @@ def _print(report: AnalysisReport, console: Console) -> None:
             "+ 2 standard errors across probes)"
         )
     console.info(
-        f"{report.num_products:,} Hessian-vector products in {report.num_data_passes} data "
-        f"passes, {report.wall_times['total']:.1f} s"
+        f"{report.num_products:,} {report.settings['matrix']}-vector products in "
+        f"{report.num_data_passes} data passes, {report.wall_times['total']:.1f} s"
     )
     console.detail(
         "wall times: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.wall_times.items())
@@ -230,6 +296,27 @@ def _print(report: AnalysisReport, console: Console) -> None:
         path for key, paths in report.files.items() if key.endswith("_figure") for path in paths
     ]
     console.info(f"figures: {', '.join(figures)}")
+
+
+def _print_layers(layers: LayerwiseResult, console: Console) -> None:
+    rows = layers.rows()
+    width = max(len("layer"), *(len(row["group"]) for row in rows))
+    header = f"  {'layer':<{width}}  {'parameters':>10}  {'λ1 ± error bound':<24}"
+    if layers.traces is not None:
+        header += "  trace ± standard error"
+    console.info(
+        f"per layer ({len(rows)} layers, {layers.num_products:,} products in "
+        f"{layers.num_operator_calls} data passes):"
+    )
+    console.info(header)
+    for row in rows:
+        top = plus_minus(row["eigenvalues"][0], row["error_bounds"][0])
+        line = f"  {row['group']:<{width}}  {row['size']:>10,}  {top:<24}"
+        if "trace" in row:
+            line += f"  {row['trace']:.6g} ± {row['trace_stderr']:.2g}"
+        if not row["converged"]:
+            line += "  (not converged)"
+        console.info(line.rstrip())
 
 
 __all__ = ["AnalysisReport", "UserError", "run"]

@@ -11,7 +11,6 @@ import numpy as np
 
 from spectra._files import atomic_write_json
 from spectra.cli._common import (
-    MATRIX,
     CommandReport,
     Console,
     UserError,
@@ -24,6 +23,7 @@ from spectra.cli._common import (
     load_data,
     load_operator,
     locked_output,
+    matrix_title,
     model_description,
     save_figure_formats,
     user_errors,
@@ -145,7 +145,7 @@ def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeR
             "training": args.training,
             "seed": args.seed,
             "builder": args.builder,
-            "matrix": MATRIX,
+            "matrix": matrix_title(args),
             "dtype": str(op.dtype),
         },
         model=model_description(args.model, model, size),
@@ -190,7 +190,11 @@ def _figures(
     names["random"] = "random direction"
     top = float(eig.eigenvalues[0])
     quadratic = base_loss + slope * alphas + 0.5 * top * alphas**2
-    where = (describe_model(report.model), describe_data(report.data), describe_matrix(args))
+    where = (
+        describe_model(report.model),
+        describe_data(report.data),
+        describe_matrix(args, report.model),
+    )
     solver = describe_eigensolver(args, args.directions, report.settings["dtype"])
     ax = plot_loss_landscape_1d(
         alphas,

@@ -8,20 +8,24 @@ finds the checkpoints and the stability threshold, and prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spectra.cli._common import (
-    MATRIX,
     Console,
     SettingError,
     UserError,
+    check_curvature,
     check_loss,
     check_model,
+    compiles_model,
     data_description,
     data_fingerprint,
     describe_data,
@@ -29,6 +33,7 @@ from spectra.cli._common import (
     figure_names,
     load_data,
     make_operator,
+    matrix_title,
     measurement_settings,
     model_description,
     number_settings,
@@ -43,6 +48,7 @@ from spectra.stability import (
     StabilityThreshold,
     gradient_descent_threshold,
     stability_threshold_of,
+    threshold_matrix,
 )
 from spectra.trajectory import (
     PlannedCheckpoint,
@@ -122,7 +128,7 @@ def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store
 
     pending = store.pending()
     if pending:
-        _measure_all(args, console, settings, store, pending, data, threshold, unit)
+        _measure_all(args, console, settings, store, plan, pending, data, threshold, unit)
     store.finish()
     return _conclude(args, console, store, threshold, unit, step_source)
 
@@ -132,17 +138,24 @@ def _measure_all(
     console: Console,
     settings: Any,
     store: SharpnessRun,
+    plan: list[PlannedCheckpoint],
     pending: list[PlannedCheckpoint],
     data: Any,
     threshold: StabilityThreshold | None,
     unit: str,
 ) -> None:
+    """Measure the pending checkpoints in step order, each warm-started from the previous
+    measurement; the eigenvector overlap is recorded between neighbours in the plan only
+    (not across a checkpoint measured by an earlier run or one that failed)."""
     require_tensorflow(args)
     check_loss(args)
+    check_curvature(args)
     from spectra.checkpoints import CheckpointLoader
 
-    loader = CheckpointLoader(builder=args.builder)
+    loader = CheckpointLoader(builder=args.builder, compile=compiles_model(args))
+    before = {later.file: earlier.file for earlier, later in itertools.pairwise(plan)}
     previous: SharpnessMeasurement | None = None
+    previous_file: str | None = None
     checked: Any = None
     totals = {"products": 0, "passes": 0}
     bar = console.bar(len(pending), "checkpoints", "checkpoint")
@@ -159,10 +172,15 @@ def _measure_all(
                             model=model_description(planned.path, model, size),
                         )
                     op = make_operator(model, args, data)
+                    vectors = None if previous is None else previous.eigenvectors
+                    neighbour = (
+                        previous_file is not None and before.get(planned.file) == previous_file
+                    )
                     measurement = measure_sharpness(
                         op,
                         settings,
-                        v0=None if previous is None else previous.eigenvectors,
+                        v0=vectors,
+                        previous=vectors if neighbour else None,
                         progress=False,
                     )
             except SettingError:
@@ -175,11 +193,11 @@ def _measure_all(
                 cause = err.__cause__ if err.__cause__ is not None else err
                 store.record(planned, error=f"{type(cause).__name__}: {one_line(str(cause))}")
                 console.warn(f"{planned.file} failed and is recorded as failed: {err}")
-                previous, checked = None, None
+                previous, previous_file, checked = None, None, None
                 bar.update(1)
                 continue
             entry = store.record(planned, measurement)
-            previous = measurement
+            previous, previous_file = measurement, planned.file
             totals["products"] += measurement.num_products
             totals["passes"] += measurement.num_data_passes or 0
             bar.update(1)
@@ -198,6 +216,8 @@ def _line(entry: dict[str, Any], threshold: StabilityThreshold | None, unit: str
     line = f"{unit} {entry['step']:>6}  λ1 = {top}"
     if threshold is not None:
         line += f"  ({entry['eigenvalues'][0] / threshold.value:.3f} × threshold)"
+    if entry.get("eigenvector_overlap") is not None:
+        line += f"  overlap with previous {entry['eigenvector_overlap']:.3f}"
     if entry["trace"] is not None:
         stderr = entry["trace_stderr"]
         spread = "" if stderr is None or not math.isfinite(stderr) else f" ± {stderr:.2g}"
@@ -234,8 +254,40 @@ def _threshold(
 
     The optimizer recorded in the first checkpoint (a compiled .keras file) decides the
     formula, else the optimizer named in a ``trajectory.json``, else gradient descent;
-    ``--lr`` overrides the recorded η (a mismatch is warned about).
+    ``--lr`` overrides the recorded η (a mismatch is warned about). A threshold for another
+    matrix than the one measured (λ_max(P⁻¹H) with ``--preconditioned``, else λ_max(H)) is
+    warned about. ``--preconditioned`` on a run whose recorded optimizer has no
+    preconditioner is refused here, before anything is measured.
     """
+    from spectra.checkpoints import recorded_optimizer
+
+    threshold, rate, source, notes = _recorded_threshold(args, refs)
+    recorded = recorded_optimizer(refs[0].path)
+    if args.preconditioned and recorded is not None:
+        name = re.sub(r"_\d+$", "", str(recorded["class_name"]))
+        with contextlib.suppress(ValueError):
+            if threshold_matrix(name) == "hessian":
+                raise SettingError(
+                    f"the optimizer recorded in {Path(refs[0].path).name} is {name}, which has "
+                    "no preconditioner (P = I): measure λ_max(H) without --preconditioned."
+                )
+    if threshold is not None and threshold.preconditioned and not args.preconditioned:
+        notes.append(
+            f"{threshold.optimizer}'s threshold {threshold.formula} bounds the preconditioned "
+            "sharpness λ_max(P⁻¹H); this command measures λ_max(H), which the line does not "
+            "bound (give --preconditioned to measure λ_max(P⁻¹H))"
+        )
+    if threshold is not None and not threshold.preconditioned and args.preconditioned:
+        notes.append(
+            f"the threshold {threshold.formula} of {threshold.optimizer} bounds λ_max(H), not "
+            "the preconditioned sharpness λ_max(P⁻¹H) that --preconditioned measures"
+        )
+    return threshold, rate, source, notes
+
+
+def _recorded_threshold(
+    args: argparse.Namespace, refs: list[Any]
+) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
     from spectra.checkpoints import recorded_optimizer
 
     notes: list[str] = []
@@ -281,11 +333,6 @@ def _threshold(
         )
         threshold = stability_threshold_of(optimizer, learning_rate=args.lr)
         source = f"{source}, η from --lr"
-    if threshold.preconditioned:
-        notes.append(
-            f"{threshold.optimizer}'s threshold {threshold.formula} bounds the preconditioned "
-            "sharpness λ_max(P⁻¹H); this command measures λ_max(H), which the line does not bound"
-        )
     return threshold, threshold.learning_rate, source, notes
 
 
@@ -346,6 +393,12 @@ def _figure(
         trace_errors = [
             np.nan if entry["trace_stderr"] is None else entry["trace_stderr"] for entry in done
         ]
+    overlaps = None
+    if args.plot_overlap:
+        overlaps = [
+            np.nan if entry.get("eigenvector_overlap") is None else entry["eigenvector_overlap"]
+            for entry in done
+        ]
     ax = plot_sharpness(
         steps,
         values,
@@ -354,18 +407,21 @@ def _figure(
         traces=traces,
         trace_errors=trace_errors,
         losses=[entry["loss"] for entry in done],
+        overlaps=overlaps,
         xlabel=_UNIT_LABELS.get((unit, step_source), unit.capitalize()),
+        ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
     )
     model = report.get("model")
     start = "cold starts" if args.cold_start else "warm starts from the previous eigenvectors"
     caption = figure_caption(
         None if model is None else f"{model['name']}, {model['num_parameters']:,} parameters",
         describe_data(report["data"]),
-        describe_matrix(args),
+        describe_matrix(args, model),
+        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
         f"{args.method.capitalize()}, k = {args.top_k}, tol = {args.tol:g}, {start}",
         f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
     )
-    figure = add_title(ax, f"Sharpness of the {MATRIX} along training", caption)
+    figure = add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)
     return save_figure_formats(figure, store.out, _FIGURE, args.format)

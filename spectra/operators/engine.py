@@ -212,14 +212,17 @@ class Engine:
                 f"the {self.curvature.name} hook returned a gradient of shape "
                 f"{gradient.shape}; expected the flat ({self.size},)."
             )
-        single = tf.ensure_shape(parts.product(vector), [self.size])
+        # The single-vector path takes and returns a (1, n) block, so that a ``matvec``
+        # needs no slicing or stacking op around the compiled call.
+        single = tf.ensure_shape(parts.product(tf.reshape(vector, [self.size])), [self.size])
+        single = tf.reshape(single, [1, self.size])
         products = tf.map_fn(parts.product, block, fn_output_signature=self.dtype)
         return loss, gradient, single, products
 
     def _build(self, split: bool) -> None:
         signature = [
             *self.input_signature,
-            tf.TensorSpec([self.size], self.dtype, name="vector"),
+            tf.TensorSpec([1, self.size], self.dtype, name="vector"),
             tf.TensorSpec([None, self.size], self.dtype, name="vectors"),
         ]
         graph, inputs, outputs = _tf_compat.trace_graph(self._traced, signature)
@@ -324,14 +327,13 @@ class Engine:
 
     def apply(self, cache: BatchCache, vectors: tf.Tensor) -> tf.Tensor:
         """``C_b V`` for a cached batch; ``vectors`` and the result have shape ``(k, n)``."""
+        single = vectors.shape[0] == 1
         if not self.split:
-            if vectors.shape[0] == 1:
-                args = [*cache.inputs, vectors[0]]
-                return _tf_compat.call_flat(self._recompute_single, args)[0][None]
-            return _tf_compat.call_flat(self._recompute_block, [*cache.inputs, vectors])[0]
-        if vectors.shape[0] == 1:
+            function = self._recompute_single if single else self._recompute_block
+            return _tf_compat.call_flat(function, [*cache.inputs, vectors])[0]
+        if single:
             args = [_pick(cache, s) for s in self._single_sources]
-            return _tf_compat.call_flat(self._single_fn, [*args, vectors[0]])[0][None]
+            return _tf_compat.call_flat(self._single_fn, [*args, vectors])[0]
         args = [_pick(cache, s) for s in self._block_sources]
         return _tf_compat.call_flat(self._block_fn, [*args, vectors])[0]
 
