@@ -12,6 +12,8 @@ same changed lines) are counted apart and left out of the score:
     python .ci/mutate.py lanczos trace         # some modules
     python .ci/mutate.py --jobs 1 --out DIR    # one worker; another report directory
     python .ci/mutate.py --report-only         # rewrite the report from the last run
+    python .ci/mutate.py trace --only 'spectra.trace.x_hutchinson_trace__mutmut_*'
+                                               # some functions (the rest stay 'not run')
 
 mutmut works in ./mutants (a copy of the sources with every mutant behind a switch) and
 keeps its results there, so a module's results stay until it is run again. TensorFlow is
@@ -150,33 +152,57 @@ def _results(meta_file: str, patterns: list[str]) -> dict[str, int | None]:
     }
 
 
-def _diff(mutant: str) -> str:
-    shown = _mutmut("show", mutant)
-    lines = shown.stdout.splitlines()
-    return "\n".join(line for line in lines if not line.startswith("# "))
+def _differ(meta_file: str):
+    """mutant name -> its diff against the original function, read from mutmut's copy of
+    ``meta_file`` (parsed once; one ``mutmut show`` per mutant would start Python each time)."""
+    from difflib import unified_diff
+
+    import libcst
+    from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
+
+    source = ROOT / "mutants" / meta_file
+    parsed: list[libcst.Module] = []  # parsed on the first diff: large modules take a while
+
+    def diff(mutant: str) -> str:
+        if not source.exists():
+            return "(mutmut's copy of the module is missing)"
+        if not parsed:
+            parsed.append(libcst.parse_module(source.read_text()))
+        module = parsed[0]
+        before, after = (
+            libcst.Module([read(module, mutant)]).code.strip().split("\n")
+            for read in (read_original_function, read_mutant_function)
+        )
+        return "\n".join(
+            unified_diff(before, after, fromfile=meta_file, tofile=meta_file, lineterm="")
+        )
+
+    return diff
 
 
 def module_report(name: str, meta_file: str, patterns: list[str], equivalents) -> dict:
     results = _results(meta_file, patterns)
     counts = Counter(_status(code) for code in results.values())
+    diff_of = _differ(meta_file)
     survivors, equivalent = [], []
     for mutant, code in results.items():
-        if _status(code) in DETECTED:
+        if _status(code) in (*DETECTED, "not run"):
             continue
-        diff = _diff(mutant)
+        diff = diff_of(mutant)
         reason = equivalents.get((_function_of(mutant), _changed_lines(diff)))
         entry = {"mutant": mutant, "status": _status(code), "diff": diff}
         if reason is None:
             survivors.append(entry)
         else:
             equivalent.append({**entry, "reason": reason})
-    total = len(results)
+    total = len(results) - counts["not run"]
     detected = counts["killed"] + counts["timeout"]
     relevant = total - len(equivalent)
     return {
         "module": name,
         "file": meta_file,
         "mutants": total,
+        "not_run": counts["not run"],
         "counts": dict(counts),
         "equivalent": equivalent,
         "survivors": survivors,
@@ -196,9 +222,11 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
         f"Commit {commit or 'unknown'}; mutmut settings in setup.cfg; equivalent mutants from "
         "tests/MUTANTS.md. Score = (killed + timeout) / (mutants - equivalent).",
         "",
+        "Mutants counts those run; an interrupted run leaves the rest 'not run'.",
+        "",
         "| module | mutants | killed | timeout | survived | no tests | equivalent | score "
-        "| wall time | load (1 min) before / after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| not run | wall time | load (1 min) before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     totals = Counter()
     for m in modules:
@@ -211,8 +239,8 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
         )
         lines.append(
             f"| {m['module']} | {m['mutants']} | {c['killed']} | {c['timeout']} | "
-            f"{c['survived']} | {c['no tests']} | {len(m['equivalent'])} | {score} | {wall} "
-            f"| {load} |"
+            f"{c['survived']} | {c['no tests']} | {len(m['equivalent'])} | {score} | "
+            f"{m.get('not_run', 0)} | {wall} | {load} |"
         )
         totals.update(c)
         totals["mutants"] += m["mutants"]
@@ -222,7 +250,8 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
         lines.append(
             f"| **all** | {totals['mutants']} | {totals['killed']} | {totals['timeout']} | "
             f"{totals['survived']} | {totals['no tests']} | {totals['equivalent']} | "
-            f"{100 * (totals['killed'] + totals['timeout']) / relevant:.1f}% | | |"
+            f"{100 * (totals['killed'] + totals['timeout']) / relevant:.1f}% | "
+            f"{totals['not run']} | | |"
         )
     for m in modules:
         if not m["survivors"]:
@@ -242,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", 2)))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="mutant names to run (mutmut's globs), within the chosen modules",
+    )
     args = parser.parse_args(argv)
     try:
         import mutmut  # noqa: F401
@@ -255,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     runs_file = args.out / "runs.json"
     runs = json.loads(runs_file.read_text()) if runs_file.exists() else {}
     equivalents = load_equivalents()
-    for name, _, patterns in chosen if not args.report_only else []:
+    for name, meta, patterns in chosen if not args.report_only else []:
+        if args.only:
+            prefix = meta.removesuffix(".py").replace("/", ".") + "."
+            patterns = [glob for glob in args.only if glob.startswith(prefix)]
+            if not patterns:
+                continue
         log_path = args.out / f"{name.split(' ')[0].replace('/', '_')}.log"
         print(f"mutating {name} (log: {log_path})", flush=True)
         load_before, started = os.getloadavg()[0], time.monotonic()

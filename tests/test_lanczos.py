@@ -1,4 +1,5 @@
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from _matrices import (
     single_blas_thread,
     with_spectrum,
 )
+from scipy.sparse.linalg import LinearOperator
 
 from spectra._estimator_utils import _as_symmetric_operator
 from spectra.lanczos import _batched_lanczos, lanczos, tridiagonal_eigh
@@ -246,3 +248,18 @@ def test_batched_lanczos_reports_integer_step_counts():
     counter = _as_symmetric_operator(random_symmetric(20, seed=12), "test", check_symmetry=False)
     _, _, steps = _batched_lanczos(counter, np.random.default_rng(6).standard_normal((20, 3)), 7)
     assert steps.dtype.kind == "i" and np.all(steps == 7)
+
+
+def test_without_reorthogonalization_the_basis_is_not_stored():
+    # Documented cost: plain Lanczos keeps three vectors, not the n × m basis (here 8 MB).
+    n, steps = 50_000, 20
+    diagonal = np.linspace(-1.0, 2.0, n)
+    op = LinearOperator((n, n), matvec=lambda x: diagonal * x.ravel(), dtype=np.float64)
+    tracemalloc.start()
+    try:
+        result = lanczos(op, steps, reorthogonalize=False, check_symmetry=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.alpha.shape == (steps,) and result.basis is None
+    assert peak < 0.5 * steps * n * 8, peak

@@ -1,4 +1,5 @@
 import json
+import time
 
 import numpy as np
 import pytest
@@ -158,3 +159,51 @@ def test_invalid_arguments():
         trace(np.ones((4, 5)))
     with pytest.raises(ValueError, match="operator is not symmetric"):
         trace(np.triu(np.ones((10, 10))))
+
+
+# -- contracts that mutation testing (make mutate) found untested -------------------------
+def test_frobenius_norm_defaults_settings_time_and_messages(capsys):
+    a = random_symmetric(30, seed=9)
+    started = time.perf_counter()
+    result = frobenius_norm(a)
+    elapsed = time.perf_counter() - started
+    assert result.num_products == 100 and result.num_operator_calls == 7  # 6 × 16 + 4
+    assert result.estimate == frobenius_norm(a, seed=0).estimate
+    assert 0.0 <= result.wall_time <= elapsed
+    assert result.settings == {
+        "num_products": 100,
+        "block_size": 16,
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    # The delta method: stderr(F) = stderr(F²) / (2F), whatever the scale of A.
+    small = frobenius_norm(1e-3 * a, num_products=2)
+    assert small.num_products == 2 and small.squared_stderr > 0
+    assert small.stderr == pytest.approx(small.squared_stderr / (2 * small.estimate))
+    zero = frobenius_norm(np.zeros((5, 5)), num_products=4)
+    assert zero.estimate == 0.0 and zero.stderr == 0.0
+    with pytest.raises(ValueError, match=r"^num_products must be an integer >= 2, got 1$"):
+        frobenius_norm(a, num_products=1)
+    with pytest.raises(ValueError, match=r"^block_size must be an integer >= 1, got 0$"):
+        frobenius_norm(a, block_size=0)
+    asymmetric = np.triu(np.ones((10, 10)))
+    with pytest.raises(ValueError, match="not symmetric"):
+        frobenius_norm(asymmetric, num_products=4)
+    unchecked = frobenius_norm(asymmetric, num_products=4, check_symmetry=False)
+    assert unchecked.settings["check_symmetry"] is False
+    frobenius_norm(a, num_products=8, progress=True)
+    first = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[0]
+    assert first.startswith("frobenius norm: ") and "0/8" in first
+
+
+@pytest.mark.parametrize("scale", [1e-8, 1.0, 1e8])
+def test_xtrace_low_rank_is_exact_at_every_scale(scale):
+    # The numerical rank of the sketch is relative to its largest singular value: a low-rank
+    # matrix is recognized as such (and its trace is exact) whatever its norm.
+    spectrum = np.zeros(60)
+    spectrum[:3] = [2.0, -1.0, 0.5]
+    a = scale * with_spectrum(spectrum, seed=10)
+    result = xtrace(a, num_products=20)
+    assert result.estimate == pytest.approx(1.5 * scale, rel=1e-9)
+    assert result.stderr <= 1e-9 * scale
+    assert result.num_products == 10 + 3  # the second call multiplies rank(AΩ) columns
