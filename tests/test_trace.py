@@ -12,7 +12,15 @@ from _matrices import (
     with_spectrum,
 )
 
-from spectra.trace import frobenius_norm, hutchinson_trace, hutchpp_trace, trace, xtrace
+from spectra._estimator_utils import _as_symmetric_operator
+from spectra.trace import (
+    _xtrace_estimates,
+    frobenius_norm,
+    hutchinson_trace,
+    hutchpp_trace,
+    trace,
+    xtrace,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -207,3 +215,153 @@ def test_xtrace_low_rank_is_exact_at_every_scale(scale):
     assert result.estimate == pytest.approx(1.5 * scale, rel=1e-9)
     assert result.stderr <= 1e-9 * scale
     assert result.num_products == 10 + 3  # the second call multiplies rank(AΩ) columns
+
+
+def test_xtrace_rank_one_is_recognized():
+    # The rank threshold is relative to the largest singular value of the sketch, not the
+    # second (which is at rounding level here).
+    v = np.random.default_rng(11).standard_normal(40)
+    result = xtrace(3.0 * np.outer(v, v), num_products=20)
+    assert result.estimate == pytest.approx(3.0 * v @ v, rel=1e-10)
+    assert result.num_products == 10 + 1
+
+
+def _deflated_estimate(a, test, image, keep, i):
+    """tr(PA) + γ·((I − P)ωᵢ)ᵀ A (I − P)ωᵢ, P the projector onto the columns ``keep`` of
+    AΩ, γ = (n − |keep|)/‖(I − P)ωᵢ‖²: the XTrace definition, with dense projectors."""
+    n = a.shape[0]
+    basis = np.linalg.qr(image[:, keep])[0]
+    projector = basis @ basis.T
+    deflated = test[:, i] - projector @ test[:, i]
+    gamma = (n - len(keep)) / (deflated @ deflated)
+    return np.trace(projector @ a) + gamma * deflated @ a @ deflated
+
+
+def test_xtrace_leave_one_and_two_out_estimates_match_their_dense_definition():
+    # The error bar rests on the leave-two-out differences Δᵢⱼ = tᵢ − tᵢ⁽⁻ʲ⁾; both the tᵢ
+    # and Σ_{i≠j} ΔᵢⱼΔⱼᵢ are checked against explicit projectors.
+    rng = np.random.default_rng(12)
+    n, s = 14, 5
+    a = random_symmetric(n, seed=12) + np.diag(np.linspace(0.0, 3.0, n))
+    test = rng.standard_normal((n, s))
+    image = a @ test
+    estimates, interaction = _xtrace_estimates(test, image, _as_symmetric_operator(a, "t", True))
+    others = [[j for j in range(s) if j != i] for i in range(s)]
+    truth = [_deflated_estimate(a, test, image, others[i], i) for i in range(s)]
+    np.testing.assert_allclose(estimates, truth, rtol=1e-10, atol=1e-10)
+    delta = np.zeros((s, s))
+    for i in range(s):
+        for j in range(s):
+            if i != j:
+                keep = [k for k in others[i] if k != j]
+                delta[i, j] = truth[i] - _deflated_estimate(a, test, image, keep, i)
+    assert abs(interaction) > 1e-3 * np.sum(delta**2)  # not a negligible term here
+    assert interaction == pytest.approx(np.sum(delta * delta.T), rel=1e-8, abs=1e-10)
+
+
+def test_hutchpp_defaults_settings_time_and_messages(capsys):
+    a = random_symmetric(60, seed=13)
+    started = time.perf_counter()
+    result = hutchpp_trace(a)
+    elapsed = time.perf_counter() - started
+    assert result.method == "hutch++" and result.num_products == 100
+    assert result.estimate == hutchpp_trace(a, seed=0).estimate
+    assert 0.0 <= result.wall_time <= elapsed
+    # s = 100 // 3 = 33 sketch columns, then 100 - 2·33 = 34 probes in blocks of 16.
+    assert result.settings == {
+        "num_products": 100,
+        "rtol": None,
+        "block_size": 16,
+        "sketch_size": 33,
+        "num_probes": 34,
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    assert hutchpp_trace(a, num_products=40, block_size=5).settings["block_size"] == 5
+    assert hutchpp_trace(a, num_products=4).settings["sketch_size"] == 1
+    with pytest.raises(ValueError, match=r"^num_products must be an integer >= 4, got 3$"):
+        hutchpp_trace(a, num_products=3)
+    with pytest.raises(ValueError, match=r"^block_size must be an integer >= 1, got 0$"):
+        hutchpp_trace(a, block_size=0)
+    asymmetric = np.triu(np.ones((10, 10)))
+    with pytest.raises(ValueError, match="not symmetric"):
+        hutchpp_trace(asymmetric, num_products=6)
+    unchecked = hutchpp_trace(asymmetric, num_products=6, check_symmetry=False)
+    assert unchecked.settings["check_symmetry"] is False
+    hutchpp_trace(a, num_products=9, progress=True)
+    first = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[0]
+    assert first.startswith("trace (hutch++): ") and "0/9" in first
+
+
+def test_xtrace_defaults_settings_time_and_messages(capsys):
+    a = random_symmetric(60, seed=14)
+    started = time.perf_counter()
+    result = xtrace(a)
+    elapsed = time.perf_counter() - started
+    assert result.method == "xtrace" and result.num_products == 100
+    assert result.estimate == xtrace(a, seed=0).estimate
+    assert 0.0 <= result.wall_time <= elapsed
+    assert result.settings == {
+        "num_products": 100,
+        "num_test_vectors": 50,
+        "distribution": "sphere",
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    smallest = xtrace(a, num_products=4)  # two test vectors: the smallest with an error bar
+    assert smallest.settings["num_test_vectors"] == 2 and np.isfinite(smallest.stderr)
+    one = xtrace(np.array([[2.5]]), num_products=4)  # n = 1: one test vector, no error bar
+    assert one.estimate == pytest.approx(2.5) and np.isnan(one.stderr)
+    with pytest.raises(ValueError, match=r"^num_products must be an integer >= 4, got 3$"):
+        xtrace(a, num_products=3)
+    with pytest.raises(ValueError, match=r"^unknown distribution 'gaussian'; valid values"):
+        xtrace(a, distribution="gaussian")
+    asymmetric = np.triu(np.ones((10, 10)))
+    with pytest.raises(ValueError, match="not symmetric"):
+        xtrace(asymmetric, num_products=6)
+    unchecked = xtrace(asymmetric, num_products=6, check_symmetry=False)
+    assert unchecked.settings["check_symmetry"] is False
+    xtrace(a, num_products=20, progress=True)
+    first = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[0]
+    assert first.startswith("trace (xtrace): ") and "0/20" in first
+
+
+def test_trace_dispatches_every_argument_and_hutchinson_records_its_settings(capsys):
+    a = random_symmetric(40, seed=15)
+    started = time.perf_counter()
+    default = trace(a)
+    elapsed = time.perf_counter() - started
+    assert default.method == "hutchinson" and default.num_products == 100
+    assert 0.0 <= default.wall_time <= elapsed
+    assert default.estimate == hutchinson_trace(a, seed=0).estimate
+    assert default.settings == {
+        "num_products": 100,
+        "rtol": None,
+        "block_size": 16,
+        "num_probes": 100,
+        "seed": 0,
+        "check_symmetry": True,
+    }
+    direct = {"hutchinson": hutchinson_trace, "hutch++": hutchpp_trace, "xtrace": xtrace}
+    asymmetric = np.triu(np.ones((10, 10)))
+    for method, estimator in direct.items():
+        result = trace(a, method=method, num_products=12, progress=True)
+        first = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[0]
+        assert first.startswith(f"trace ({method}): "), (method, first)
+        assert result.method == method
+        assert result.estimate == estimator(a, num_products=12, seed=0).estimate
+        unchecked = trace(asymmetric, method=method, num_products=6, check_symmetry=False)
+        assert unchecked.settings["check_symmetry"] is False
+    for method in ("hutchinson", "hutch++"):
+        passed = trace(a, method=method, num_products=300, rtol=0.5, block_size=5, seed=2)
+        alone = direct[method](a, num_products=300, rtol=0.5, block_size=5, seed=2)
+        assert passed.settings == alone.settings and passed.settings["rtol"] == 0.5
+        assert passed.settings["block_size"] == 5 and passed.estimate == alone.estimate
+    assert hutchinson_trace(a, num_products=2).num_products == 2
+    with pytest.raises(ValueError, match=r"^num_products must be an integer >= 2, got 1$"):
+        hutchinson_trace(a, num_products=1)
+    with pytest.raises(ValueError, match=r"^unknown method 'girard'; valid values"):
+        trace(a, method="girard")
+    message = r"^rtol is supported by method='hutchinson' and 'hutch\+\+', not 'xtrace'$"
+    with pytest.raises(ValueError, match=message):
+        trace(a, method="xtrace", rtol=0.1)
