@@ -360,8 +360,68 @@ def test_trace_dispatches_every_argument_and_hutchinson_records_its_settings(cap
     assert hutchinson_trace(a, num_products=2).num_products == 2
     with pytest.raises(ValueError, match=r"^num_products must be an integer >= 2, got 1$"):
         hutchinson_trace(a, num_products=1)
+    with pytest.raises(ValueError, match=r"^rtol must be a positive finite number, got -1"):
+        hutchinson_trace(a, rtol=-1.0)
     with pytest.raises(ValueError, match=r"^unknown method 'girard'; valid values"):
         trace(a, method="girard")
     message = r"^rtol is supported by method='hutchinson' and 'hutch\+\+', not 'xtrace'$"
     with pytest.raises(ValueError, match=message):
         trace(a, method="xtrace", rtol=0.1)
+
+
+def test_rtol_is_relative_to_the_estimate_itself():
+    # tr(A) = 0.01 and each sample has a standard deviation of 0.01·sqrt(2): rtol = 0.1 needs
+    # stderr <= 0.1·|estimate|, about 200 samples. Stopping at the first possible check
+    # (3 blocks, 48 samples, stderr 0.002) would need an estimate 5 standard errors too high
+    # (probability < 1e-6; seed fixed); a stop relative to 1 + estimate would stop there.
+    rng = np.random.default_rng(16)
+    noise = rng.standard_normal((50, 50))
+    noise = noise + noise.T
+    np.fill_diagonal(noise, 0.0)
+    a = 0.01 / 50 * np.eye(50) + 0.01 * noise / np.linalg.norm(noise)
+    result = hutchinson_trace(a, num_products=1000, rtol=0.1, seed=3)
+    assert result.stopped == "rtol" and 48 < result.num_products < 1000, result.num_products
+    assert result.stderr <= 0.1 * abs(result.estimate)
+    assert abs(result.estimate - 0.01) < 4 * result.stderr
+
+
+@pytest.mark.parametrize("block_size, first_stop", [(5, 15), (2, 10)])
+def test_rtol_stops_at_the_first_allowed_check(block_size, first_stop):
+    # The first check is after 3 blocks and 10 samples: 3 blocks of 5, or 5 blocks of 2. A
+    # trace of 1000 with unit noise meets rtol = 0.5 at once.
+    a = 1000.0 / 30 * np.eye(30) + random_symmetric(30, seed=17) / 30
+    result = hutchinson_trace(a, num_products=500, rtol=0.5, block_size=block_size)
+    assert result.stopped == "rtol" and result.num_products == first_stop
+
+
+def test_hutchpp_rtol_is_relative_to_the_whole_estimate():
+    # An eigenvalue 10 that the sketch captures and -10/199 on the other 199 directions:
+    # tr(A) = 0, so stopping (stderr <= 0.05·|estimate|) would need an estimate 20 standard
+    # errors from the truth (seed fixed; probability < 1e-80), and the budget is used up.
+    # A rule relative to |exact part - Hutchinson part| (about 20) would stop at once.
+    rng = np.random.default_rng(18)
+    spike = np.linalg.qr(rng.standard_normal((200, 1)))[0]
+    a = (10.0 + 10.0 / 199) * (spike @ spike.T) - 10.0 / 199 * np.eye(200)
+    assert np.trace(a) == pytest.approx(0.0, abs=1e-9)
+    result = hutchpp_trace(a, num_products=150, rtol=0.05, seed=4)
+    assert result.stopped == "budget" and result.num_products == 150
+
+
+def test_xtrace_error_bar_combines_the_spread_and_the_interaction():
+    # stderr² = (Σ(tᵢ − t̄)² + Σ_{i≠j} ΔᵢⱼΔⱼᵢ) / (s(s − 1)), from the same test vectors
+    # (Gaussian directions drawn from the seed; XTrace ignores their lengths).
+    a = random_symmetric(40, seed=19) + np.diag(np.linspace(0.0, 4.0, 40))
+    s = 6
+    test = np.random.default_rng(5).standard_normal((40, s))
+    counter = _as_symmetric_operator(a, "t", True)
+    estimates, interaction = _xtrace_estimates(test, a @ test, counter)
+    spread = np.sum((estimates - estimates.mean()) ** 2)
+    assert abs(interaction) > 0.05 * spread  # both terms matter here
+    expected = np.sqrt((spread + interaction) / (s * (s - 1)))
+    result = xtrace(a, num_products=2 * s, seed=5)
+    assert result.stopped == "budget"
+    assert result.estimate == pytest.approx(estimates.mean(), rel=1e-10)
+    assert result.stderr == pytest.approx(expected, rel=1e-8)
+    # The same at any scale (here a variance below 1).
+    small = xtrace(1e-3 * a, num_products=2 * s, seed=5)
+    assert small.stderr == pytest.approx(1e-3 * expected, rel=1e-8)
