@@ -175,3 +175,31 @@ def test_batches_of_arrays_carry_their_weights(problem, batch_size, sizes):
     np.testing.assert_array_equal(np.concatenate([batch[0] for batch, _ in seen]), x)
     np.testing.assert_array_equal(np.concatenate([batch[1] for batch, _ in seen]), y)
     assert batches.num_examples == NUM_EXAMPLES and batches.num_batches == len(sizes)
+
+
+def test_the_cache_budget_counts_every_batch(problem):
+    model, x, y, truth, hessian, V = problem
+    one = HessianOperator.from_keras(model, LOSS, (x[:7], y[:7]), cache="auto")
+    one.loss()
+    total = HessianOperator.from_keras(model, LOSS, (x, y), batch_size=7, cache="auto")
+    total.loss()
+    needed = total.cache_nbytes  # batches of 7, 7 and 6 examples
+    assert total.is_cached and 2 * one.cache_nbytes < needed
+    # A budget of exactly what the three caches hold still caches; one byte less streams,
+    # though each batch alone fits.
+    for budget, cached in ((needed, True), (needed - 1, False)):
+        op = HessianOperator.from_keras(
+            model, LOSS, (x, y), batch_size=7, cache="auto", cache_bytes=budget
+        )
+        assert op.loss() == pytest.approx(truth.loss(), rel=RTOL)
+        assert op.is_cached is cached and op.cache_nbytes == (needed if cached else 0)
+        assert _relative(op.matmat(V), hessian @ V) < RTOL
+
+
+def test_a_non_finite_batch_is_named_with_its_size(problem):
+    model, x, y, _, _, _ = problem
+    bad = x.copy()
+    bad[15, 0] = np.nan  # in the third batch (6 examples)
+    op = HessianOperator.from_keras(model, LOSS, (bad, y), batch_size=7)
+    with pytest.raises(ValueError, match=r"^batch 2 \(6 examples\) gives a non-finite loss"):
+        op.loss()
