@@ -203,3 +203,32 @@ def test_a_non_finite_batch_is_named_with_its_size(problem):
     op = HessianOperator.from_keras(model, LOSS, (bad, y), batch_size=7)
     with pytest.raises(ValueError, match=r"^batch 2 \(6 examples\) gives a non-finite loss"):
         op.loss()
+
+
+def test_passes_accumulate_and_the_mode_is_shown(problem):
+    model, x, y, truth, _, _ = problem
+    op = HessianOperator.from_keras(model, LOSS, (x, y), batch_size=7, cache=False)
+    assert "not yet evaluated; 0 products, 0 data passes" in repr(op)
+    assert op.loss() == pytest.approx(truth.loss(), rel=RTOL)
+    assert "streaming; 0 products, 1 data passes" in repr(op)
+    op.reset_cache()
+    assert "not yet evaluated" in repr(op)
+    op.gradient()
+    assert op.num_data_passes == 2 and "streaming" in repr(op)
+
+
+def test_a_float32_operator_computes_in_float32_whatever_the_input(problem):
+    _, x, y, _, _, _ = problem
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    op = HessianOperator.from_keras(model, loss, (x.astype(np.float32), y), batch_size=7)
+    assert op.dtype == np.float32
+    V = np.random.default_rng(8).standard_normal((op.shape[0], 3))
+    product = op.matmat(V)
+    assert product.dtype == np.float32
+    np.testing.assert_array_equal(product, op.matmat(V.astype(np.float32)))
+    empty = op.matmat(np.zeros((op.shape[0], 0)))
+    assert empty.shape == (op.shape[0], 0) and empty.dtype == np.float32
