@@ -307,6 +307,7 @@ def test_xtrace_defaults_settings_time_and_messages(capsys):
 def test_trace_dispatches_every_argument_and_hutchinson_records_its_settings(capsys):
     a = random_symmetric(40, seed=15)
     default = timed_with_defaults(trace, a)
+    assert timed_with_defaults(hutchinson_trace, a).estimate == default.estimate
     assert default.method == "hutchinson" and default.num_products == 100
     assert default.estimate == hutchinson_trace(a, seed=0).estimate
     assert default.settings == {
