@@ -5,12 +5,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
-.PHONY: help venv install run test test-fast lint bench clean
+.PHONY: help venv install run test test-fast lint bench mutate clean
 
 help:
 	@echo "make run    analyze the example checkpoint in data/ (writes $(OUT)/)"
 	@echo "make test   run the test suite"
 	@echo "make bench  run the benchmarks (ratios to a compiled gradient)"
+	@echo "make mutate mutation testing of the numerical core (long; report in $(OUT)/mutation/)"
 	@echo "make lint   ruff"
 
 $(BIN)/python:
@@ -52,5 +53,9 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/cli_help.py
 	$(BIN)/python benchmarks/scaling.py
 
+# Not part of make test: about N hours on 2 cores (see tests/MUTANTS.md).
+mutate: $(VENV)/.installed
+	$(BIN)/python .ci/mutate.py --out $(OUT)/mutation
+
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache mutants

@@ -134,3 +134,35 @@ def single_blas_thread():
 
         return contextlib.nullcontext()
     return threadpool_limits(1, user_api="blas")
+
+
+def assert_symmetry_checked_unless_disabled(estimator, **kwargs) -> None:
+    """``estimator`` refuses a non-symmetric matrix, and records check_symmetry=False."""
+    import pytest
+
+    asymmetric = np.triu(np.ones((10, 10)))
+    with pytest.raises(ValueError, match="not symmetric"):
+        estimator(asymmetric, **kwargs)
+    unchecked = estimator(asymmetric, check_symmetry=False, **kwargs)
+    assert unchecked.settings["check_symmetry"] is False
+
+
+def progress_lines(capsys) -> list[str]:
+    """The progress bar's successive states, from what a test captured on stderr."""
+    return capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+
+
+def timed_with_defaults(estimator, matrix, **kwargs):
+    """``estimator(matrix, **kwargs)``, checked to report its wall time and to default to
+    seed 0 (the same result, array for array, as with seed=0)."""
+    import time
+
+    started = time.perf_counter()
+    result = estimator(matrix, **kwargs)
+    elapsed = time.perf_counter() - started
+    assert 0.0 <= result.wall_time <= elapsed
+    again = estimator(matrix, seed=0, **kwargs)
+    for field in ("estimate", "nodes"):
+        if hasattr(result, field):
+            np.testing.assert_array_equal(getattr(result, field), getattr(again, field))
+    return result

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from _matrices import hard_spectra, in_which_order, single_blas_thread, with_spectrum
 
-from spectra.eigenvalues import eigenvalues
+from spectra.eigenvalues import _certified_bounds, eigenvalues
 
 TOLERANCES = (0.2, 0.1, 0.05, 0.01, 1e-4)
 SEEDS = range(20)
@@ -211,3 +211,8 @@ if __name__ == "__main__":
                 print(
                     f"{name:14s} {tol:7g} {runs:4d} {converged:4d} {some:4d} {ith:4d} {worst:.3f}"
                 )
+
+
+def test_certified_bounds_of_no_candidates_are_empty():
+    bounds = _certified_bounds(np.zeros(0), np.zeros(0))
+    assert bounds.shape == (0,) and bounds.dtype == np.float64

@@ -1,3 +1,6 @@
+import time
+import tracemalloc
+
 import numpy as np
 import pytest
 from _matrices import (
@@ -8,6 +11,7 @@ from _matrices import (
     single_blas_thread,
     with_spectrum,
 )
+from scipy.sparse.linalg import LinearOperator
 
 from spectra._estimator_utils import _as_symmetric_operator
 from spectra.lanczos import _batched_lanczos, lanczos, tridiagonal_eigh
@@ -145,3 +149,117 @@ def test_reorthogonalization_keeps_the_basis_orthonormal_where_plain_lanczos_los
     for probe in range(2):
         theta = tridiagonal_eigh(alpha[probe], beta[probe, :59], eigenvectors=False)[0]
         assert np.sum(np.abs(theta - 40.0) < 1e-6) == 1
+
+
+# -- contracts that mutation testing (make mutate) found untested -------------------------
+def _rank_three(n=80):
+    eigenvalues = np.zeros(n)
+    eigenvalues[:3] = [5.0, -2.0, 1.0]
+    return with_spectrum(eigenvalues, seed=2)
+
+
+def test_breakdown_means_stopped_before_the_requested_steps():
+    """The Krylov space of the rank-3 matrix is exhausted after 4 steps: asked for 4 it is
+    no breakdown, asked for 5 it is, at the same 4 steps."""
+    a = _rank_three()
+    exact = lanczos(a, 4, seed=0)
+    early = lanczos(a, 5, seed=0)
+    assert exact.num_steps_taken == early.num_steps_taken == 4
+    assert not exact.breakdown and early.breakdown
+
+
+@pytest.mark.parametrize("scale", [1e-14, 1e14])
+def test_lanczos_is_invariant_to_the_scale_of_the_matrix(scale):
+    """Breakdown is relative to ‖T‖: a matrix scaled by 1e-14 or 1e14 takes the same
+    steps and its tridiagonal scales with it."""
+    a = random_symmetric(60, seed=9)
+    reference = lanczos(a, 20, seed=2)
+    scaled = lanczos(scale * a, 20, seed=2)
+    assert scaled.num_steps_taken == 20 and not scaled.breakdown
+    np.testing.assert_allclose(scaled.alpha, scale * reference.alpha, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(scaled.beta, scale * reference.beta, rtol=1e-9)
+    low = lanczos(scale * _rank_three(), 30, seed=0)
+    assert low.breakdown and low.num_steps_taken == 4
+    counter = _as_symmetric_operator(scale * _rank_three(), "test", check_symmetry=False)
+    starts = np.random.default_rng(3).standard_normal((80, 3))
+    _, _, steps = _batched_lanczos(counter, starts, 30)
+    assert np.all((steps >= 4) & (steps <= 5)), steps
+
+
+def test_tridiagonal_eigh_computes_in_float64_and_checks_its_input():
+    rng = np.random.default_rng(3)
+    alpha, beta = rng.standard_normal(40).astype(np.float32), rng.random(39).astype(np.float32)
+    dense = np.diag(alpha.astype(float)) + np.diag(beta.astype(float), 1)
+    dense += np.diag(beta.astype(float), -1)
+    truth = np.linalg.eigvalsh(dense)  # float32 inputs are exact float64 numbers
+    theta, vectors = tridiagonal_eigh(alpha, beta)
+    assert theta.dtype == vectors.dtype == np.float64
+    np.testing.assert_allclose(theta, truth, rtol=0, atol=1e-13 * np.abs(truth).max())
+    np.testing.assert_allclose(dense @ vectors, vectors * theta, atol=1e-12)
+    only, none = tridiagonal_eigh(alpha, beta, eigenvectors=False)
+    assert none is None
+    np.testing.assert_allclose(only, truth, rtol=0, atol=1e-13 * np.abs(truth).max())
+    for bad_alpha, bad_beta in ((np.ones((2, 2)), np.ones(1)), (np.ones(0), np.ones(0))):
+        with pytest.raises(ValueError, match="need alpha of length m >= 1 and beta of length"):
+            tridiagonal_eigh(bad_alpha, bad_beta)
+
+
+def test_result_records_its_settings_time_and_no_unrequested_basis():
+    a = random_symmetric(30, seed=10)
+    started = time.perf_counter()
+    result = lanczos(a, 6, seed=4)
+    elapsed = time.perf_counter() - started
+    assert result.basis is None  # stored for reorthogonalization, not returned
+    assert 0.0 <= result.wall_time <= elapsed
+    assert result.settings == {
+        "num_steps": 6,
+        "reorthogonalize": True,
+        "seed": 4,
+        "v0_given": False,
+        "dimension": 30,
+    }
+    assert lanczos(a, 6, reorthogonalize=False).settings["reorthogonalize"] is False
+    # The default seed is 0.
+    np.testing.assert_array_equal(lanczos(a, 6).alpha, lanczos(a, 6, seed=0).alpha)
+
+
+def test_v0_is_taken_in_float64_whatever_its_dtype_and_shape():
+    a = random_symmetric(30, seed=11)
+    v0 = np.random.default_rng(5).standard_normal(30).astype(np.float32)
+    reference = lanczos(a, 8, v0=v0.astype(np.float64))
+    for same in (v0, v0.reshape(30, 1), v0.reshape(1, 30)):
+        result = lanczos(a, 8, v0=same)
+        np.testing.assert_allclose(result.alpha, reference.alpha, rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(result.beta, reference.beta, rtol=1e-14, atol=1e-15)
+
+
+def test_argument_messages_name_the_argument():
+    a = random_symmetric(10)
+    with pytest.raises(ValueError, match=r"^num_steps must be an integer >= 1, got 0"):
+        lanczos(a, 0)
+    with pytest.raises(ValueError, match=r"^v0 must be a finite, nonzero vector$"):
+        lanczos(a, 3, v0=np.zeros(10))
+    # check_symmetry=False is honoured: an asymmetric operator runs (at the caller's risk).
+    asymmetric = np.triu(np.ones((10, 10)))
+    assert lanczos(asymmetric, 2, check_symmetry=False).num_steps_taken == 2
+
+
+def test_batched_lanczos_reports_integer_step_counts():
+    counter = _as_symmetric_operator(random_symmetric(20, seed=12), "test", check_symmetry=False)
+    _, _, steps = _batched_lanczos(counter, np.random.default_rng(6).standard_normal((20, 3)), 7)
+    assert steps.dtype.kind == "i" and np.all(steps == 7)
+
+
+def test_without_reorthogonalization_the_basis_is_not_stored():
+    # Documented cost: plain Lanczos keeps three vectors, not the n × m basis (here 8 MB).
+    n, steps = 50_000, 20
+    diagonal = np.linspace(-1.0, 2.0, n)
+    op = LinearOperator((n, n), matvec=lambda x: diagonal * x.ravel(), dtype=np.float64)
+    tracemalloc.start()
+    try:
+        result = lanczos(op, steps, reorthogonalize=False, check_symmetry=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.alpha.shape == (steps,) and result.basis is None
+    assert peak < 0.5 * steps * n * 8, peak

@@ -1,0 +1,325 @@
+"""Mutation testing of spectra's numerical core, module by module (``make mutate``).
+
+Runs mutmut (configured in the ``[mutmut]`` section of setup.cfg: the files it mutates, the
+fast test files it runs) on one module at a time, then writes a report: per module the
+mutants killed, survived, timed out and without covering tests, the score, and every
+surviving mutant's diff. Mutants listed in tests/MUTANTS.md as equivalent (same function,
+same changed lines) are counted apart and left out of the score:
+
+    score = (killed + timeout) / (mutants - listed equivalents)
+
+    python .ci/mutate.py                       # every module, report in out/mutation/
+    python .ci/mutate.py lanczos trace         # some modules
+    python .ci/mutate.py --jobs 1 --out DIR    # one worker; another report directory
+    python .ci/mutate.py --report-only         # rewrite the report from the last run
+    python .ci/mutate.py trace --only 'spectra.trace.x_hutchinson_trace__mutmut_*'
+                                               # some functions (the rest stay 'not run')
+
+mutmut works in ./mutants (a copy of the sources with every mutant behind a switch) and
+keeps its results there, so a module's results stay until it is run again. TensorFlow is
+not fork-safe once it has run, so setup.cfg sets mutmut's forkserver isolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENTS_FILE = ROOT / "tests" / "MUTANTS.md"
+
+_BATCHES = "spectra.data.xǁBatchesǁ"
+_OPERATOR = "spectra.operators.base.xǁCurvatureOperatorǁ"
+# (name, mutmut meta file, mutant-name patterns). Slow tests are deselected in setup.cfg;
+# eigenvalues.py, the largest, runs last.
+MODULES: list[tuple[str, str, list[str]]] = [
+    ("tridiagonal", "spectra/tridiagonal.py", ["spectra.tridiagonal.*"]),
+    ("lanczos", "spectra/lanczos.py", ["spectra.lanczos.*"]),
+    ("diagonal", "spectra/diagonal.py", ["spectra.diagonal.*"]),
+    ("density", "spectra/density.py", ["spectra.density.*"]),
+    ("trace", "spectra/trace.py", ["spectra.trace.*"]),
+    (
+        "data (batches and weights)",
+        "spectra/data.py",
+        [
+            "spectra.data.x__leading_dims__mutmut_*",
+            "spectra.data.x__fingerprint__mutmut_*",
+            *(
+                f"{_BATCHES}{method}__mutmut_*"
+                for method in (
+                    "__init__",
+                    "_count_arrays",
+                    "_iterate_dataset",
+                    "_count_dataset",
+                    "__iter__",
+                )
+            ),
+        ],
+    ),
+    (
+        "operators/base (batches and weights)",
+        "spectra/operators/base.py",
+        [
+            "spectra.operators.base.x_block_size_for__mutmut_*",
+            *(
+                f"{_OPERATOR}{method}__mutmut_*"
+                for method in (
+                    "flatten",
+                    "unflatten",
+                    "_owned_batches",
+                    "_prepare",
+                    "loss",
+                    "gradient",
+                    "_matvec",
+                    "_matmat",
+                    "_iterate_caches",
+                )
+            ),
+        ],
+    ),
+    ("eigenvalues", "spectra/eigenvalues.py", ["spectra.eigenvalues.*"]),
+]
+DETECTED = ("killed", "timeout")
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
+STATUS.update({code: "timeout" for code in (36, -24, 24, 152, 255)})
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "not run"
+    return STATUS.get(code, "suspicious")
+
+
+def _function_of(mutant: str) -> str:
+    return mutant.rsplit("__mutmut_", 1)[0]
+
+
+def _changed_lines(diff: str) -> tuple[str, ...]:
+    return tuple(
+        line[0] + line[1:].strip()
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    )
+
+
+def load_equivalents(path: Path = EQUIVALENTS_FILE) -> dict[tuple[str, tuple[str, ...]], str]:
+    """(function, changed lines) -> reason, from the '### mutant' entries of MUTANTS.md:
+    a heading with the mutant's name, a ```diff block with its changed lines, a reason."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    pattern = re.compile(
+        r"^### `?([\w.ǁ]+)`?[^\n]*\n+```diff\n(.*?)```\s*\n+(.*?)(?=^#|\Z)", re.S | re.M
+    )
+    return {
+        (_function_of(name), _changed_lines(diff)): " ".join(reason.split())
+        for name, diff, reason in pattern.findall(text)
+    }
+
+
+def _mutmut(*args: str, log=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": "Agg"}
+    env.pop("PYTHONPATH", None)  # mutmut puts ./mutants first on the path itself
+    return subprocess.run(
+        [sys.executable, "-m", "mutmut", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log if log is not None else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+
+
+def _results(meta_file: str, patterns: list[str]) -> dict[str, int | None]:
+    from fnmatch import fnmatchcase
+
+    path = ROOT / "mutants" / (meta_file + ".meta")
+    if not path.exists():
+        return {}
+    codes = json.loads(path.read_text())["exit_code_by_key"]
+    return {
+        name: code
+        for name, code in sorted(codes.items())
+        if any(fnmatchcase(name, pattern) for pattern in patterns)
+    }
+
+
+def _differ(meta_file: str):
+    """mutant name -> its diff against the original function, read from mutmut's copy of
+    ``meta_file`` (parsed once; one ``mutmut show`` per mutant would start Python each time)."""
+    from difflib import unified_diff
+
+    import libcst
+    from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
+
+    source = ROOT / "mutants" / meta_file
+    parsed: list[libcst.Module] = []  # parsed on the first diff: large modules take a while
+
+    def diff(mutant: str) -> str:
+        if not source.exists():
+            return "(mutmut's copy of the module is missing)"
+        if not parsed:
+            parsed.append(libcst.parse_module(source.read_text()))
+        module = parsed[0]
+        before, after = (
+            libcst.Module([read(module, mutant)]).code.strip().split("\n")
+            for read in (read_original_function, read_mutant_function)
+        )
+        return "\n".join(
+            unified_diff(before, after, fromfile=meta_file, tofile=meta_file, lineterm="")
+        )
+
+    return diff
+
+
+def module_report(name: str, meta_file: str, patterns: list[str], equivalents) -> dict:
+    results = _results(meta_file, patterns)
+    counts = Counter(_status(code) for code in results.values())
+    diff_of = _differ(meta_file)
+    survivors, equivalent = [], []
+    for mutant, code in results.items():
+        if _status(code) in (*DETECTED, "not run"):
+            continue
+        diff = diff_of(mutant)
+        reason = equivalents.get((_function_of(mutant), _changed_lines(diff)))
+        entry = {"mutant": mutant, "status": _status(code), "diff": diff}
+        if reason is None:
+            survivors.append(entry)
+        else:
+            equivalent.append({**entry, "reason": reason})
+    total = len(results) - counts["not run"]
+    detected = counts["killed"] + counts["timeout"]
+    relevant = total - len(equivalent)
+    return {
+        "module": name,
+        "file": meta_file,
+        "mutants": total,
+        "not_run": counts["not run"],
+        "counts": dict(counts),
+        "equivalent": equivalent,
+        "survivors": survivors,
+        "score": detected / relevant if relevant else None,
+    }
+
+
+def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({"modules": modules, "runs": runs}, indent=2))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        "# Mutation testing report",
+        "",
+        f"Commit {commit or 'unknown'}; mutmut settings in setup.cfg; equivalent mutants from "
+        "tests/MUTANTS.md. Score = (killed + timeout) / (mutants - equivalent).",
+        "",
+        "Mutants counts those run; an interrupted run leaves the rest 'not run'.",
+        "",
+        "| module | mutants | killed | timeout | survived | no tests | equivalent | score "
+        "| not run | wall time | load (1 min) before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    totals = Counter()
+    for m in modules:
+        c = Counter(m["counts"])
+        run = runs.get(m["module"], {})
+        score = "–" if m["score"] is None else f"{100 * m['score']:.1f}%"
+        wall = f"{run['seconds'] / 60:.1f} min" if "seconds" in run else "–"
+        load = (
+            f"{run['load_before']:.1f} / {run['load_after']:.1f}" if "load_before" in run else "–"
+        )
+        lines.append(
+            f"| {m['module']} | {m['mutants']} | {c['killed']} | {c['timeout']} | "
+            f"{c['survived']} | {c['no tests']} | {len(m['equivalent'])} | {score} | "
+            f"{m.get('not_run', 0)} | {wall} | {load} |"
+        )
+        totals.update(c)
+        totals["mutants"] += m["mutants"]
+        totals["equivalent"] += len(m["equivalent"])
+    relevant = totals["mutants"] - totals["equivalent"]
+    if relevant:
+        lines.append(
+            f"| **all** | {totals['mutants']} | {totals['killed']} | {totals['timeout']} | "
+            f"{totals['survived']} | {totals['no tests']} | {totals['equivalent']} | "
+            f"{100 * (totals['killed'] + totals['timeout']) / relevant:.1f}% | "
+            f"{totals['not run']} | | |"
+        )
+    for m in modules:
+        if not m["survivors"]:
+            continue
+        lines += ["", f"## Surviving mutants: {m['module']}", ""]
+        for s in m["survivors"]:
+            lines += [f"### `{s['mutant']}` ({s['status']})", "", "```diff", s["diff"], "```", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = [name.split(" ")[0] for name, _, _ in MODULES]
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(names))
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", 2)))
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="mutant names to run (mutmut's globs), within the chosen modules",
+    )
+    args = parser.parse_args(argv)
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        parser.error("mutmut is not installed: pip install -e '.[test]'")
+    unknown = sorted(set(args.modules) - set(names))
+    if unknown:
+        parser.error(f"unknown module(s) {unknown}; choose from {', '.join(names)}")
+    chosen = [m for m in MODULES if not args.modules or m[0].split(" ")[0] in args.modules]
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs_file = args.out / "runs.json"
+    runs = json.loads(runs_file.read_text()) if runs_file.exists() else {}
+    equivalents = load_equivalents()
+    for name, meta, patterns in chosen if not args.report_only else []:
+        if args.only:
+            prefix = meta.removesuffix(".py").replace("/", ".") + "."
+            patterns = [glob for glob in args.only if glob.startswith(prefix)]
+            if not patterns:
+                continue
+        log_path = args.out / f"{name.split(' ')[0].replace('/', '_')}.log"
+        print(f"mutating {name} (log: {log_path})", flush=True)
+        load_before, started = os.getloadavg()[0], time.monotonic()
+        with log_path.open("w") as log:
+            done = _mutmut("run", "--max-children", str(args.jobs), *patterns, log=log)
+        runs[name] = {
+            "seconds": time.monotonic() - started,
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+            "exit_status": done.returncode,
+            "jobs": args.jobs,
+        }
+        runs_file.write_text(json.dumps(runs, indent=2))
+        if done.returncode != 0:
+            print(f"  mutmut exited with {done.returncode}; see {log_path}", flush=True)
+    modules = [module_report(name, meta, patterns, equivalents) for name, meta, patterns in MODULES]
+    modules = [m for m in modules if m["mutants"]]
+    report = write_report(args.out, modules, runs)
+    for m in modules:
+        score = "–" if m["score"] is None else f"{100 * m['score']:.1f}%"
+        print(f"{m['module']:40s} {m['mutants']:5d} mutants  {score}")
+    print(f"report: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
