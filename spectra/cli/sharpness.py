@@ -294,13 +294,23 @@ def _recorded_threshold(
     optimizer = recorded_optimizer(refs[0].path)
     source = f"optimizer recorded in {Path(refs[0].path).name}" if optimizer else None
     if optimizer is None:
-        content, where = _trajectory_notes(refs)
-        if content is not None and content.get("learning_rate") is not None:
-            rate = content["learning_rate"]
-            if not (isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)):
+        try:
+            content, where = _trajectory_notes(refs)
+            rate = None if content is None else content.get("learning_rate")
+            if rate is not None and not (
+                isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)
+            ):
                 raise UserError(
                     f"'{where}' has learning_rate {rate!r}, not a positive number; give --lr."
                 )
+        except UserError as err:
+            if args.lr is None:
+                raise
+            # The advice was followed: --lr makes the run independent of the file.
+            notes.append(f"{str(err).removesuffix('; give --lr.')}: ignored, η from --lr")
+            content = None
+        if content is not None and content.get("learning_rate") is not None:
+            rate = content["learning_rate"]
             name = str(content.get("optimizer") or "SGD")
             optimizer = {
                 "class_name": name,
