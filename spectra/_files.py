@@ -2,8 +2,9 @@
 
 * Atomic writes: a file is written to a temporary file beside it and moved into place with
   ``os.replace``, so readers never see a half-written file and an interrupted run leaves the
-  previous version intact. Temporary files are named ``.NAME.XXXXXXXX.tmp``; those left by a
-  killed process are removed by :func:`remove_temporaries`.
+  previous version intact. Temporary files are named ``.NAME.<random>.tmp``
+  (``tempfile.mkstemp``); those left by a killed process are removed by
+  :func:`remove_temporaries`.
 * Strict JSON: NaN and ±Infinity are not JSON. They are written as ``null`` and listed, with
   the reason, under ``"null_values"`` (:func:`strict_json_text`).
 * Output directories: :func:`prepare_directory` creates one and proves it writable before any
@@ -121,7 +122,7 @@ def atomic_write_texts(files: Sequence[tuple[str | os.PathLike, str]]) -> list[P
 
 
 def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> list[Path]:
-    """Remove the temporary files (``.NAME.XXXXXXXX.tmp``) of ``names`` left in ``directory``.
+    """Remove the temporary files (``.NAME.<random>.tmp``) of ``names`` left in ``directory``.
 
     Call it only while holding the directory's lock: another process's temporary files are
     work in progress. Returns the files removed.
