@@ -233,7 +233,8 @@ def _line(entry: dict[str, Any], threshold: StabilityThreshold | None, unit: str
 
 
 def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """The ``trajectory.json`` beside the checkpoints (when they share one directory)."""
+    """The ``trajectory.json`` beside the checkpoints (when they share one directory), its
+    learning rate checked; a file that cannot be used is a UserError advising ``--lr``."""
     parents = {Path(ref.path).parent for ref in refs}
     if len(parents) != 1:
         return None, None
@@ -244,7 +245,14 @@ def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | Non
         content = json.loads(notes.read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read '{notes}' as JSON ({err}); give --lr.") from err
-    return (content if isinstance(content, dict) else None), str(notes)
+    if not isinstance(content, dict):
+        return None, str(notes)
+    rate = content.get("learning_rate")
+    if rate is not None and not (
+        isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)
+    ):
+        raise UserError(f"'{notes}' has learning_rate {rate!r}, not a positive number; give --lr.")
+    return content, str(notes)
 
 
 def _threshold(
@@ -296,13 +304,6 @@ def _recorded_threshold(
     if optimizer is None:
         try:
             content, where = _trajectory_notes(refs)
-            rate = None if content is None else content.get("learning_rate")
-            if rate is not None and not (
-                isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)
-            ):
-                raise UserError(
-                    f"'{where}' has learning_rate {rate!r}, not a positive number; give --lr."
-                )
         except UserError as err:
             if args.lr is None:
                 raise
