@@ -189,6 +189,9 @@ class Batches:
 
     Counters: ``examples_read`` and ``bytes_read``, what this process took from the data
     (dataset elements its pipeline yielded, array batches it sliced) over all passes.
+    ``sharding`` says how this process's part was chosen: ``"none"`` (one worker, or no
+    data), ``"replicated"`` (arrays, held whole by every worker), ``"auto-shard"`` (a
+    dataset sharded by TensorFlow) or ``"function"`` (the shard a dataset function built).
     """
 
     def __init__(

@@ -184,7 +184,7 @@ def _miss_probability(log_delta: float, dimension: int, warm: bool) -> float:
         return 0.0
     if not warm:
         factor = max(1.0, math.sqrt(2.0 * (dimension - 1) / math.pi))
-        return min(1.0, math.exp(min(log_delta + math.log(factor), 0.0)))
+        return math.exp(min(log_delta + math.log(factor), 0.0))
     spread = 5.26  # e^{-spread²/2} = 1e-6
     factor = (2.0 + spread / math.sqrt(dimension)) * math.sqrt(2.0 * dimension / math.pi)
     return min(1.0, math.exp(min(log_delta + math.log(factor), 0.0)) + 1e-6)

@@ -12,6 +12,7 @@ spectra/operators/base.py (make mutate).
 from __future__ import annotations
 
 import itertools
+import re
 
 import keras
 import numpy as np
@@ -232,3 +233,38 @@ def test_a_float32_operator_computes_in_float32_whatever_the_input(problem):
     np.testing.assert_array_equal(product, op.matmat(V.astype(np.float32)))
     empty = op.matmat(np.zeros((op.shape[0], 0)))
     assert empty.shape == (op.shape[0], 0) and empty.dtype == np.float32
+    # Beyond float32: refused, not returned as inf or NaN.
+    huge = np.ones(op.shape[0])
+    huge[4] = 1e39  # finite in float64, infinite in float32
+    with pytest.raises(ValueError, match=r"entries up to 1e\+39, beyond the largest float32"):
+        op.matvec(huge)
+    with pytest.raises(ValueError) as overflow:  # fits float32, but the product overflows
+        op.matvec(np.full(op.shape[0], 3e38))
+    assert re.fullmatch(
+        r"the Hessian product is not finite \(\d+ NaN/Inf entries, from batch \d[^)]*\) "
+        r"although the weights, the batch losses and gradients are finite: the product "
+        r"overflows float32 for this vector\. Scale the vector down \(products are linear\) "
+        r"or build the operator with dtype=np\.float64\.",
+        str(overflow.value),
+    ), str(overflow.value)
+
+
+def test_graph_errors_name_their_root_cause_first(rng):
+    # Indices out of range inside the loss: no check before the graph can see them.
+    table = tf.Variable(rng.standard_normal(6))
+    indices = rng.integers(0, 6, (10, 3)).astype("int32")
+    indices[7, 1] = 10
+
+    def loss_fn(batch):
+        return tf.reduce_mean(tf.gather(table, batch[0]) ** 3)
+
+    op = HessianOperator(loss_fn, [table], (indices,), batch_size=5)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        op.loss()
+    first_line = str(info.value).splitlines()[0]
+    assert first_line == "indices[2,1] = 10 is not in [0, 6) (in batch 1)", first_line
+    assert "Graph execution error" not in first_line
+    assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
+    streaming = HessianOperator(loss_fn, [table], (indices,), batch_size=5, cache=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"^indices.*\(in batch 1\)"):
+        streaming.matvec(np.ones(6))

@@ -120,9 +120,20 @@ def test_slow_count_of_unknown_cardinality_warns_once(rng, monkeypatch):
     x, y = arrays(rng, n=4)
     monkeypatch.setattr(spectra.data, "_SLOW_COUNT_SECONDS", 0.0)
     batches = Batches(generator_dataset(lambda: [(x, y)] * 3))
-    with pytest.warns(RuntimeWarning, match=r"unknown cardinality: 1 batches.*dataset.take") as w:
+    with pytest.warns(RuntimeWarning, match=r"unknown cardinality: 1 batches") as w:
         assert batches.num_examples == 12
     assert len(w) == 1
+    assert str(w[0].message).endswith(
+        "The loss is the mean over the whole dataset; if it never ends, cut it with "
+        "dataset.take(num_batches) (or pass max_batches to make this an error)."
+    )
+    assert w[0].filename == __file__  # the warning points at the caller's line
+    # Counted well within the minute: no warning.
+    monkeypatch.undo()
+    quick = Batches(generator_dataset(lambda: [(x, y)] * 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert quick.num_examples == 12
     # A dataset of known cardinality is finite: no warning however long it takes.
     known = Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
     with warnings.catch_warnings():
@@ -243,6 +254,12 @@ def test_reshuffled_dataset_is_refused_by_the_operator(rng):
     first = streaming.matmat(V)
     np.testing.assert_allclose(streaming.matmat(V), first, rtol=0, atol=0)
     np.testing.assert_allclose(first, reference.matmat(V), rtol=1e-12)
+
+
+def test_fingerprint_tells_apart_many_strings():
+    # Strings are hashed into 2**62 buckets first: distinct words, distinct fingerprints.
+    words = [f"word-{i}" for i in range(300)]
+    assert len({spectra.data._fingerprint(tf.constant([w])) for w in words}) == len(words)
 
 
 def test_fingerprint_reads_contents_of_every_dtype():
@@ -397,6 +414,9 @@ class _Workers:
     def __init__(self, num_workers, worker):
         self.num_workers, self.worker, self.total = num_workers, worker, num_workers
 
+    def input_context(self):
+        return tf.distribute.InputContext(self.num_workers, self.worker, self.total)
+
 
 def _records(directory, num_files, per_file):
     files = []
@@ -448,3 +468,96 @@ def test_other_datasets_are_sharded_by_batch():
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
     with pytest.raises(ValueError, match=r"FILE but TensorFlow found no files.*dataset function"):
         spectra.data._shard_across_workers(dataset.with_options(options), _Workers(2, 0))
+
+
+def test_how_each_kind_of_data_is_split_across_workers(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.range(10).batch(3)
+    second_of_two = _Workers(2, 1)
+    assert [Batches(d).sharding for d in (None, (x, y), dataset)] == ["none"] * 3
+    # Arrays are held whole by every worker.
+    replicated = Batches((x, y), replicas=second_of_two)
+    assert replicated.sharding == "replicated" and replicated.arrays[0].shape[0] == 12
+    # A dataset is auto-sharded: worker 1 of 2 keeps every other batch.
+    sharded = Batches(dataset, replicas=second_of_two)
+    assert sharded.sharding == "auto-shard" and _read_ids(sharded.dataset) == [3, 4, 5, 9]
+    assert _read_ids(Batches(dataset, replicas=_Workers(1, 0)).dataset) == list(range(10))
+    # A dataset function returns this worker's shard, which is taken as it is.
+    contexts = []
+    function = Batches(lambda context: contexts.append(context) or dataset, replicas=second_of_two)
+    assert function.sharding == "function" and _read_ids(function.dataset) == list(range(10))
+    assert [(c.num_input_pipelines, c.input_pipeline_id) for c in contexts] == [(2, 1)]
+
+
+def test_no_data_is_one_batch_of_weight_one():
+    batches = Batches(None)
+    assert list(batches) == [((), 1.0)]
+    assert batches.num_examples == 1 and batches.num_batches == 1
+    batches.synchronize()
+    assert batches.num_examples == 1 and batches.num_batches == 1
+
+
+def test_one_array_and_one_example(rng):
+    x, y = arrays(rng)
+    assert Batches(x).num_examples == 12  # a single array: its leading dimension
+    one = Batches((x[:1], y[:1]))
+    assert one.num_examples == 1 and [w for _, w in one] == [1.0]
+
+
+def test_float_arrays_are_cast_and_labels_left_alone(rng):
+    x, y = arrays(rng)
+    batches = Batches((x, y), cast_floats_to="float32")
+    assert [t.dtype for t in batches.arrays] == [tf.float32, tf.int32]
+    np.testing.assert_array_equal(batches.arrays[0].numpy(), x.astype(np.float32))
+    assert Batches((x, y)).arrays[0].dtype == tf.float64
+
+
+@pytest.mark.parametrize(
+    "data, batch_size, message",
+    [
+        (None, 4, "batch_size was given but there is no data to batch."),
+        (
+            "dataset",
+            4,
+            "batch_size cannot be used with a tf.data.Dataset or a dataset function: their "
+            "elements are taken as batches as they are. Batch the dataset yourself, e.g. "
+            "dataset.batch(batch_size).",
+        ),
+        ((), None, "data is empty: it holds no arrays."),
+        (
+            "scalar",
+            None,
+            "every array in data needs a leading example dimension; got a scalar.",
+        ),
+        (
+            "uneven",
+            None,
+            "all arrays in data must have the same number of examples (leading dimension); "
+            "got [3, 4].",
+        ),
+        ("empty", None, "data is empty: it has 0 examples."),
+    ],
+    ids=[
+        "batch-size-without-data",
+        "batch-size-with-dataset",
+        "no-arrays",
+        "scalar",
+        "uneven",
+        "no-examples",
+    ],
+)
+def test_bad_data_is_refused_with_what_to_do(data, batch_size, message, rng):
+    x, y = arrays(rng)
+    data = (
+        {
+            "dataset": tf.data.Dataset.from_tensor_slices((x, y)).batch(4),
+            "scalar": (x, np.float64(1.0)),
+            "uneven": (x[:3], y[:4]),
+            "empty": (x[:0], y[:0]),
+        }.get(data, data)
+        if isinstance(data, str)
+        else data
+    )
+    with pytest.raises(ValueError) as raised:
+        Batches(data, batch_size)
+    assert str(raised.value) == message

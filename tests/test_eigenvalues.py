@@ -243,3 +243,188 @@ def test_v0_is_validated():
         eigenvalues(a, v0=np.ones(4))
     with pytest.raises(ValueError, match="finite, nonzero"):
         eigenvalues(a, v0=np.zeros(5))
+
+
+# -- the start vector's miss probability ---------------------------------------------------
+def _exact_cold_miss(delta, dimension):
+    """P(|uᵀq| < δ‖q‖) for a uniform direction q in R^d: (uᵀq)²/‖q‖² ~ Beta(1/2, (d−1)/2)."""
+    from scipy.special import betainc
+
+    return float(betainc(0.5, (dimension - 1) / 2, delta**2))
+
+
+@pytest.mark.parametrize("dimension, slack", [(2, 1.58), (3, 1.13), (10, 1.03), (1000, 1.02)])
+def test_cold_start_miss_probability_holds_and_is_tight(dimension, slack):
+    from spectra.eigenvalues import _log_inverse_delta, _miss_probability
+
+    for delta in (1e-4, 1e-2):
+        bound = _miss_probability(np.log(delta), dimension, False)
+        exact = _exact_cold_miss(delta, dimension)
+        # An upper bound, and the density bound behind it is tight to the stated slack
+        # (d = 2: 1 against the density 2/π at 0; large d: sqrt(2(d−1)/π) against the truth).
+        assert exact <= bound <= slack * exact, (delta, bound, exact)
+    for probability in (1e-2, 1e-6):
+        log_inverse = _log_inverse_delta(dimension, probability, False)
+        assert _exact_cold_miss(np.exp(-log_inverse), dimension) <= probability
+        assert _miss_probability(-log_inverse, dimension, False) == pytest.approx(probability)
+
+
+@pytest.mark.parametrize("dimension", [2, 10, 500])
+def test_warm_start_miss_probability_inverts_its_delta(dimension):
+    from spectra.eigenvalues import _log_inverse_delta, _miss_probability
+
+    # At p = 2e-6 the two halves _log_inverse_delta splits p into (1e-6 for ‖q‖ beyond
+    # 2 + s/sqrt(d), 1e-6 for the projection) are the ones _miss_probability assumes.
+    probability = 2e-6
+    log_inverse = _log_inverse_delta(dimension, probability, True)
+    assert _miss_probability(-log_inverse, dimension, True) == pytest.approx(probability, rel=2e-3)
+    # Anderson's bound t·sqrt(2d/π) on the projection, with ‖q‖ <= 2 + 5.26/sqrt(d).
+    delta = 1e-3
+    norm_bound = 2.0 + 5.26 / np.sqrt(dimension)
+    expected = delta * norm_bound * np.sqrt(2 * dimension / np.pi) + 1e-6
+    assert _miss_probability(np.log(delta), dimension, True) == pytest.approx(expected, rel=1e-9)
+
+
+def test_miss_probability_is_a_probability():
+    from spectra.eigenvalues import _miss_probability
+
+    for warm in (False, True):
+        assert _miss_probability(np.log(0.5), 1, warm) == 0.0  # one dimension: no miss
+        assert _miss_probability(np.log(0.5), 2, warm) > 0.0
+        assert _miss_probability(0.0, 50, warm) == 1.0
+        assert _miss_probability(800.0, 50, warm) == 1.0  # no overflow
+    assert _miss_probability(np.log(1e-3), 10, True) > _miss_probability(np.log(1e-3), 10, False)
+
+
+def test_eigenvalue_ratio_is_in_float64_and_refuses_a_zero_denominator():
+    from types import SimpleNamespace
+
+    third = SimpleNamespace(eigenvalues=np.array([1.0, 3.0], dtype=np.float32))
+    assert eigenvalue_ratio(third) == 1.0 / 3.0  # exactly, not float32's 0.33333334
+    assert eigenvalue_ratio(SimpleNamespace(eigenvalues=np.array([3.0, 1.0]))) == 3.0
+    with pytest.raises(ValueError) as raised:
+        eigenvalue_ratio(SimpleNamespace(eigenvalues=np.array([3.0, 0.0])))
+    assert str(raised.value) == "the denominator eigenvalue is zero"
+
+
+# -- LOBPCG: the dense path and the budget ---------------------------------------------------
+@pytest.mark.parametrize("which", ["largest", "smallest", "magnitude"])
+def test_lobpcg_diagonalizes_small_operators_exactly(which):
+    k = 4
+    block = k + max(2, k // 2)  # 6 columns
+    spectrum = np.linspace(-3.0, 2.0, 5 * block - 1)
+    result = eigenvalues(with_spectrum(spectrum), k=k, which=which, method="lobpcg")
+    assert result.settings["block_size"] == block and result.settings["dense"] is True
+    np.testing.assert_allclose(result.eigenvalues, reference(spectrum, which, k), atol=1e-12)
+    assert result.failure_probability == 0.0 and result.all_converged
+    assert result.num_products == 5 * block - 1  # one product per column of the identity
+    # From 5 blocks on, LOBPCG iterates.
+    iterating = eigenvalues(with_spectrum(np.linspace(-3.0, 2.0, 5 * block)), k=k, method="lobpcg")
+    assert "dense" not in iterating.settings and iterating.failure_probability is None
+    assert eigenvalues(with_spectrum(spectrum), k=7, method="lobpcg").settings["block_size"] == 10
+
+
+@pytest.mark.parametrize("which, per_apply", [("largest", 1), ("magnitude", 2)])
+def test_lobpcg_spends_its_budget_to_within_a_block(which, per_apply):
+    # A slowly converging spectrum and an unreachable tolerance: the budget decides.
+    spectrum = np.concatenate([[1.0, 0.999, 0.998], np.linspace(-0.99, 0.99, 397)])
+    operator = with_spectrum(spectrum)
+    block = 6
+    for budget in (120, 300):
+        result = eigenvalues(
+            operator, k=3, which=which, method="lobpcg", tol=1e-15, max_products=budget, seed=1
+        )
+        assert not result.all_converged
+        assert budget - 4 * per_apply * block <= result.num_products <= budget + block, (
+            budget,
+            result.num_products,
+        )
+
+
+# -- power iteration: its products, budget and failure probability -------------------------
+class _Recorded(LinearOperator):
+    """A symmetric matrix that records every vector it is applied to."""
+
+    def __init__(self, matrix):
+        super().__init__(np.float64, matrix.shape)
+        self.matrix, self.inputs = matrix, []
+
+    def _matvec(self, x):
+        self.inputs.append(np.array(x, dtype=np.float64).reshape(-1))
+        return self.matrix @ np.ravel(x)
+
+    def _matmat(self, x):
+        self.inputs.extend(np.array(column, dtype=np.float64) for column in np.asarray(x).T)
+        return self.matrix @ x
+
+
+def _power_ledger(matrix, inputs, value, residual, dimension, warm, magnitude=False):
+    """The failure probability of one power-iteration eigenvalue, from its products:
+    ‖B^m q‖ = Π ν_i with ν_i = ‖B x_i‖ and the level the eigenvalue plus its residual."""
+    from spectra.eigenvalues import _miss_probability
+
+    log_norms = sum(np.log(np.linalg.norm(matrix @ x)) for x in inputs)
+    level = (abs(value) if magnitude else value) + residual
+    return _miss_probability(log_norms - len(inputs) * np.log(level), dimension, warm)
+
+
+def _spread_spectrum(top):
+    return np.concatenate([top, np.linspace(-0.45, 0.45, 38)])
+
+
+@pytest.mark.parametrize(
+    "which, top, start",
+    [
+        ("largest", [1.0, 0.5], None),
+        ("magnitude", [-1.0, 0.5], None),
+        ("largest", [1.0, -0.95], "warm"),
+    ],
+)
+def test_power_failure_probability_follows_from_its_products(which, top, start):
+    # Stopped early (tol 0.1), the level λ + r lies well above the top: a probability
+    # strictly between 0 and 1, so the comparison is sharp.
+    recorded = _Recorded(with_spectrum(_spread_spectrum(top)))
+    v0 = None if start is None else np.ones(40) / np.sqrt(40)
+    result = eigenvalues(
+        recorded, k=1, which=which, method="power", tol=0.1, seed=4, v0=v0, check_symmetry=False
+    )
+    inputs = recorded.inputs
+    assert len(inputs) == result.num_products
+    np.testing.assert_allclose([np.linalg.norm(x) for x in inputs], 1.0, rtol=1e-12)
+    value, residual = result.eigenvalues[0], result.residual_norms[0]
+    expected = _power_ledger(
+        recorded.matrix, inputs, value, residual, 40, v0 is not None, which == "magnitude"
+    )
+    assert 0.01 < expected < 0.9
+    assert result.failure_probability == pytest.approx(expected, rel=1e-9)
+
+
+def test_power_deflation_spends_the_budget():
+    recorded = _Recorded(with_spectrum(_spread_spectrum([1.0, 0.9])))
+    budget = 60
+    result = eigenvalues(
+        recorded,
+        k=2,
+        method="power",
+        tol=1e-14,
+        max_products=budget,
+        seed=4,
+        check_symmetry=False,
+        return_eigenvectors=True,
+    )
+    inputs = recorded.inputs
+    assert result.num_products == len(inputs) == budget and not result.converged.any()
+    first = result.eigenvectors[:, 0]
+    # The second eigenvalue's products are orthogonal to the first eigenvector; the first
+    # one had all of the budget but the product kept for the second.
+    split = next(i for i, x in enumerate(inputs) if abs(x @ first) < 1e-10)
+    assert split == budget - 1
+    np.testing.assert_allclose([np.linalg.norm(x) for x in inputs], 1.0, rtol=1e-12)
+    assert 0.0 <= result.failure_probability <= 1.0
+    # Each residual is that of the returned vector, unconverged as it is.
+    for i in range(2):
+        v = result.eigenvectors[:, i]
+        image = recorded.matrix @ v
+        assert np.linalg.norm(image - result.eigenvalues[i] * v) == pytest.approx(
+            result.residual_norms[i], rel=1e-6
+        )
