@@ -14,6 +14,16 @@ same changed lines) are counted apart and left out of the score:
     python .ci/mutate.py --report-only         # rewrite the report from the last run
     python .ci/mutate.py trace --only 'spectra.trace.x_hutchinson_trace__mutmut_*'
                                                # some functions (the rest stay 'not run')
+    python .ci/mutate.py eigenvalues --rerun survivors
+                                               # after new tests: the survivors again
+
+A run resumes: it tests the mutants without a result (all of them the first time, and all
+of a module whose source changed since its last result); --rerun survivors or all says
+otherwise.
+
+Survivors in the operator's pass code that only several processes exercise are then run
+against tests/test_distributed.py with the mutant switched on in its worker processes
+(see WORKER_TESTS); those it catches count as killed and are named in the report.
 
 mutmut works in ./mutants (a copy of the sources with every mutant behind a switch) and
 keeps its results there, so a module's results stay until it is run again. TensorFlow is
@@ -86,6 +96,15 @@ MODULES: list[tuple[str, str, list[str]]] = [
     ),
     ("eigenvalues", "spectra/eigenvalues.py", ["spectra.eigenvalues.*"]),
 ]
+# Code that matters only with several processes or replicas (a failing worker's NaN that
+# poisons the all-reduce, the zeros of a replica without a batch, the pass named in
+# WorkerFailed) runs in the worker processes of tests/test_distributed.py, where mutmut
+# cannot see it: its survivors are run again against that file's tests, the mutant switched
+# on in every process through MUTANT_UNDER_TEST. A failing test kills the mutant.
+WORKER_TESTS = ["tests/test_distributed.py"]
+WORKER_FUNCTIONS = [
+    f"{_OPERATOR}{method}__mutmut_*" for method in ("_prepare", "_matmat", "_iterate_caches")
+]
 DETECTED = ("killed", "timeout")
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
 STATUS.update({code: "timeout" for code in (36, -24, 24, 152, 255)})
@@ -152,6 +171,17 @@ def _results(meta_file: str, patterns: list[str]) -> dict[str, int | None]:
     }
 
 
+def _to_run(meta_file: str, patterns: list[str], rerun: str) -> list[str] | None:
+    """The mutants to give mutmut (it tests every mutant named, whatever its last result),
+    or None for the patterns themselves: every mutant of the module, as on a first run, after
+    the module changed, or with ``rerun`` "all"."""
+    meta, source = ROOT / "mutants" / (meta_file + ".meta"), ROOT / meta_file
+    if rerun == "all" or not meta.exists() or source.stat().st_mtime > meta.stat().st_mtime:
+        return None
+    wanted = (None,) if rerun == "missing" else (0,)
+    return [name for name, code in _results(meta_file, patterns).items() if code in wanted]
+
+
 def _differ(meta_file: str):
     """mutant name -> its diff against the original function, read from mutmut's copy of
     ``meta_file`` (parsed once; one ``mutmut show`` per mutant would start Python each time)."""
@@ -178,6 +208,49 @@ def _differ(meta_file: str):
         )
 
     return diff
+
+
+def _worker_tests(mutant: str, log) -> int:
+    """pytest's exit status for WORKER_TESTS with ``mutant`` on ("" for none), run in
+    mutmut's copy of the sources so that the worker processes import the mutants."""
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "MPLBACKEND": "Agg",
+        "PYTHONPATH": str(ROOT / "mutants"),
+        "MUTANT_UNDER_TEST": mutant,
+    }
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    log.write(f"\n== {mutant or 'no mutant'}\n")
+    log.flush()
+    done = subprocess.run(
+        [*command, *WORKER_TESTS], cwd=ROOT / "mutants", env=env, stdout=log, stderr=log
+    )
+    return done.returncode
+
+
+def rerun_in_workers(meta_file: str, patterns: list[str], log) -> list[str]:
+    """Run the surviving mutants of WORKER_FUNCTIONS against WORKER_TESTS; mark those the
+    tests catch as killed in mutmut's results and return their names."""
+    from fnmatch import fnmatchcase
+
+    survivors = [
+        name
+        for name, code in _results(meta_file, patterns).items()
+        if code == 0 and any(fnmatchcase(name, pattern) for pattern in WORKER_FUNCTIONS)
+    ]
+    if not survivors:
+        return []
+    if _worker_tests("", log) != 0:  # the tests must pass on the sources as they are
+        print(f"  the multi-worker tests fail without a mutant; see {log.name}", flush=True)
+        return []
+    killed = [name for name in survivors if _worker_tests(name, log) == 1]
+    path = ROOT / "mutants" / (meta_file + ".meta")
+    meta = json.loads(path.read_text())
+    for name in killed:
+        meta["exit_code_by_key"][name] = 1
+    path.write_text(json.dumps(meta, indent=4))
+    return killed
 
 
 def module_report(name: str, meta_file: str, patterns: list[str], equivalents) -> dict:
@@ -234,6 +307,8 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
         run = runs.get(m["module"], {})
         score = "–" if m["score"] is None else f"{100 * m['score']:.1f}%"
         wall = f"{run['seconds'] / 60:.1f} min" if "seconds" in run else "–"
+        if run.get("invocations", 1) > 1:
+            wall += f" ({run['invocations']} runs)"
         load = (
             f"{run['load_before']:.1f} / {run['load_after']:.1f}" if "load_before" in run else "–"
         )
@@ -253,6 +328,15 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
             f"{100 * (totals['killed'] + totals['timeout']) / relevant:.1f}% | "
             f"{totals['not run']} | | |"
         )
+    in_workers = sorted(n for run in runs.values() for n in run.get("killed_in_workers", []))
+    if in_workers:
+        lines += [
+            "",
+            f"Killed by the multi-worker tests ({', '.join(WORKER_TESTS)}, the mutant on in "
+            f"every worker process), counted as killed: {len(in_workers)}.",
+            "",
+            *(f"- `{name}`" for name in in_workers),
+        ]
     for m in modules:
         if not m["survivors"]:
             continue
@@ -277,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GLOB",
         help="mutant names to run (mutmut's globs), within the chosen modules",
     )
+    parser.add_argument(
+        "--rerun",
+        choices=("missing", "survivors", "all"),
+        default="missing",
+        help="which mutants to test: those without a result (default), the survivors, all",
+    )
     args = parser.parse_args(argv)
     try:
         import mutmut  # noqa: F401
@@ -297,16 +387,28 @@ def main(argv: list[str] | None = None) -> int:
             if not patterns:
                 continue
         log_path = args.out / f"{name.split(' ')[0].replace('/', '_')}.log"
-        print(f"mutating {name} (log: {log_path})", flush=True)
+        selected = _to_run(meta, patterns, args.rerun)
+        what = "all mutants" if selected is None else f"{len(selected)} mutants"
+        print(f"mutating {name}: {what} (log: {log_path})", flush=True)
         load_before, started = os.getloadavg()[0], time.monotonic()
         with log_path.open("w") as log:
-            done = _mutmut("run", "--max-children", str(args.jobs), *patterns, log=log)
+            if selected == []:
+                done = subprocess.CompletedProcess([], 0)
+            else:
+                chosen_mutants = patterns if selected is None else selected
+                done = _mutmut("run", "--max-children", str(args.jobs), *chosen_mutants, log=log)
+        with log_path.open("a") as log:
+            in_workers = rerun_in_workers(meta, patterns, log)
+        previous = runs.get(name, {}) if selected is not None else {}
         runs[name] = {
-            "seconds": time.monotonic() - started,
+            # over the invocations since the module was last run whole
+            "seconds": previous.get("seconds", 0.0) + time.monotonic() - started,
+            "invocations": previous.get("invocations", 0) + 1,
             "load_before": load_before,
             "load_after": os.getloadavg()[0],
             "exit_status": done.returncode,
             "jobs": args.jobs,
+            "killed_in_workers": sorted({*previous.get("killed_in_workers", []), *in_workers}),
         }
         runs_file.write_text(json.dumps(runs, indent=2))
         if done.returncode != 0:

@@ -191,20 +191,26 @@ def test_cluster_draws_what_one_process_draws(cluster: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "check, error",
+    "check, during, error",
     [
-        ("bad_labels", r"ValueError: .*y\[4\] = 99 in batch 0 of worker 1's shard of the dataset"),
+        (
+            "bad_labels",
+            "the counting pass over the data",
+            r"ValueError: .*y\[4\] = 99 in batch 0 of worker 1's shard of the dataset",
+        ),
         (
             "bad_features",
+            "the first pass over the data",
             r"ValueError: batch 1 of worker 1's shard \(8 examples\) gives a non-finite",
         ),
     ],
 )
 def test_cluster_stops_together_when_one_worker_fails(
-    cluster: dict, check: str, error: str
+    cluster: dict, check: str, during: str, error: str
 ) -> None:
     first, second = (result[check] for result in cluster["workers"])
-    assert first.startswith("WorkerFailed: worker(s) [1] of the cluster failed"), first
+    expected = f"WorkerFailed: worker(s) [1] of the cluster failed during {during}; "
+    assert first.startswith(expected), first
     assert re.match(error, second, flags=re.DOTALL), second
 
 
