@@ -428,3 +428,75 @@ def test_power_deflation_spends_the_budget():
         assert np.linalg.norm(image - result.eigenvalues[i] * v) == pytest.approx(
             result.residual_norms[i], rel=1e-6
         )
+
+
+@pytest.mark.parametrize(
+    "history, spent, budget, expected",
+    [
+        ([3.0, 2.0, 1.0], 10, 100, 100),  # fewer than 4 steps: the budget
+        ([4.0, 3.0, 2.0, 1.0], 10, 100, 12),  # one unit per step, 1 left: 1 more, +1
+        ([100.0, 70.0, 60.0, 50.0, 40.0], 5, 1000, 10),  # the last 4 steps: 10 a step, 4 more
+        ([4.0, 3.0, 2.0, -1.0], 10, 100, 11),  # already below the target: the next product
+        ([1.0, 2.0, 3.0, 4.0], 10, 100, 100),  # not decaying: the budget
+        ([4.0, 3.0, 2.0, 1.0], 10, 11, 11),  # never beyond the budget
+    ],
+)
+def test_lanczos_progress_plan_extrapolates_the_bound_decay(history, spent, budget, expected):
+    from types import SimpleNamespace
+
+    from spectra.eigenvalues import _KrylovSchur
+
+    solver = SimpleNamespace(history=history, spent=spent, budget=budget)
+    assert _KrylovSchur.expected_products(solver) == expected
+
+
+# The work each method does on fixed problems, pinned: a change of these counts is a change
+# of the algorithms' cost (subspace sizes, restarts, locking, budgets), to be made only with
+# a benchmark that shows it is not a regression (benchmarks/). Deterministic under the seed.
+_PINNED_PRODUCTS = {
+    # (method, which, k, warm): (products, runs or rounds, failure probability)
+    ("lanczos", "largest", 1, False): (83, 1, 5e-05),
+    ("lanczos", "largest", 1, True): (86, 1, 5e-05),
+    ("lanczos", "largest", 4, False): (132, 2, 7.5e-05),
+    ("lanczos", "largest", 4, True): (128, 2, 7.5e-05),
+    ("lanczos", "smallest", 1, False): (69, 1, 5e-05),
+    ("lanczos", "smallest", 4, True): (144, 2, 7.5e-05),
+    ("lanczos", "magnitude", 1, False): (74, 1, 5e-05),
+    ("lanczos", "magnitude", 4, False): (144, 2, 7.5e-05),
+    ("lanczos", "magnitude", 4, True): (133, 2, 7.5e-05),
+    ("lobpcg", "largest", 4, False): (380, 2, None),
+    ("lobpcg", "magnitude", 1, True): (373, 2, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PINNED_PRODUCTS), ids=lambda c: "-".join(map(str, c)))
+def test_products_spent_are_pinned(case):
+    method, which, k, warm = case
+    products, runs, probability = _PINNED_PRODUCTS[case]
+    a = random_symmetric(200, seed=3)
+    v0 = None
+    if warm:
+        truth = eigenvalues(a, k=k, which=which, seed=9, return_eigenvectors=True).eigenvectors
+        v0 = truth + 0.05 * np.random.default_rng(1).standard_normal(truth.shape)
+    result = eigenvalues(
+        a,
+        k=k,
+        which=which,
+        method=method,
+        seed=0,
+        v0=v0,
+        max_products=3000,
+        return_eigenvectors=True,
+    )
+    assert result.all_converged
+    assert result.num_products == products
+    assert result.settings["runs" if method == "lanczos" else "rounds"] == runs
+    assert result.failure_probability == (
+        None if probability is None else pytest.approx(probability)
+    )
+    truth = reference(np.linalg.eigvalsh(a), which, k)
+    eigh_error = 50 * np.finfo(float).eps * np.abs(truth).max()  # the dense truth's own
+    assert np.all(np.abs(result.eigenvalues - truth) <= result.error_bounds + eigh_error)
+    images = a @ result.eigenvectors
+    residuals = np.linalg.norm(images - result.eigenvectors * result.eigenvalues, axis=0)
+    np.testing.assert_allclose(residuals, result.residual_norms, rtol=1e-6, atol=1e-12)
