@@ -124,6 +124,7 @@ def test_issue_regression_converged_top_eigenvalue_was_wrong():
             assert abs(result.eigenvalues[0] - 10.472) <= result.error_bounds[0], (tol, seed)
 
 
+@pytest.mark.slow  # 10 s: 30 runs through TensorFlow products
 def test_hessian_operator_with_a_known_spectrum():
     """A quadratic loss ½θᵀAθ through spectra.HessianOperator: its Hessian is A, whose
     spectrum (hessian-like: outliers over a bulk with small negative values) is known."""
