@@ -64,6 +64,8 @@ def test_dataset_batches_and_weights(rng):
     batches = Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
     assert [w for _, w in batches] == [4 / 11, 4 / 11, 3 / 11]
     assert batches.num_examples == 11 and batches.dataset is not None and batches.arrays is None
+    # The number of batches, asked first, counts the dataset too.
+    assert Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(4)).num_batches == 3
 
 
 # -- type-strict arguments --------------------------------------------------------------

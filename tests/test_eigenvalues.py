@@ -464,6 +464,7 @@ _PINNED_PRODUCTS = {
     ("lanczos", "magnitude", 1, False): (74, 1, 5e-05),
     ("lanczos", "magnitude", 4, False): (144, 2, 7.5e-05),
     ("lanczos", "magnitude", 4, True): (133, 2, 7.5e-05),
+    ("lanczos", "largest", 12, False): (185, 2, 7.5e-05),  # a subspace of 2k + 1 = 25
     ("lobpcg", "largest", 4, False): (380, 2, None),
     ("lobpcg", "magnitude", 1, True): (373, 2, None),
 }
@@ -491,6 +492,8 @@ def test_products_spent_are_pinned(case):
     assert result.all_converged
     assert result.num_products == products
     assert result.settings["runs" if method == "lanczos" else "rounds"] == runs
+    if method == "lanczos":
+        assert result.settings["ncv"] == max(2 * k + 1, 20)
     assert result.failure_probability == (
         None if probability is None else pytest.approx(probability)
     )
@@ -500,3 +503,12 @@ def test_products_spent_are_pinned(case):
     images = a @ result.eigenvectors
     residuals = np.linalg.norm(images - result.eigenvectors * result.eigenvalues, axis=0)
     np.testing.assert_allclose(residuals, result.residual_norms, rtol=1e-6, atol=1e-12)
+
+
+def test_warm_starts_that_cancel_fall_back_to_the_first():
+    a = random_symmetric(200, seed=3)
+    top = np.linalg.eigh(a)[1][:, -1]
+    # Lanczos starts from the sum of the given vectors: here zero, so the first is used.
+    result = eigenvalues(a, k=2, seed=0, v0=np.stack([top, -top], axis=1))
+    assert result.all_converged
+    np.testing.assert_allclose(result.eigenvalues, np.linalg.eigvalsh(a)[::-1][:2], rtol=1e-10)
