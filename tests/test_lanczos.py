@@ -263,3 +263,18 @@ def test_without_reorthogonalization_the_basis_is_not_stored():
         tracemalloc.stop()
     assert result.alpha.shape == (steps,) and result.basis is None
     assert peak < 0.5 * steps * n * 8, peak
+
+
+def test_tridiagonal_eigh_works_in_float64_whatever_it_is_given():
+    from spectra.tridiagonal import tridiagonal_eigh
+
+    rng = np.random.default_rng(2)
+    alpha, beta = rng.standard_normal(30).astype(np.float32), rng.random(29).astype(np.float32)
+    values, vectors = tridiagonal_eigh(alpha, beta)
+    exact, exact_vectors = tridiagonal_eigh(alpha.astype(np.float64), beta.astype(np.float64))
+    assert values.dtype == vectors.dtype == np.float64
+    np.testing.assert_array_equal(values, exact)
+    np.testing.assert_array_equal(np.abs(vectors), np.abs(exact_vectors))
+    only_values, none = tridiagonal_eigh(alpha, beta.astype(np.float64), eigenvectors=False)
+    assert none is None
+    np.testing.assert_allclose(only_values, exact, rtol=0, atol=1e-13)
