@@ -512,3 +512,72 @@ def test_warm_starts_that_cancel_fall_back_to_the_first():
     result = eigenvalues(a, k=2, seed=0, v0=np.stack([top, -top], axis=1))
     assert result.all_converged
     np.testing.assert_allclose(result.eigenvalues, np.linalg.eigvalsh(a)[::-1][:2], rtol=1e-10)
+
+
+def test_result_records_what_was_asked_and_the_defaults():
+    a = random_symmetric(60, seed=1)
+    result = eigenvalues(a, k=2)
+    assert result.eigenvectors is None  # not returned unless asked for
+    assert result.which == "largest" and result.method == "lanczos"
+    assert 0.0 <= result.wall_time < 60.0
+    assert result.eigenvalues.dtype == result.residual_norms.dtype == np.float64
+    assert result.error_bounds.dtype == np.float64 and result.converged.dtype == bool
+    expected = {
+        "k": 2,
+        "tol": 1e-8,
+        "max_products": 1000 + 100 * 2,
+        "seed": 0,
+        "check_symmetry": True,
+        "dimension": 60,
+        "v0_given": False,
+        "failure_probability": 1e-4,
+    }
+    assert {key: result.settings[key] for key in expected} == expected
+    same = eigenvalues(a, k=2, seed=0)  # the default seed is 0
+    np.testing.assert_array_equal(same.eigenvalues, result.eigenvalues)
+    assert same.num_products == result.num_products
+    other = eigenvalues(
+        a,
+        k=1,
+        which="smallest",
+        method="power",
+        tol=1e-3,
+        max_products=50,
+        seed=7,
+        check_symmetry=False,
+        v0=np.ones(60),
+        return_eigenvectors=True,
+    )
+    assert other.which == "smallest" and other.method == "power"
+    assert other.eigenvectors.shape == (60, 1)
+    np.testing.assert_allclose(np.linalg.norm(other.eigenvectors, axis=0), 1.0, rtol=1e-14)
+    assert {key: other.settings[key] for key in ("seed", "check_symmetry", "v0_given")} == {
+        "seed": 7,
+        "check_symmetry": False,
+        "v0_given": True,
+    }
+    # Exactly k products are allowed.
+    assert eigenvalues(a, k=2, max_products=2, method="power").num_products == 2
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"which": "top"}, "unknown which 'top'; valid values: "),
+        ({"method": "arpack"}, "unknown method 'arpack'; valid values: "),
+        ({"tol": -1.0}, "tol must be a positive finite number, got -1.0"),
+        (
+            {"failure_probability": 1.0},
+            "failure_probability must be a positive finite number and < 1, got 1.0",
+        ),
+        ({"max_products": 0}, "max_products must be an integer >= 1, got 0"),
+        ({"k": 3, "max_products": 2}, "max_products must be >= k = 3, got 2"),
+        ({"v0": np.zeros(20)}, "v0 must hold finite, nonzero vectors"),
+    ],
+)
+def test_argument_errors_say_which_argument(arguments, message):
+    with pytest.raises(ValueError) as raised:
+        eigenvalues(random_symmetric(20), **{"k": 1, **arguments})
+    assert str(raised.value).startswith(message), str(raised.value)
+    if not message.endswith(" "):
+        assert str(raised.value) == message
