@@ -581,3 +581,23 @@ def test_argument_errors_say_which_argument(arguments, message):
     assert str(raised.value).startswith(message), str(raised.value)
     if not message.endswith(" "):
         assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_lanczos_and_power_stay_within_their_budget(method):
+    a = random_symmetric(200, seed=3)
+    for budget in (1, 2, 37):
+        result = eigenvalues(
+            a, k=1, method=method, max_products=budget, tol=1e-15, check_symmetry=False
+        )
+        assert result.num_products == budget and not result.all_converged
+    # The symmetry check needs two products: with a budget of one it makes the second.
+    assert eigenvalues(a, k=1, method=method, max_products=1, tol=1e-15).num_products == 2
+
+
+def test_log_inverse_delta_of_one_dimension_is_zero():
+    from spectra.eigenvalues import _log_inverse_delta
+
+    for warm in (False, True):
+        assert _log_inverse_delta(1, 1e-4, warm) == 0.0  # a unit vector in R¹ is ±u
+        assert _log_inverse_delta(2, 1e-4, warm) > 0.0
