@@ -740,7 +740,8 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabi
     "magnitude" runs LOBPCG on A² (two products per column) and recovers signed
     eigenvalues by a final Rayleigh–Ritz step with A. For n < 5·block the
     dense matrix is formed with one n-column ``matmat`` and diagonalized.
-    LOBPCG works in whole blocks, so it may exceed ``budget`` by up to one block.
+    LOBPCG works in whole blocks, so it may exceed ``budget`` by up to two blocks (the
+    norm estimate of the first round and the closing Rayleigh–Ritz step).
     Its bounds are residual bounds (a block's few Ritz values certify no Kato–Temple
     gap) and hold for some eigenvalue; no probabilistic statement is made about which
     (``failure_probability`` None), except on the dense path (exact: 0).
@@ -863,7 +864,9 @@ def eigenvalues(
     max_products : cap on the products (default 1000 + 100·k). When it is hit the
         current estimates are returned with ``converged=False``. No product is spent
         outside the iteration (residuals come from the iteration; the symmetry check
-        uses its first products).
+        uses its first products, and makes a second one when the cap is 1). "lobpcg"
+        works in whole blocks and may go beyond the cap by up to two blocks (its norm
+        estimate and its closing Rayleigh–Ritz step).
     return_eigenvectors : include the unit-norm eigenvectors (n × k).
     v0 : optional start, shape (n,) or (n, j): e.g. the eigenvectors of a nearby
         operator (the previous checkpoint of a training run). "lanczos" starts from

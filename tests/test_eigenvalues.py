@@ -601,3 +601,13 @@ def test_log_inverse_delta_of_one_dimension_is_zero():
     for warm in (False, True):
         assert _log_inverse_delta(1, 1e-4, warm) == 0.0  # a unit vector in R¹ is ±u
         assert _log_inverse_delta(2, 1e-4, warm) > 0.0
+
+
+def test_lobpcg_goes_beyond_its_budget_by_at_most_two_blocks():
+    a = random_symmetric(200, seed=3)
+    for k, block in ((1, 3), (4, 6)):
+        for budget in (1, 5, 40):
+            spent = eigenvalues(
+                a, k=k, method="lobpcg", max_products=max(budget, k), tol=1e-15
+            ).num_products
+            assert spent <= max(budget, k) + 2 * block, (k, budget, spent)
