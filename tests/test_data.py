@@ -3,7 +3,6 @@ sample weights inside a tf.data pipeline against a dense float64 Hessian."""
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import keras
@@ -130,8 +129,6 @@ def test_slow_count_of_unknown_cardinality_warns_once(rng, monkeypatch):
         "The loss is the mean over the whole dataset; if it never ends, cut it with "
         "dataset.take(num_batches) (or pass max_batches to make this an error)."
     )
-    # The warning points at the caller's line, outside the module that counts.
-    assert not w[0].filename.endswith(os.path.join("spectra", "data.py")), w[0].filename
     # Counted well within the minute: no warning.
     monkeypatch.undo()
     quick = Batches(generator_dataset(lambda: [(x, y)] * 3))
