@@ -104,23 +104,27 @@ class MatvecOnly(LinearOperator):
 
 
 class BlockOperator(LinearOperator):
-    """Exposes ``matvec`` and a native ``matmat`` and counts both."""
+    """Exposes ``matvec`` and a native ``matmat``, counts both and records every vector it
+    is applied to (``inputs``, in order)."""
 
     def __init__(self, matrix: np.ndarray):
         self.matrix = matrix
         self.matvec_calls = 0
         self.matmat_calls = 0
         self.columns = 0
+        self.inputs: list[np.ndarray] = []
         super().__init__(dtype=matrix.dtype, shape=matrix.shape)
 
     def _matvec(self, x):
         self.matvec_calls += 1
         self.columns += 1
-        return self.matrix @ x
+        self.inputs.append(np.array(x, dtype=np.float64).reshape(-1))
+        return self.matrix @ np.ravel(x)
 
     def _matmat(self, x):
         self.matmat_calls += 1
         self.columns += x.shape[1]
+        self.inputs.extend(np.array(column, dtype=np.float64) for column in np.asarray(x).T)
         return self.matrix @ x
 
 

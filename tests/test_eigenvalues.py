@@ -342,22 +342,6 @@ def test_lobpcg_spends_its_budget_to_within_a_block(which, per_apply):
 
 
 # -- power iteration: its products, budget and failure probability -------------------------
-class _Recorded(LinearOperator):
-    """A symmetric matrix that records every vector it is applied to."""
-
-    def __init__(self, matrix):
-        super().__init__(np.float64, matrix.shape)
-        self.matrix, self.inputs = matrix, []
-
-    def _matvec(self, x):
-        self.inputs.append(np.array(x, dtype=np.float64).reshape(-1))
-        return self.matrix @ np.ravel(x)
-
-    def _matmat(self, x):
-        self.inputs.extend(np.array(column, dtype=np.float64) for column in np.asarray(x).T)
-        return self.matrix @ x
-
-
 def _power_ledger(matrix, inputs, value, residual, dimension, warm, magnitude=False):
     """The failure probability of one power-iteration eigenvalue, from its products:
     ‖B^m q‖ = Π ν_i with ν_i = ‖B x_i‖ and the level the eigenvalue plus its residual."""
@@ -383,7 +367,7 @@ def _spread_spectrum(top):
 def test_power_failure_probability_follows_from_its_products(which, top, start):
     # Stopped early (tol 0.1), the level λ + r lies well above the top: a probability
     # strictly between 0 and 1, so the comparison is sharp.
-    recorded = _Recorded(with_spectrum(_spread_spectrum(top)))
+    recorded = BlockOperator(with_spectrum(_spread_spectrum(top)))
     v0 = None if start is None else np.ones(40) / np.sqrt(40)
     result = eigenvalues(
         recorded, k=1, which=which, method="power", tol=0.1, seed=4, v0=v0, check_symmetry=False
@@ -400,7 +384,7 @@ def test_power_failure_probability_follows_from_its_products(which, top, start):
 
 
 def test_power_deflation_spends_the_budget():
-    recorded = _Recorded(with_spectrum(_spread_spectrum([1.0, 0.9])))
+    recorded = BlockOperator(with_spectrum(_spread_spectrum([1.0, 0.9])))
     budget = 60
     result = eigenvalues(
         recorded,
