@@ -419,12 +419,17 @@ class DirectoryLock:
             try:
                 handle = os.open(self.path, flags, 0o644)
             except OSError as err:
-                if err.errno != errno.ELOOP:
-                    raise
-                raise UnsafeOutput(
-                    f"the lock {_describe_link(self.path)}; {_NO_LINKS}: remove the link or "
-                    "choose another --out."
-                ) from None
+                if err.errno == errno.ELOOP:
+                    raise UnsafeOutput(
+                        f"the lock {_describe_link(self.path)}; {_NO_LINKS}: remove the link "
+                        "or choose another --out."
+                    ) from None
+                if err.errno == errno.EISDIR:
+                    raise UnsafeOutput(
+                        f"the lock '{self.path}' is a directory: move it away or choose "
+                        "another --out."
+                    ) from None
+                raise
             opened = os.fstat(handle)
             if stat.S_ISREG(opened.st_mode) and opened.st_nlink == 0:
                 os.close(handle)  # removed by the holder before us since we opened it
@@ -560,10 +565,12 @@ class OutputClaim:
     def __str__(self) -> str:
         return str(self.path)
 
-    def write_manifest(self, status: str) -> None:
-        """Write the manifest: the files this run writes (``planned`` while running, those
-        written when done) and those it could not write, with the reason."""
-        files = self.planned if status == "running" else self.written
+    def write_manifest(self, status: str, files: Sequence[str] | None = None) -> None:
+        """Write the manifest with ``status``: ``files`` (default: ``planned`` while
+        ``"running"``, else those written) and those this run could not write, with the
+        reason."""
+        if files is None:
+            files = self.planned if status == "running" else self.written
         atomic_write_json(
             self.path / MANIFEST_NAME,
             {

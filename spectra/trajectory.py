@@ -63,6 +63,7 @@ from spectra._files import (
     MANIFEST_NAME,
     DirectoryLock,
     NotWritten,
+    OutputClaim,
     atomic_write_files,
     atomic_write_text,
     claim_outputs,
@@ -548,6 +549,7 @@ class SharpnessRun:
         self.warm_start_path = self.out / WARM_START_NAME
         #: Why a warm start file was not used (None when it was, or there was none).
         self.warm_start_problem: str | None = None
+        self._claim: OutputClaim | None = None
         self._lock = DirectoryLock(self.out)
         self._plan: list[PlannedCheckpoint] = []
         self._entries: dict[str, dict[str, Any]] = {}
@@ -590,7 +592,7 @@ class SharpnessRun:
         names = list(dict.fromkeys([JSON_NAME, CSV_NAME, WARM_START_NAME, *extra_outputs]))
         removed = remove_temporaries(self.out, [*names, MANIFEST_NAME])
         header = dict(header or {})
-        claim_outputs(
+        self._claim, _ = claim_outputs(
             self.out,
             "sharpness",
             names,
@@ -736,8 +738,13 @@ class SharpnessRun:
         return entry
 
     def finish(self) -> None:
-        """Write the files once more (a run with nothing left to do still records itself)."""
+        """Write the files once more (a run with nothing left to do still records itself),
+        and mark the manifest ``"complete"`` (every checkpoint done) or ``"resumable"``; it
+        keeps listing every file of the run (figures are written after this)."""
         self._commit()
+        status = "complete" if not self.pending() else "resumable"
+        assert self._claim is not None  # set by start(), which _commit() checked
+        self._claim.write_manifest(status, files=self._claim.planned)
 
     def report(self) -> dict[str, Any]:
         """The record as written to ``sharpness.json``."""
