@@ -550,6 +550,7 @@ class SharpnessRun:
         #: Why a warm start file was not used (None when it was, or there was none).
         self.warm_start_problem: str | None = None
         self._claim: OutputClaim | None = None
+        self._removed: list[Path] = []
         self._lock = DirectoryLock(self.out)
         self._plan: list[PlannedCheckpoint] = []
         self._entries: dict[str, dict[str, Any]] = {}
@@ -589,18 +590,12 @@ class SharpnessRun:
                 lists at the names written here.
             UnsafeOutput: a name written here is a symbolic link or not a regular file.
         """
-        names = list(dict.fromkeys([JSON_NAME, CSV_NAME, WARM_START_NAME, *extra_outputs]))
-        removed = remove_temporaries(self.out, [*names, MANIFEST_NAME])
         header = dict(header or {})
-        self._claim, _ = claim_outputs(
-            self.out,
-            "sharpness",
-            names,
-            restart=restart,
-            command_line=header.get("command"),
-            resumes=lambda manifest: manifest.get("command") == "sharpness",
-            adopt=names if self._older_record() else (),
-        )
+        if self._claim is None:
+            self.claim(
+                restart=restart, extra_outputs=extra_outputs, command_line=header.get("command")
+            )
+        removed = self._removed
         self._plan = list(plan)
         self._settings = dict(settings)
         self._header = header
@@ -617,6 +612,34 @@ class SharpnessRun:
         self._commit()
         failed = sum(entry["status"] == "failed" for entry in self._entries.values())
         return ResumeState(len(self._entries) - failed, failed, len(removed))
+
+    def claim(
+        self,
+        *,
+        restart: bool = False,
+        extra_outputs: Iterable[str] = (),
+        command_line: str | None = None,
+    ) -> None:
+        """Claim the (locked) directory for this run before anything is computed, as
+        :meth:`start` does when it was not called first: the files are checked (no links),
+        a directory holding another command's files is refused and ``restart`` removes the
+        files the previous manifest lists (:func:`spectra._files.claim_outputs`); temporary
+        files of a killed run are removed.
+
+        Raises:
+            OutputInUse, UnsafeOutput: see :meth:`start`.
+        """
+        names = list(dict.fromkeys([JSON_NAME, CSV_NAME, WARM_START_NAME, *extra_outputs]))
+        self._removed = remove_temporaries(self.out, [*names, MANIFEST_NAME])
+        self._claim, _ = claim_outputs(
+            self.out,
+            "sharpness",
+            names,
+            restart=restart,
+            command_line=command_line,
+            resumes=lambda manifest: manifest.get("command") == "sharpness",
+            adopt=names if self._older_record() else (),
+        )
 
     def _older_record(self) -> bool:
         """Whether the directory holds a ``sharpness.json`` but no manifest (a record written

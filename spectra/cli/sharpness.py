@@ -80,6 +80,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store: Any) -> int:
     from spectra.checkpoints import find_checkpoints, step_unit
 
+    store.claim(
+        restart=args.restart,
+        extra_outputs=figure_names([_FIGURE], args.format),
+        command_line=args.command_line,
+    )
+
     with user_errors(args.checkpoints):
         refs = find_checkpoints(args.checkpoints, steps=args.steps)
     step_source = "--steps" if args.steps else "file names"
