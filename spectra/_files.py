@@ -239,6 +239,8 @@ def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> li
     for entry in directory.iterdir():
         if entry.name.startswith(prefixes) and entry.name.endswith(_TEMP_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
+                if entry.is_dir() and not entry.is_symlink():
+                    continue  # not a temporary file of spectra's: left alone
                 entry.unlink()
                 removed.append(entry)
     return removed
@@ -683,9 +685,8 @@ def claim_outputs(
         handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for name in previous:
-                info = os.lstat(name, dir_fd=handle)
-                if not stat.S_ISDIR(info.st_mode):
-                    with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
+                    if not stat.S_ISDIR(os.lstat(name, dir_fd=handle).st_mode):
                         os.unlink(name, dir_fd=handle)
         finally:
             os.close(handle)

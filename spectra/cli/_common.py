@@ -177,7 +177,7 @@ def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[
             remove_temporaries(out, [*outputs, MANIFEST_NAME])
             claim, _ = claim_outputs(
                 out,
-                args.command_module,
+                getattr(args, "command_module", "spectra"),
                 outputs,
                 restart=bool(getattr(args, "restart", False)),
                 command_line=getattr(args, "command_line", None),
