@@ -22,6 +22,19 @@ Two layers, shared by ``spectra sharpness`` and :class:`spectra.SharpnessCallbac
   - one process at a time: an exclusive lock on the directory (:class:`spectra._files.
     DirectoryLock`), taken before anything is computed; the directory is created and proven
     writable first; temporary files of a killed run are removed;
+  - one run per directory: the files are listed in ``.spectra-manifest.json`` before any is
+    written; a directory holding another command's files, or files no manifest lists at the
+    names written here, is refused, and a link where a file is written too
+    (:func:`spectra._files.claim_outputs`); ``restart=True`` removes exactly the files the
+    previous manifest lists;
+  - a resumed run gives the numbers of an uninterrupted one, bit for bit: the eigenvectors of
+    the last measurement, which the next checkpoint's eigensolve starts from and its overlap
+    is measured against, are kept in ``warm_start.npz`` (with the key of the entry they
+    belong to), written in the same step as the entry, and every checkpoint is measured
+    with the same seed;
+  - a write that fails (a full disk) keeps what fits: the JSON alone when the CSV or the
+    warm start cannot be written, and the error (:class:`spectra._files.NotWritten`) names
+    what was not written and why;
   - the JSON is strict (NaN and infinities as ``null`` with the reason); the CSV is derived
     from it and both are written in one step, the JSON last (see
     :func:`spectra._files.atomic_write_texts`), and the CSV is rebuilt from the JSON when a
@@ -47,12 +60,18 @@ from typing import Any
 import numpy as np
 
 from spectra._files import (
+    MANIFEST_NAME,
     DirectoryLock,
-    atomic_write_texts,
+    NotWritten,
+    OutputClaim,
+    atomic_write_files,
+    atomic_write_text,
+    claim_outputs,
     prepare_directory,
     remove_temporaries,
     strict_json_text,
     strictly_jsonable,
+    text_writer,
 )
 from spectra.eigenvalues import eigenvalues
 from spectra.subspace import subspace_overlap
@@ -61,6 +80,7 @@ from spectra.trace import trace as estimate_trace
 __all__ = [
     "CSV_NAME",
     "JSON_NAME",
+    "WARM_START_NAME",
     "PlannedCheckpoint",
     "ResumeRefused",
     "SharpnessMeasurement",
@@ -73,6 +93,7 @@ __all__ = [
 
 JSON_NAME = "sharpness.json"
 CSV_NAME = "sharpness.csv"
+WARM_START_NAME = "warm_start.npz"
 _FORMAT = "spectra-sharpness/2"
 _METHODS = ("lanczos", "power", "lobpcg")
 _TRACE_METHODS = ("hutchinson", "hutch++", "xtrace")
@@ -525,6 +546,11 @@ class SharpnessRun:
         self.out = prepare_directory(out)
         self.json_path = self.out / JSON_NAME
         self.csv_path = self.out / CSV_NAME
+        self.warm_start_path = self.out / WARM_START_NAME
+        #: Why a warm start file was not used (None when it was, or there was none).
+        self.warm_start_problem: str | None = None
+        self._claim: OutputClaim | None = None
+        self._removed: list[Path] = []
         self._lock = DirectoryLock(self.out)
         self._plan: list[PlannedCheckpoint] = []
         self._entries: dict[str, dict[str, Any]] = {}
@@ -553,17 +579,26 @@ class SharpnessRun:
     ) -> ResumeState:
         """Check the stored results against this run and write the first version.
 
-        ``extra_outputs`` names further files of the run (figures) whose temporary files a
-        killed run may have left.
+        ``extra_outputs`` names further files of the run (figures): they are claimed with the
+        record (:func:`spectra._files.claim_outputs`), and the temporary files a killed run
+        left of them are removed.
 
         Raises:
             ResumeRefused: stored results of another run or other settings (unless
                 ``restart``), or a file that is not a sharpness record of this format.
+            OutputInUse: the directory holds another command's files, or files no manifest
+                lists at the names written here.
+            UnsafeOutput: a name written here is a symbolic link or not a regular file.
         """
-        removed = remove_temporaries(self.out, [JSON_NAME, CSV_NAME, *extra_outputs])
+        header = dict(header or {})
+        if self._claim is None:
+            self.claim(
+                restart=restart, extra_outputs=extra_outputs, command_line=header.get("command")
+            )
+        removed = self._removed
         self._plan = list(plan)
         self._settings = dict(settings)
-        self._header = dict(header or {})
+        self._header = header
         self._top_k = int(self._settings.get("top_k", 1))
         entries: list[dict[str, Any]] = []
         if not restart and self.json_path.exists():
@@ -577,6 +612,68 @@ class SharpnessRun:
         self._commit()
         failed = sum(entry["status"] == "failed" for entry in self._entries.values())
         return ResumeState(len(self._entries) - failed, failed, len(removed))
+
+    def claim(
+        self,
+        *,
+        restart: bool = False,
+        extra_outputs: Iterable[str] = (),
+        command_line: str | None = None,
+    ) -> None:
+        """Claim the (locked) directory for this run before anything is computed, as
+        :meth:`start` does when it was not called first: the files are checked (no links),
+        a directory holding another command's files is refused and ``restart`` removes the
+        files the previous manifest lists (:func:`spectra._files.claim_outputs`); temporary
+        files of a killed run are removed.
+
+        Raises:
+            OutputInUse, UnsafeOutput: see :meth:`start`.
+        """
+        names = list(dict.fromkeys([JSON_NAME, CSV_NAME, WARM_START_NAME, *extra_outputs]))
+        self._removed = remove_temporaries(self.out, [*names, MANIFEST_NAME])
+        self._claim, _ = claim_outputs(
+            self.out,
+            "sharpness",
+            names,
+            restart=restart,
+            command_line=command_line,
+            resumes=lambda manifest: manifest.get("command") == "sharpness",
+            adopt=names if self._older_record() else (),
+        )
+
+    def _older_record(self) -> bool:
+        """Whether the directory holds a ``sharpness.json`` but no manifest (a record written
+        by a spectra that wrote none): the resume checks judge it, as before manifests, and
+        the files of the run are this run's to resume or, with ``restart``, to replace."""
+        return os.path.lexists(self.json_path) and not os.path.lexists(self.out / MANIFEST_NAME)
+
+    def warm_start(self, planned: PlannedCheckpoint) -> np.ndarray | None:
+        """The eigenvectors to start ``planned`` from, as an uninterrupted run would: those of
+        the checkpoint just before it in the plan, kept in ``warm_start.npz`` when that
+        checkpoint was measured. None when there are none (the first checkpoint, one that
+        failed, a file of another entry); an unreadable file is None with the reason in
+        :attr:`warm_start_problem`."""
+        self.warm_start_problem = None
+        files = [item.file for item in self._plan]
+        index = files.index(planned.file) if planned.file in files else 0
+        if index == 0 or not self.warm_start_path.is_file():
+            return None
+        before = self._plan[index - 1]
+        entry = self._entries.get(before.file)
+        if entry is None or entry.get("status") != "done":
+            return None
+        try:
+            with np.load(self.warm_start_path, allow_pickle=False) as stored:
+                key = json.loads(str(stored["key"]))
+                vectors = np.array(stored["vectors"], dtype=np.float64)
+        except (OSError, ValueError, KeyError) as err:
+            self.warm_start_problem = (
+                f"'{self.warm_start_path}' cannot be read ({err}): {planned.file} starts cold"
+            )
+            return None
+        if key != json.loads(json.dumps(before.key())) or vectors.ndim != 2:
+            return None
+        return vectors
 
     def _stored_entries(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The stored entries that belong to this run, and the stored record."""
@@ -658,12 +755,19 @@ class SharpnessRun:
             empty = dict.fromkeys(names)
             entry.update(status="failed", error=" ".join(str(error).split()), **empty)
         self._entries[planned.file] = entry
-        self._commit()
+        vectors = None if measurement is None else measurement.eigenvectors
+        warm = None if vectors is None else (planned.key(), np.asarray(vectors, np.float64))
+        self._commit(warm, lost=f"the result of {planned.file}")
         return entry
 
     def finish(self) -> None:
-        """Write the files once more (a run with nothing left to do still records itself)."""
+        """Write the files once more (a run with nothing left to do still records itself),
+        and mark the manifest ``"complete"`` (every checkpoint done) or ``"resumable"``; it
+        keeps listing every file of the run (figures are written after this)."""
         self._commit()
+        status = "complete" if not self.pending() else "resumable"
+        assert self._claim is not None  # set by start(), which _commit() checked
+        self._claim.write_manifest(status, files=self._claim.planned)
 
     def report(self) -> dict[str, Any]:
         """The record as written to ``sharpness.json``."""
@@ -685,10 +789,50 @@ class SharpnessRun:
             "checkpoints": entries,
         }
 
-    def _commit(self) -> None:
+    def _commit(
+        self, warm: tuple[dict[str, Any], np.ndarray] | None = None, lost: str | None = None
+    ) -> None:
+        """Write the warm start (``(entry key, eigenvectors)``, when given), the CSV and the
+        JSON in one step, the JSON last. When that fails, the JSON alone is tried: the
+        results are kept if it fits.
+
+        Raises:
+            NotWritten: naming the files not written and the cause, and what is kept.
+        """
         if not self._started:
             raise RuntimeError("call start() first")
         report = self.report()
         text = strict_json_text(report, explain_null)
         table = sharpness_csv(strictly_jsonable(report["checkpoints"])[0], self._top_k)
-        atomic_write_texts([(self.csv_path, table), (self.json_path, text)])
+        files: list[tuple[Path, Any]] = []
+        if warm is not None:
+            files.append((self.warm_start_path, _warm_start_writer(*warm)))
+        files += [(self.csv_path, text_writer(table)), (self.json_path, text_writer(text))]
+        try:
+            atomic_write_files(files)
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            try:
+                atomic_write_text(self.json_path, text)
+            except OSError:
+                what = f"{lost} is lost; the file keeps the results before it" if lost else ""
+                raise NotWritten(
+                    f"'{self.json_path}' not written ({reason}): {what or 'nothing recorded'}; "
+                    "free space and rerun to resume."
+                ) from err
+            others = " and ".join(str(path.name) for path, _ in files[:-1])
+            raise NotWritten(
+                f"{others} not written in '{self.out}' ({reason}); '{self.json_path}' holds "
+                f"all {len(report['checkpoints'])} results (the CSV is rebuilt from it when "
+                "the run is resumed)."
+            ) from err
+
+
+def _warm_start_writer(key: dict[str, Any], vectors: np.ndarray) -> Any:
+    """Writes ``warm_start.npz``: the eigenvectors and the JSON key of their entry."""
+
+    def write(temp_name: str) -> None:
+        with open(temp_name, "wb") as stream:
+            np.savez(stream, vectors=vectors, key=np.array(json.dumps(key)))
+
+    return write

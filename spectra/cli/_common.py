@@ -21,10 +21,19 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
-from spectra._files import DirectoryLock, DirectoryLocked, prepare_directory, remove_temporaries
+from spectra._files import (
+    MANIFEST_NAME,
+    DirectoryLock,
+    DirectoryLocked,
+    OutputClaim,
+    atomic_write_json,
+    claim_outputs,
+    prepare_directory,
+    remove_temporaries,
+)
 from spectra.cli._curvature import curvature_choice
 from spectra.results import Result
-from spectra.trajectory import SharpnessSettings
+from spectra.trajectory import SharpnessSettings, explain_null
 
 
 class UserError(Exception):
@@ -144,18 +153,72 @@ def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> di
     }
 
 
+def check_out_option(args: argparse.Namespace) -> None:
+    """``--out`` must name a directory: an empty one would write into the current directory."""
+    if not str(args.out).strip():
+        raise UserError("--out is empty: give a directory (it is created if missing).")
+
+
 @contextlib.contextmanager
-def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[Path]:
-    """``--out``, created, proven writable and locked for this run (before anything is
-    computed), with the temporary files a killed run left of ``outputs`` removed."""
+def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[OutputClaim]:
+    """``--out``, created, proven writable, locked and claimed for this run before anything is
+    computed: the names in ``outputs`` must not be links (nor anything but regular files),
+    the directory must not hold another run's files (``--restart`` removes exactly those its
+    manifest lists) and the manifest lists ``outputs`` before any is written
+    (:func:`spectra._files.claim_outputs`); temporary files a killed run left are removed.
+    Yields the claim: write the outputs with :meth:`OutputClaim.attempt` and end with
+    :func:`finish_outputs`."""
+    check_out_option(args)
     with user_errors("--out"):
         out = prepare_directory(args.out)
         lock = DirectoryLock(out).acquire()
     try:
-        remove_temporaries(out, outputs)
-        yield out
+        with user_errors("--out"):
+            remove_temporaries(out, [*outputs, MANIFEST_NAME])
+            claim, _ = claim_outputs(
+                out,
+                getattr(args, "command_module", "spectra"),
+                outputs,
+                restart=bool(getattr(args, "restart", False)),
+                command_line=getattr(args, "command_line", None),
+            )
+        yield claim
     finally:
         lock.release()
+
+
+def write_outputs(
+    out: OutputClaim,
+    report: Any,
+    results: str,
+    figures: list[tuple[str, str, Any]],
+    formats: list[str],
+) -> None:
+    """Write the results JSON first, then the figures (``(key, stem, figure)``), so that a
+    full disk keeps the numbers: ``report.files`` lists the files written and, if some were
+    not, ``not_written`` with the reason (the JSON is then written again to say so). What
+    could not be written is recorded in ``out`` (see :func:`finish_outputs`)."""
+
+    def write_json(path: Any) -> None:
+        atomic_write_json(path, report.to_dict(include_vectors=False), explain_null)
+
+    report.files = {"results": str(out / results)}
+    for key, stem, _ in figures:
+        report.files[key] = [str(out / f"{stem}.{fmt}") for fmt in formats]
+    written = out.attempt(results, write_json)
+    for key, stem, figure in figures:
+        report.files[key] = save_figure_formats(figure, out, stem, formats)
+    if out.not_written:
+        report.files["not_written"] = dict(out.not_written)
+        if written:
+            out.attempt(results, write_json)
+
+
+def finish_outputs(claim: OutputClaim) -> None:
+    """Record what was written in the manifest; files that could not be written (a full
+    disk) are a :class:`UserError` naming them with the reason and those written."""
+    with user_errors():
+        claim.finish()
 
 
 def load_data(args: argparse.Namespace) -> Any:
@@ -391,13 +454,24 @@ def describe_eigensolver(args: argparse.Namespace, k: int, dtype: str) -> str:
     return f"{args.method.capitalize()}, k = {k}, tol = {args.tol:g}, {dtype} products"
 
 
-def save_figure_formats(figure: Any, out: Path, stem: str, formats: Sequence[str]) -> list[str]:
-    """Save ``figure`` as ``out/stem.FMT`` for each format, close it; returns the paths."""
+def save_figure_formats(
+    figure: Any, out: Path | OutputClaim, stem: str, formats: Sequence[str]
+) -> list[str]:
+    """Save ``figure`` as ``out/stem.FMT`` for each format, close it; returns the paths
+    written. With a claim (:func:`locked_output`) a file that cannot be written is recorded
+    in it (see :func:`finish_outputs`) and left out of the paths; with a path it raises."""
     import matplotlib.pyplot as plt
 
     from spectra.plotting import save_figure
 
     try:
+        if isinstance(out, OutputClaim):
+            names = [f"{stem}.{fmt}" for fmt in formats]
+            return [
+                str(out / name)
+                for name in names
+                if out.attempt(name, lambda path: save_figure(figure, path))
+            ]
         return [str(save_figure(figure, out / f"{stem}.{fmt}")) for fmt in formats]
     finally:
         plt.close(figure)

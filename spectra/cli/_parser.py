@@ -245,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="random probes (default 10; one probe gives no standard error)",
     )
+    analyze.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove the files of the previous spectra run in DIR (those its "
+        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
+        "holding another run's files is refused",
+    )
     analyze.set_defaults(command_module="analyze")
 
     sharpness = commands.add_parser(
@@ -286,7 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
         "integer in each file name)",
     )
     sharpness.add_argument(
-        "--restart", action="store_true", help="discard the results in DIR and start again"
+        "--restart",
+        action="store_true",
+        help="discard the results in DIR and start again (removes the files of the previous "
+        "spectra run in DIR, those its .spectra-manifest.json lists, nothing else)",
     )
     sharpness.add_argument(
         "--skip-bad",
@@ -353,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"points per direction; an even N is raised by one so that α = 0 is included, "
         f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS})",
+    )
+    landscape.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove the files of the previous spectra run in DIR (those its "
+        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
+        "holding another run's files is refused",
     )
     landscape.set_defaults(command_module="landscape")
     return parser

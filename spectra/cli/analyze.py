@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from spectra._files import atomic_write_json
 from spectra.cli._common import (
     CommandReport,
     Console,
@@ -21,6 +20,7 @@ from spectra.cli._common import (
     describe_matrix,
     describe_model,
     figure_names,
+    finish_outputs,
     load_data,
     load_operator,
     locked_output,
@@ -29,8 +29,8 @@ from spectra.cli._common import (
     model_description,
     number_settings,
     plus_minus,
-    save_figure_formats,
     versions,
+    write_outputs,
 )
 from spectra.cli._curvature import curvature_choice
 from spectra.density import spectral_density, spectral_mass_below
@@ -38,7 +38,6 @@ from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
 from spectra.layerwise import LayerwiseResult, layerwise
 from spectra.results import EigenResult, SpectralDensity, SpectralMass, SpectralMoments, TraceResult
 from spectra.trace import trace
-from spectra.trajectory import explain_null
 
 # The spectral mass below −τ·λ₁: the mass just below 0 cannot be resolved by Lanczos
 # quadrature (the near-zero bulk of a trained network straddles 0), see
@@ -71,6 +70,8 @@ class AnalysisReport(CommandReport):
     num_data_passes: int
     wall_times: dict[str, float]
     files: dict[str, Any]
+    """The paths written (``results``, ``*_figure`` lists), and ``not_written`` (file name
+    to reason) when some could not be (a full disk)."""
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -85,10 +86,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         report.model = model_description(args.model, model, size)
         report.data = data_description(args, data)
         report.wall_times["load"] = loaded - started
-        _figures(args, report, out)
+        figures = _figures(args, report)
         report.wall_times["total"] = time.perf_counter() - started
-        atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
-    _print(report, console)
+        write_outputs(out, report, _RESULTS, figures, args.format)
+        _print(report, console)
+        finish_outputs(out)
     return 0
 
 
@@ -170,7 +172,8 @@ def _compute(
     )
 
 
-def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None:
+def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str, str, Any]]:
+    """The figures of the report as ``(files key, file stem, figure)``, not yet saved."""
     from spectra.plotting import (
         add_title,
         figure_caption,
@@ -197,8 +200,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None
             "bars: eigenvalue error bounds",
         ),
     )
-    files: dict[str, Any] = {"results": str(out / _RESULTS)}
-    files["eigenvalues_figure"] = save_figure_formats(figure, out, "eigenvalues", args.format)
+    figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]
     if report.density is not None:
         density = report.density
         ax = plot_spectral_density(density)
@@ -214,11 +216,11 @@ def _figures(args: argparse.Namespace, report: AnalysisReport, out: Any) -> None
                 "band: ±2 standard errors across probes" if density.num_probes > 1 else None,
             ),
         )
-        files["density_figure"] = save_figure_formats(figure, out, "density", args.format)
+        figures.append(("density_figure", "density", figure))
     if report.layers is not None:
         figure = _layers_figure(args, report.layers, matrix, where)
-        files["layers_figure"] = save_figure_formats(figure, out, "layers", args.format)
-    report.files = files
+        figures.append(("layers_figure", "layers", figure))
+    return figures
 
 
 def _layers_figure(

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from spectra._files import atomic_write_json
 from spectra.cli._common import (
     CommandReport,
     Console,
@@ -20,18 +19,18 @@ from spectra.cli._common import (
     describe_matrix,
     describe_model,
     figure_names,
+    finish_outputs,
     load_data,
     load_operator,
     locked_output,
     matrix_title,
     model_description,
-    save_figure_formats,
     user_errors,
     versions,
+    write_outputs,
 )
 from spectra.eigenvalues import eigenvalues
 from spectra.results import EigenResult
-from spectra.trajectory import explain_null
 
 _RESULTS = "landscape.json"
 _FIGURES = ("landscape_1d", "landscape_2d")
@@ -82,13 +81,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.directions == 2 and args.points < 3:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
-        report = _compute(args, console, out)
-        atomic_write_json(out / _RESULTS, report.to_dict(include_vectors=False), explain_null)
-    _print(args, report, console)
+        report, figures = _compute(args, console)
+        write_outputs(out, report, _RESULTS, figures, args.format)
+        _print(args, report, console)
+        finish_outputs(out)
     return 0
 
 
-def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeReport:
+def _compute(
+    args: argparse.Namespace, console: Console
+) -> tuple[LandscapeReport, list[tuple[str, str, Any]]]:
     data = load_data(args)
     model, size, op = load_operator(args, data)
     from spectra.landscape import loss_landscape, random_direction
@@ -161,20 +163,19 @@ def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeR
         },
         curves=curves,
         surface=surface,
-        files={"results": str(out / _RESULTS)},
+        files={},
     )
-    _figures(args, report, out, alphas, base_loss, slope)
-    return report
+    return report, _figures(args, report, alphas, base_loss, slope)
 
 
 def _figures(
     args: argparse.Namespace,
     report: LandscapeReport,
-    out: Any,
     alphas: np.ndarray,
     base_loss: float,
     slope: float,
-) -> None:
+) -> list[tuple[str, str, Any]]:
+    """The figures as ``(files key, file stem, figure)``, not yet saved."""
     from spectra.plotting import (
         add_title,
         figure_caption,
@@ -209,7 +210,7 @@ def _figures(
         + " and a random direction",
         figure_caption(*where, solver, report.radius["rule"], f"{alphas.size} points"),
     )
-    report.files["curves_figure"] = save_figure_formats(figure, out, "landscape_1d", args.format)
+    figures: list[tuple[str, str, Any]] = [("curves_figure", "landscape_1d", figure)]
     if report.surface is not None:
         ax = plot_loss_landscape_2d(alphas, alphas, report.surface.losses_2d, labels=("v₁", "v₂"))
         figure = add_title(
@@ -217,9 +218,8 @@ def _figures(
             "Loss surface in the plane of the top two Hessian eigenvectors",
             figure_caption(*where, solver, report.radius["rule"], f"{alphas.size}² points"),
         )
-        report.files["surface_figure"] = save_figure_formats(
-            figure, out, "landscape_2d", args.format
-        )
+        figures.append(("surface_figure", "landscape_2d", figure))
+    return figures
 
 
 def _print(args: argparse.Namespace, report: LandscapeReport, console: Console) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from spectra.cli._common import (
     check_curvature,
     check_loss,
     check_model,
+    check_out_option,
     compiles_model,
     data_description,
     data_fingerprint,
@@ -52,7 +54,6 @@ from spectra.stability import (
 )
 from spectra.trajectory import (
     PlannedCheckpoint,
-    SharpnessMeasurement,
     SharpnessRun,
     measure_sharpness,
     plan_checkpoints,
@@ -69,6 +70,7 @@ _UNIT_LABELS = {
 
 def run(args: argparse.Namespace, console: Console) -> int:
     settings = measurement_settings(args)
+    check_out_option(args)
     with user_errors("--out"):
         store = SharpnessRun(args.out)
     with user_errors("--out"), store:
@@ -77,6 +79,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store: Any) -> int:
     from spectra.checkpoints import find_checkpoints, step_unit
+
+    store.claim(
+        restart=args.restart,
+        extra_outputs=figure_names([_FIGURE], args.format),
+        command_line=args.command_line,
+    )
 
     with user_errors(args.checkpoints):
         refs = find_checkpoints(args.checkpoints, steps=args.steps)
@@ -154,8 +162,12 @@ def _measure_all(
 
     loader = CheckpointLoader(builder=args.builder, compile=compiles_model(args))
     before = {later.file: earlier.file for earlier, later in itertools.pairwise(plan)}
-    previous: SharpnessMeasurement | None = None
-    previous_file: str | None = None
+    # A resumed run starts where an uninterrupted one would: from the eigenvectors of the
+    # checkpoint before the first pending one, kept by the run that measured it.
+    previous = store.warm_start(pending[0])
+    previous_file = before.get(pending[0].file) if previous is not None else None
+    if store.warm_start_problem:
+        console.warn(store.warm_start_problem)
     checked: Any = None
     totals = {"products": 0, "passes": 0}
     bar = console.bar(len(pending), "checkpoints", "checkpoint")
@@ -172,7 +184,7 @@ def _measure_all(
                             model=model_description(planned.path, model, size),
                         )
                     op = make_operator(model, args, data)
-                    vectors = None if previous is None else previous.eigenvectors
+                    vectors = previous
                     neighbour = (
                         previous_file is not None and before.get(planned.file) == previous_file
                     )
@@ -197,7 +209,7 @@ def _measure_all(
                 bar.update(1)
                 continue
             entry = store.record(planned, measurement)
-            previous, previous_file = measurement, planned.file
+            previous, previous_file = measurement.eigenvectors, planned.file
             totals["products"] += measurement.num_products
             totals["passes"] += measurement.num_data_passes or 0
             bar.update(1)
@@ -435,4 +447,11 @@ def _figure(
         "bars: eigenvalue error bounds",
     )
     figure = add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)
-    return save_figure_formats(figure, store.out, _FIGURE, args.format)
+    try:
+        return save_figure_formats(figure, store.out, _FIGURE, args.format)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else one_line(str(err))
+        raise UserError(
+            f"not written: the figure {_FIGURE} ({reason}); {store.json_path} and "
+            f"{store.csv_path} hold the {len(done)} results."
+        ) from err
