@@ -215,6 +215,27 @@ class _ProductCounter(LinearOperator):
             return result
         return np.ldexp(result, -self._scale_exponent)
 
+    def unscale(self, values: Any, what: str, power: int = 1) -> Any:
+        """``values · scale^power`` (exact: a power of two), from the units of the scaled
+        products back to the operator's. A result that is finite in the scaled units and
+        overflows float64 in the operator's is refused with a ``ValueError`` naming
+        ``what`` (an answer float64 cannot hold, not a number to report)."""
+        exponent = self._scale_exponent or 0
+        if exponent == 0:
+            return values
+        scaled = np.asarray(values, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            out = np.ldexp(scaled, power * exponent)
+        overflow = np.isfinite(scaled) & ~np.isfinite(out)
+        if np.any(overflow):
+            raise ValueError(
+                f"{self.label}: {what} overflows float64 (it is about 2^"
+                f"{power * exponent + int(np.frexp(np.max(np.abs(scaled[overflow])))[1])}, "
+                "above 1.8e308): scale the operator down (e.g. by a power of two) and "
+                "the result up"
+            )
+        return out if np.ndim(values) else float(out)
+
     def _matmat(self, block: np.ndarray) -> np.ndarray:
         block = np.asarray(block, dtype=np.float64)
         if block.ndim == 1:

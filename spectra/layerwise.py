@@ -438,17 +438,22 @@ def layerwise(
         counter.finish()
 
     assert final is not None
+    # Everything is in the units of the counter's scaled products (A / 2^e): back (exact).
     eigenvalues, error_bounds, converged = [], [], []
     for state, (values, _, bounds, _, flags) in zip(states, final):
         scale = max(float(np.max(np.abs(values), initial=0.0)), state.anorm)
-        eigenvalues.append(np.asarray(values, dtype=np.float64))
-        error_bounds.append(np.maximum(bounds, counter.eps * scale))
-        converged.append(np.asarray(flags, dtype=bool))
+        bounds = np.maximum(bounds, counter.eps * scale)
+        eigenvalues.append(counter.unscale(np.asarray(values, dtype=np.float64), "an eigenvalue"))
+        error_bounds.append(bounds * counter.scale)
+        converged.append(np.asarray(flags, dtype=bool) & np.isfinite(error_bounds[-1]))
+    residual_norms = [norms * counter.scale for norms in residual_norms]
     traces = trace_stderr = None
     if trace:
         table = np.array(samples)
-        traces = table.mean(axis=1)
-        trace_stderr = table.std(axis=1, ddof=1) / math.sqrt(table.shape[1])
+        traces = counter.unscale(table.mean(axis=1), "a block trace")
+        trace_stderr = counter.unscale(
+            table.std(axis=1, ddof=1) / math.sqrt(table.shape[1]), "a block trace's stderr"
+        )
     probability = sum(segment.probability for state in states for segment in state.segments)
     return LayerwiseResult(
         groups=names,
