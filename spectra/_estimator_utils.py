@@ -137,7 +137,9 @@ class _ProductCounter(LinearOperator):
     estimator multiplies, with their images, must satisfy
     ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n)`` (tol 1e-8 for float64, 1e-3
     for lower precision): both sides scale like 1/sqrt(n) for random vectors, so the
-    test is equally sensitive at every size. It costs no product; only an estimator
+    test is equally sensitive at every size; it runs on the scaled products, so it is
+    equally sensitive at every scale, and it allows the absolute rounding of products in
+    the operator's subnormal range (a nearly zero operator). It costs no product; only an estimator
     that multiplies a single vector in total gets one extra product (:meth:`finish`).
     """
 
@@ -275,7 +277,13 @@ class _ProductCounter(LinearOperator):
                 float(np.linalg.norm(first_image)) * norm
                 + float(np.linalg.norm(image)) * float(np.linalg.norm(first))
             ) / math.sqrt(self.n)
-            if not asymmetry <= tol * scale:
+            # Products in the operator's subnormal range (a nearly zero operator, such as
+            # the Hessian of a nearly constant loss in float32) carry absolute errors up
+            # to its smallest subnormal per entry, whatever their size: in the scaled
+            # units, |Σ u_i δ_i| <= sqrt(n)·‖u‖·smallest_subnormal / scale.
+            subnormal = float(np.finfo(self.boundary_dtype).smallest_subnormal) / self.scale
+            slack = 2.0 * math.sqrt(self.n) * (norm + float(np.linalg.norm(first))) * subnormal
+            if not asymmetry <= tol * scale + slack:
                 raise ValueError(
                     f"{self.label}: the operator is not symmetric: |u·Av − v·Au| = "
                     f"{asymmetry:.3e} exceeds {tol:.1e} × {scale:.3e} for the first two "

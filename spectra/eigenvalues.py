@@ -1062,15 +1062,17 @@ def eigenvalues(
     if probability is None or probability > failure_probability * (1.0 + 1e-12):
         converged[:] = False
     scale = counter.scale
-    values, error_bounds, targets = values * scale, error_bounds * scale, targets * scale
-    residuals = np.asarray(residuals, dtype=np.float64) * scale
+    try:
+        values = counter.unscale(values, "an eigenvalue")
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (the operator's products are finite, its spectrum is not)"
+        ) from None
+    with np.errstate(over="ignore"):  # a bound that overflows is inf: not converged
+        error_bounds, targets = error_bounds * scale, targets * scale
+        residuals = np.asarray(residuals, dtype=np.float64) * scale
     if "shift" in info:
         info["shift"] *= scale
-    if not np.all(np.isfinite(values)):
-        raise ValueError(
-            f"eigenvalues ({method}): an eigenvalue overflows float64 (|λ| > 1.8e308): "
-            "the operator's products are finite but its spectrum is not representable"
-        )
     converged &= np.isfinite(error_bounds)
     reason = _not_converged_reason(
         method,
