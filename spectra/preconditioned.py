@@ -125,11 +125,12 @@ class PreconditionedOperator(LinearOperator):
     Each ``matvec``/``matmat`` is one ``matmat`` of the wrapped operator (one data pass
     for a Hessian) on the scaled block. D is applied as 2^e·D' with D' at most 1 (a
     power of two: exact), so the wrapped operator never sees a vector beyond its dtype's
-    range; P from 1e-300 to 1e300 gives products right wherever float64 holds them. Attributes: ``base`` (A), ``preconditioner`` (the
-    diagonal of P) and ``scaling`` (the diagonal of D), float64. ``variables``,
-    ``variable_shapes``, ``flatten``/``unflatten``, ``loss()`` and ``gradient()`` come
-    from A when it has them (the gradient in the coordinates u = P^{1/2}θ, i.e. D ∇L,
-    so that D A D is its Hessian).
+    range; P from 1e-300 to 1e300 gives products right wherever float64 holds them.
+    Attributes: ``base`` (A), ``preconditioner`` (the diagonal of P) and ``scaling``
+    (the diagonal of D), float64. ``variables``, ``variable_shapes``,
+    ``flatten``/``unflatten``, ``loss()`` and ``gradient()`` come from A when it has
+    them (the gradient in the coordinates u = P^{1/2}θ, i.e. D ∇L, so that D A D is its
+    Hessian).
     """
 
     def __init__(self, base: Any, preconditioner: np.ndarray):
