@@ -239,3 +239,20 @@ def test_answers_float64_cannot_hold_are_refused():
     # a product that overflows is refused where it happens
     with np.errstate(over="ignore"), pytest.raises(ValueError, match="non-finite"):
         eigenvalues(np.full((N, N), 1e308))
+
+
+def test_layerwise_blocks_across_the_range():
+    from spectra import layerwise
+
+    groups = {"a": range(0, 30), "b": range(30, N)}
+    blocks = [MATRIX[np.ix_(list(g), list(g))] for g in groups.values()]
+    exact = [np.linalg.eigvalsh(block)[-1] for block in blocks]
+    base = layerwise(MATRIX, groups=groups, trace=True, num_probes=4, seed=1)
+    for scale in (1e-300, 1e-100, 1e100, 1e300):
+        result = layerwise(MATRIX * scale, groups=groups, trace=True, num_probes=4, seed=1)
+        assert result.all_converged
+        for i in range(2):
+            assert result.eigenvalues[i][0] == pytest.approx(exact[i] * scale, rel=1e-9)
+            assert np.isfinite(result.error_bounds[i][0])
+        _close(result.traces, base.traces, scale)
+        _close(result.trace_stderr, base.trace_stderr, scale)
