@@ -219,9 +219,14 @@ def test_the_zero_operator_in_every_other_estimator():
 
 
 def test_a_tiny_diagonal_is_not_refused_as_asymmetric_and_symmetry_is_scale_invariant():
+    # Before: 1.6e-300 "converged" for λ₁ = 2e-300, and a diagonal of subnormal numbers
+    # (1e-310) refused as "not symmetric" (|u·Av − v·Au| = 2e-323 > 1e-8 × 0).
     tiny = np.diag(np.linspace(1.0, 2.0, N)) * 1e-300
     result = eigenvalues(tiny, k=2)
     np.testing.assert_allclose(result.eigenvalues, [2e-300, 2e-300 * (1 - 1 / (N - 1) / 2)])
+    subnormal = eigenvalues(np.diag(np.linspace(1.0, 2.0, N)) * 1e-310)
+    assert subnormal.all_converged
+    assert abs(subnormal.eigenvalues[0] - 2e-310) <= subnormal.error_bounds[0] <= 1e-8 * 2e-310
     rng = np.random.default_rng(0)
     asymmetric = MATRIX + 1e-3 * rng.standard_normal((N, N))
     for scale in (1e-300, 1.0, 1e300):
