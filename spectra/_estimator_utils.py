@@ -28,6 +28,11 @@ _SYMMETRY_TOL = {np.dtype(np.float64): 1e-8}
 _SYMMETRY_TOL_LOW_PRECISION = 1e-3
 # Two vectors whose cosine exceeds this are too close to parallel for the symmetry test.
 _SYMMETRY_MAX_COSINE = 0.9
+# Products whose largest entry lies outside [2^-_SAFE_EXPONENT, 2^_SAFE_EXPONENT] are
+# scaled by a power of two (see _ProductCounter): inside it, squares and sums of
+# squares of n entries stay far from overflow and underflow, and no scaling at all
+# keeps results at ordinary scales bit-identical.
+_SAFE_EXPONENT = 64
 # A fixed generator for the rare extra symmetry probe (see _ProductCounter.finish), so
 # that estimator results do not depend on whether it runs.
 _SYMMETRY_SEED = 0x5EED
@@ -114,11 +119,27 @@ class _ProductCounter(LinearOperator):
     Finite or refused: every product is checked, and a NaN/Inf one raises a
     ``ValueError`` naming the estimator (``label``), the product and the call.
 
+    Floating point has two ends: a Hessian scaled by 1e300 (or 1e-300) has products whose
+    norms, squares and inner products overflow (underflow) in float64 although every
+    answer is representable. The counter therefore hands out the products of
+    ``A / scale``, where ``scale = 2^e`` is fixed by the first nonzero product: 1 when its
+    largest entry m lies in [2^-64, 2^64] (the estimators' arithmetic is safe there, and
+    results at ordinary scales are bit-identical to unscaled ones), else the power of
+    two at or just below m, so that the scaled products are O(1). Multiplying by a power of
+    two is exact (the scaled entries are normal numbers), so the estimators see the
+    matrix A/2^e exactly as rounded by the operator, and each multiplies what it
+    reports (eigenvalues, bounds, traces, standard errors) by ``scale`` (squared norms
+    by ``scale²``). Zero products before the first nonzero one are zero at any scale.
+    Everything an estimator reads from the counter (``norm_estimate``, the symmetry
+    test) is in the scaled units, so the symmetry test is scale-invariant.
+
     Symmetry (``check_symmetry``): the first two non-parallel input vectors u, v the
     estimator multiplies, with their images, must satisfy
     ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n)`` (tol 1e-8 for float64, 1e-3
     for lower precision): both sides scale like 1/sqrt(n) for random vectors, so the
-    test is equally sensitive at every size. It costs no product; only an estimator
+    test is equally sensitive at every size; it runs on the scaled products, so it is
+    equally sensitive at every scale, and it allows the absolute rounding of products in
+    the operator's subnormal range (a nearly zero operator). It costs no product; only an estimator
     that multiplies a single vector in total gets one extra product (:meth:`finish`).
     """
 
@@ -130,6 +151,8 @@ class _ProductCounter(LinearOperator):
         self.num_products = 0
         self.num_operator_calls = 0
         self.norm_estimate = 0.0
+        self.scale = 1.0
+        self._scale_exponent: int | None = None
         self.symmetry_pending = bool(check_symmetry) and self.n > 1
         self._first_pair: tuple[np.ndarray, np.ndarray] | None = None
         super().__init__(dtype=np.float64, shape=(self.n, self.n))
@@ -168,6 +191,7 @@ class _ProductCounter(LinearOperator):
                 "The operator is not finite here: check that the weights, the loss and "
                 "the data it is built from are finite."
             )
+        result = self._scaled(result)
         norms = np.linalg.norm(result, axis=0) / np.maximum(
             np.linalg.norm(block, axis=0), np.finfo(float).tiny
         )
@@ -175,6 +199,44 @@ class _ProductCounter(LinearOperator):
         if self.symmetry_pending:
             self._test_symmetry(cast.astype(np.float64), result)
         return result
+
+    def _scaled(self, result: np.ndarray) -> np.ndarray:
+        """``result / scale``, fixing the scale at the first nonzero product."""
+        if self._scale_exponent is None:
+            largest = float(np.max(np.abs(result), initial=0.0))
+            if largest == 0.0:
+                return result
+            # largest = f·2^(exponent + 1) with f in [0.5, 1): scaled entries below 2, and
+            # 2^exponent is finite even for the largest float64 (2^1024 is not).
+            exponent = int(np.frexp(largest)[1]) - 1
+            if -_SAFE_EXPONENT <= exponent <= _SAFE_EXPONENT:
+                exponent = 0
+            self._scale_exponent = exponent
+            self.scale = math.ldexp(1.0, exponent)
+        if self._scale_exponent == 0:
+            return result
+        return np.ldexp(result, -self._scale_exponent)
+
+    def unscale(self, values: Any, what: str, power: int = 1) -> Any:
+        """``values · scale^power`` (exact: a power of two), from the units of the scaled
+        products back to the operator's. A result that is finite in the scaled units and
+        overflows float64 in the operator's is refused with a ``ValueError`` naming
+        ``what`` (an answer float64 cannot hold, not a number to report)."""
+        exponent = self._scale_exponent or 0
+        if exponent == 0:
+            return values
+        scaled = np.asarray(values, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            out = np.ldexp(scaled, power * exponent)
+        overflow = np.isfinite(scaled) & ~np.isfinite(out)
+        if np.any(overflow):
+            raise ValueError(
+                f"{self.label}: {what} overflows float64 (it is about 2^"
+                f"{power * exponent + int(np.frexp(np.max(np.abs(scaled[overflow])))[1])}, "
+                "above 1.8e308): scale the operator down (e.g. by a power of two) and "
+                "the result up"
+            )
+        return out if np.ndim(values) else float(out)
 
     def _matmat(self, block: np.ndarray) -> np.ndarray:
         block = np.asarray(block, dtype=np.float64)
@@ -215,7 +277,13 @@ class _ProductCounter(LinearOperator):
                 float(np.linalg.norm(first_image)) * norm
                 + float(np.linalg.norm(image)) * float(np.linalg.norm(first))
             ) / math.sqrt(self.n)
-            if not asymmetry <= tol * scale:
+            # Products in the operator's subnormal range (a nearly zero operator, such as
+            # the Hessian of a nearly constant loss in float32) carry absolute errors up
+            # to its smallest subnormal per entry, whatever their size: in the scaled
+            # units, |Σ u_i δ_i| <= sqrt(n)·‖u‖·smallest_subnormal / scale.
+            subnormal = float(np.finfo(self.boundary_dtype).smallest_subnormal) / self.scale
+            slack = 2.0 * math.sqrt(self.n) * (norm + float(np.linalg.norm(first))) * subnormal
+            if not asymmetry <= tol * scale + slack:
                 raise ValueError(
                     f"{self.label}: the operator is not symmetric: |u·Av − v·Au| = "
                     f"{asymmetry:.3e} exceeds {tol:.1e} × {scale:.3e} for the first two "

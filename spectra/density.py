@@ -57,6 +57,10 @@ def spectral_density(
     still sum to 1. ``distribution`` is "rademacher" (normalized ±1 entries) or
     "gaussian" (normalized, i.e. uniform on the sphere).
 
+    The recurrences run on products scaled by a power of two when they are far from 1
+    (exact; see ``_ProductCounter``): nodes are right for operators from 1e-300 to 1e300,
+    and a zero operator gives one node at 0 per probe (its Krylov space breaks down).
+
     Cost: num_probes · min(num_steps, n) products in min(num_steps, n) calls
     (fewer after breakdowns); the symmetry check uses the first products (no extra
     one); memory num_probes · num_steps · n float64 numbers for the bases.
@@ -85,6 +89,8 @@ def spectral_density(
     for probe in range(num_probes):
         m = int(steps_taken[probe])
         theta, probe_weights = gauss_quadrature(alpha[probe, :m], beta[probe, : m - 1])
+        # back from the counter's scaled products (a power of two: exact)
+        theta = counter.unscale(theta, "a quadrature node (Ritz value)")
         nodes[probe, :m] = theta
         nodes[probe, m:] = theta[-1]
         weights[probe, :m] = probe_weights
@@ -139,4 +145,3 @@ def spectral_mass_below(
     mass.tau = tau
     mass.lambda_max = lambda_max
     return mass
-

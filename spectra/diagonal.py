@@ -48,6 +48,8 @@ def diagonal(
     Probes go through ``matmat`` in blocks of ``block_size`` (default
     min(16, num_products)): num_products products in
     ceil(num_products / block_size) calls; the symmetry check uses them (no extra one).
+    Products far from 1 are scaled by a power of two (exact; see ``_ProductCounter``),
+    so operators from 1e-300 to 1e300 give the same relative accuracy.
     """
     started = time.perf_counter()
     num_products = _check_int("num_products", num_products, minimum=2)
@@ -66,9 +68,10 @@ def diagonal(
             moments.update((probes * counter.matmat(probes)).T)
             bar.update()
         counter.finish()
+    # back from the counter's scaled products (a power of two: exact)
     return DiagonalResult(
-        estimate=moments.mean,
-        stderr=moments.stderr(),
+        estimate=counter.unscale(moments.mean, "the diagonal estimate"),
+        stderr=counter.unscale(moments.stderr(), "the diagonal's standard error"),
         num_products=counter.num_products,
         num_operator_calls=counter.num_operator_calls,
         wall_time=time.perf_counter() - started,

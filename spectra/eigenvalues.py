@@ -53,9 +53,27 @@ growth beyond the top Ritz value, by a factor of about 10 per step there, sets t
 count), and it is what turned the issue's λ₁ = 6.81 ± 0.53 "converged" after 5 products
 (truth 10.47) into an answer that holds.
 
-"power" reports the same kind of probability, from ``‖A^m q‖ >= |u_1ᵀq|·|λ|^m``; it
-is usually near 1, since power iteration rarely rules out a larger eigenvalue. "lobpcg"
-makes no probabilistic statement (``failure_probability`` is None).
+What ``converged`` means, for every method: the pair's error bound is at most
+``max(tol·|λ|, 10·eps·‖A‖)`` *and* that bound holds for the true i-th eigenvalue with
+probability at least 1 − ``failure_probability`` (the requested one, default 1e-4)
+over the random start. Otherwise ``converged`` is False, and
+``settings["not_converged_reason"]`` says why in one line (None when all converged).
+
+"power" bounds a larger eigenvalue the same way, from ``‖B^m q‖ >= |u_1ᵀq|·ρ(B)^m`` for
+the operator B it iterates (see :func:`_power_method`): its reported bound is the larger
+of the residual and the probabilistic one at the requested failure probability, and it
+iterates until that meets ``tol``. The probabilistic part shrinks only like
+|λ|·log(1/failure_probability)/products, so power iteration converges at loose
+tolerances (0.1: about 150 products) and reports ``converged=False`` at tight ones
+(before this rule, the issue's ``--method power --tol 0.1`` printed λ₁ = 9.52 ± 0.84
+"converged" after a few products, truth 10.47, with failure probability 1).
+
+"lobpcg" finds the pairs with scipy's LOBPCG, whose iterates carry no usable
+probabilistic statement of their own; its wanted pairs are then locked and verified by
+a Lanczos run from a random start orthogonal to them (the verification run of the
+"lanczos" method: Courant–Fischer, at most k eigenvalues of A exceed the bound of the
+compressed operator), which gives the failure probability and the gaps of the bounds.
+It costs the products of that run (about 20–50 on the tests' 200 × 200 matrices).
 """
 
 from __future__ import annotations
@@ -402,6 +420,18 @@ class _KrylovSchur:
         self.ritz_vectors = np.zeros((0, 0))
         self.ritz_residuals = np.zeros(0)
 
+    def verify(self, vectors: np.ndarray, values: np.ndarray, residual_vectors: np.ndarray) -> None:
+        """Start over from given approximate eigenpairs (columns of ``vectors``, their
+        values and residual vectors ``A v − θ v`` as columns), locked, and a run from a
+        random start orthogonal to them: the probabilistic bound of that run covers the
+        rest of the spectrum (Courant–Fischer), as for the verification runs of the
+        Lanczos method itself. The start vector given to the constructor is unused."""
+        self.segments = []
+        self._set_locked(vectors.T.copy(), np.asarray(values, dtype=np.float64), residual_vectors.T)
+        if not self._fresh_start() or self.spent >= self.budget:
+            self.state = self._evaluate()
+            self.finished = True
+
     def _fresh_start(self) -> bool:
         """A new run from a random unit vector orthogonal to the locked vectors."""
         if self.locked.shape[0] >= self.n:
@@ -429,9 +459,15 @@ class _KrylovSchur:
         # A y − θ y = f (bᵀs) + Σ_l (r_l·y) l over the earlier locked pairs l.
         residual_vectors = np.outer(self.coupling[:j] @ selected, self.residual_direction)
         residual_vectors += (self.coupled[:, :j] @ selected).T @ self.locked
-        locked = np.vstack([self.locked, vectors])
-        values = np.concatenate([self.locked_values, self.theta[active_indices]])
-        residuals = np.vstack([self.locked_residual_vectors, residual_vectors])
+        self._set_locked(
+            np.vstack([self.locked, vectors]),
+            np.concatenate([self.locked_values, self.theta[active_indices]]),
+            np.vstack([self.locked_residual_vectors, residual_vectors]),
+        )
+
+    def _set_locked(self, locked: np.ndarray, values: np.ndarray, residuals: np.ndarray) -> None:
+        """Lock the orthonormal rows ``locked`` with their values and residual vectors
+        ``A l − θ l`` (rows), after the Rayleigh–Ritz step of :meth:`_lock`."""
         overlaps = residuals @ locked.T  # [i, l] = r_i · l_l
         projected = np.diag(values) + overlaps.T
         values, rotation = np.linalg.eigh(0.5 * (projected + projected.T))
@@ -652,6 +688,21 @@ def _lanczos_method(counter, k, which, tol, budget, rng, bar, v0, failure_probab
     return values, vectors, bounds, residuals, converged, probability, info
 
 
+def _power_can_meet(
+    log_total: float, iterations: int, level: float, target: float, left: int
+) -> bool:
+    """Whether power iteration, its value converged at ``level`` (of the iterated
+    operator B), can bring its probabilistic bound U − level below ``target`` within
+    ``left`` more products: each further iteration adds about log(level) to
+    ``log_total`` = Σ log ν_i + log(1/δ), and U = exp(log_total / m), so it needs
+    m' >= (log_total − m·log(level + target)) / log(1 + target/level) more."""
+    if not level > 0:
+        return False
+    goal = math.log(level + target)
+    gain = math.log1p(target / level)
+    return gain > 0 and log_total - iterations * goal <= left * gain
+
+
 def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probability):
     """Power iteration with deflation; "smallest" runs on −A.
 
@@ -661,28 +712,44 @@ def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabil
     (positive semidefinite on the remaining space), whose dominant eigenvalue
     is λ_max + |μ|. The shift slows convergence (ratio (λ₂+|μ|)/(λ₁+|μ|)).
 
-    The residual bound r is certified for some eigenvalue. The failure probability of
-    "the extreme eigenvalue lies within r" comes from ‖B^m q‖ = Π ν_i (the norms of
-    the iterates' images) >= |u_1ᵀq|·ρ(B)^m for the iterated operator B; it is
-    ``failure_probability`` of the result, capped at 1.
+    Bounds. The residual r certifies *some* eigenvalue within r of the value θ. That
+    no larger one hides rests on the random start q (Kuczyński & Woźniakowski 1992, for
+    the power method as for Lanczos): for the iterated operator B (sign·A plus the
+    shift, on the complement of the vectors found before) and its dominant
+    eigenvector u₁, ``‖B^m q‖ = Π ν_i >= |u₁ᵀq|·ρ(B)^m`` (ν_i the norms of the
+    iterates' images), and ``|u₁ᵀq| >= δ`` except with probability ``share``
+    (:func:`_log_inverse_delta`). So with probability at least 1 − share
+
+        λ_max(sign·A on the complement) + shift <= ρ(B) <= U = (Π ν_i / δ)^{1/m},
+
+    and the reported bound is ``max(r, U − shift − θ)`` (for "magnitude",
+    ``max(r, U − |θ|)``); by Courant–Fischer the maximum over the complement of the j
+    vectors found bounds the (j+1)-th eigenvalue. The iteration runs until that bound
+    meets the tolerance: U − θ shrinks only like θ·log(1/δ)/m, so at tol 0.1 it takes
+    about 10·log(1/δ) ≈ 150 products, and a tolerance like 1e-6 is out of reach (the
+    pair is then reported with ``converged=False`` and the bound it has; once its
+    residual has converged, a pair that cannot meet the tolerance within its products
+    stops and leaves them to the next pairs). Each of the k
+    values gets ``failure_probability / k``; the result's probability is their sum.
     """
-    del failure_probability  # power iteration reports the probability it reaches
     n = counter.n
     sign = -1.0 if which == "smallest" else 1.0
     use_shift = which in ("largest", "smallest")
     shift = 0.0
     found = np.zeros((0, n))
     values, bounds, residuals, converged = [], [], [], []
-    probability = 0.0
+    share = failure_probability / k
     spent = 0
     anorm = counter.norm_estimate
     starts, warm_starts = _unit_columns(v0, k, n, rng)
     for index in range(k):
         allowance = budget - spent - (k - index - 1)
         warm = bool(warm_starts[index])
+        dimension = n - found.shape[0]
+        log_inverse = _log_inverse_delta(dimension, share, warm)
         vector, _ = _orthogonalize(starts[:, index], found)
         vector /= np.linalg.norm(vector)
-        value, residual, done = 0.0, np.inf, False
+        value, residual, bound, done = 0.0, np.inf, np.inf, False
         log_norms, iterations, used = 0.0, 0, 0
         while used < allowance:
             image = sign * counter.matvec(vector)
@@ -693,34 +760,43 @@ def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabil
             shifted_value = float(vector @ image)
             residual = float(np.linalg.norm(image - shifted_value * vector))
             value = shifted_value - shift
-            done = residual <= max(tol * abs(value), _FLOOR_FACTOR * counter.eps * anorm)
-            if done and use_shift and shift == 0.0 and value < 0 and found.shape[0] < n - 1:
+            target = max(tol * abs(value), _FLOOR_FACTOR * counter.eps * anorm)
+            if (
+                residual <= target
+                and use_shift
+                and shift == 0.0
+                and value < 0
+                and found.shape[0] < n - 1
+            ):
                 shift = abs(value)
                 vector, _ = _orthogonalize(rng.standard_normal(n), found)
                 vector /= np.linalg.norm(vector)
                 warm, log_norms, iterations = False, 0.0, 0
-                done = False
+                log_inverse = _log_inverse_delta(dimension, share, warm)
                 continue
             norm = float(np.linalg.norm(image))
-            if done or norm == 0.0 or used >= allowance:
-                log_norms += math.log(norm) if norm > 0 else -math.inf
-                iterations += 1
-                break
-            log_norms += math.log(norm)
+            log_norms += math.log(norm) if norm > 0 else -math.inf
             iterations += 1
+            # ρ(B) <= U except with probability ``share``; an exact zero product (B = 0
+            # on the complement of the found vectors, or a start in its null space,
+            # which has probability 0) gives U = 0.
+            top = math.exp(min((log_norms + log_inverse) / iterations, 709.0))
+            level = abs(value) if which == "magnitude" else value + shift
+            probable = top - level
+            bound = max(residual, probable)
+            done = bound <= target
+            if done or norm == 0.0 or used >= allowance:
+                break
+            if residual <= target and not _power_can_meet(
+                log_norms + log_inverse, iterations, level, target, allowance - used
+            ):
+                break  # leave the products to the other pairs (converged=False)
             vector = image / norm
         spent += used
-        # the iterated operator's eigenvalue beyond the value by more than the residual
-        level = abs(value) + residual if which == "magnitude" else value + shift + residual
-        if level > 0 and iterations > 0:
-            log_delta = log_norms - iterations * math.log(level)
-            probability += _miss_probability(log_delta, n - found.shape[0], warm)
-        else:
-            probability += 1.0
         found = np.vstack([found, vector])
         values.append(sign * value)
         residuals.append(residual)
-        bounds.append(residual)
+        bounds.append(bound)
         converged.append(done)
     return (
         np.array(values),
@@ -728,7 +804,7 @@ def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabil
         np.array(bounds),
         np.array(residuals),
         np.array(converged, dtype=bool),
-        min(1.0, probability),
+        min(1.0, share * k),
         {"shift": sign * shift},
     )
 
@@ -742,11 +818,13 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabi
     dense matrix is formed with one n-column ``matmat`` and diagonalized.
     LOBPCG works in whole blocks, so it may exceed ``budget`` by up to two blocks (the
     norm estimate of the first round and the closing Rayleigh–Ritz step).
-    Its bounds are residual bounds (a block's few Ritz values certify no Kato–Temple
-    gap) and hold for some eigenvalue; no probabilistic statement is made about which
-    (``failure_probability`` None), except on the dense path (exact: 0).
+    The block's residual bounds (a block's few Ritz values certify no Kato–Temple gap)
+    decide when LOBPCG stops; the wanted pairs are then locked in a
+    :class:`_KrylovSchur` state whose run from a random start orthogonal to them
+    bounds the rest of the spectrum (:meth:`_KrylovSchur.verify`), within what is left
+    of ``budget``: the reported bounds, convergence and failure probability are that
+    state's. The dense path is exact (failure probability 0).
     """
-    del failure_probability
     n = counter.n
     block = min(n, k + max(2, k // 2))
     info: dict[str, Any] = {"block_size": block}
@@ -832,7 +910,34 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabi
         previous_worst = worst
         residual_tol = 0.1 * float(targets[~converged].min()) * (anorm if squared else 1.0)
     info["rounds"] = rounds
-    return values, vectors, bounds, residuals, converged, None, info
+    # Verification: LOBPCG's wanted pairs, locked, and a Lanczos run from a random start
+    # orthogonal to them, whose probabilistic bound covers the rest of the spectrum.
+    spent = counter.num_products - spent_before
+    order = _order(theta, which)[:k]
+    residual_vectors = (image - x * theta)[:, order]
+    solver = _KrylovSchur(
+        n,
+        k,
+        which,
+        tol,
+        counter.eps,
+        budget - spent,
+        rng.standard_normal(n),
+        False,
+        rng,
+        min(n, max(2 * k + 1, 20)),
+        failure_probability,
+        anorm,
+    )
+    solver.verify(x[:, order], theta[order], residual_vectors)
+    while not solver.finished:
+        solver.absorb(counter.matvec(solver.next_vector()))
+        bar.update()
+    values, vectors, bounds, residuals, converged = solver.result()
+    probability = min(1.0, sum(segment.probability for segment in solver.segments))
+    info["verification_products"] = solver.spent
+    info["norm_estimate"] = solver.anorm
+    return values, vectors, bounds, residuals, converged, probability, info
 
 
 def eigenvalues(
@@ -876,14 +981,23 @@ def eigenvalues(
         probabilistic statement valid; a warm start then saves the products of
         converging, not those of ruling out a larger eigenvalue elsewhere, so it pays
         mostly for k > 1.
-    failure_probability : "lanczos" runs until, with at least this probability over
+    failure_probability : every method runs until, with at least this probability over
         its random start, no eigenvalue lies beyond the reported ones by more than the
-        error bounds (default 1e-4; see the module docstring). Smaller values cost a
-        few steps more (the bound depends on log(1/failure_probability)).
+        error bounds (default 1e-4; see the module docstring); a pair that does not get
+        there within ``max_products`` has ``converged=False``. Smaller values cost a
+        few steps more (the bound depends on log(1/failure_probability)); for "power"
+        many more (see the module docstring).
 
     Returns an :class:`EigenResult`; its ``error_bounds`` are certified for some
     eigenvalue and hold for the true i-th one with probability at least
-    ``1 − result.failure_probability``.
+    ``1 − result.failure_probability``. ``converged[i]``: that bound meets ``tol`` and
+    ``result.failure_probability`` is at most the requested one; when a pair is not
+    converged, ``settings["not_converged_reason"]`` is a one-line reason (else None).
+
+    Floating point: the products are scaled by a power of two (exact) when they are
+    far from 1 (see :class:`spectra._estimator_utils._ProductCounter`), so operators
+    from 1e-300 to 1e300 give the same relative accuracy; an eigenvalue that overflows
+    float64 is refused with a ``ValueError``.
 
     Cost: "lanczos" one ``matvec`` per product; "power" one per iteration;
     "lobpcg" one ``matmat`` of up to k + max(2, k//2) columns per iteration.
@@ -933,18 +1047,47 @@ def eigenvalues(
     # eigenvectors (eigenvalue errors of 0.6–1.0·eps·λ₁ measured on the digits MLPs),
     # so no bound goes below 10·eps·‖A‖ (‖A‖ estimated by the largest |Ritz value| and
     # product norm seen).
-    scale = max(
+    # Everything so far is in the units of the counter's scaled products (A / scale,
+    # scale a power of two): exact to multiply back.
+    norm = max(
         float(np.max(np.abs(values), initial=0.0)),
         counter.norm_estimate,
         float(info.pop("norm_estimate", 0.0)),
     )
-    floor = _FLOOR_FACTOR * counter.eps * scale
+    floor = _FLOOR_FACTOR * counter.eps * norm
     error_bounds = np.maximum(np.asarray(bounds, dtype=np.float64), floor)
-    targets = np.maximum(tol * np.abs(np.asarray(values, dtype=np.float64)), floor)
+    values = np.asarray(values, dtype=np.float64)
+    targets = np.maximum(tol * np.abs(values), floor)
     converged = np.asarray(converged, dtype=bool) & (error_bounds <= targets)
+    if probability is None or probability > failure_probability * (1.0 + 1e-12):
+        converged[:] = False
+    scale = counter.scale
+    try:
+        values = counter.unscale(values, "an eigenvalue")
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (the operator's products are finite, its spectrum is not)"
+        ) from None
+    with np.errstate(over="ignore"):  # a bound that overflows is inf: not converged
+        error_bounds, targets = error_bounds * scale, targets * scale
+        residuals = np.asarray(residuals, dtype=np.float64) * scale
+    if "shift" in info:
+        info["shift"] *= scale
+    converged &= np.isfinite(error_bounds)
+    reason = _not_converged_reason(
+        method,
+        values,
+        error_bounds,
+        targets,
+        converged,
+        probability,
+        failure_probability,
+        counter.num_products,
+        max_products,
+    )
     return EigenResult(
-        eigenvalues=np.asarray(values, dtype=np.float64),
-        residual_norms=np.asarray(residuals, dtype=np.float64),
+        eigenvalues=values,
+        residual_norms=residuals,
         error_bounds=error_bounds,
         converged=converged,
         which=which,
@@ -963,9 +1106,49 @@ def eigenvalues(
             "v0_given": v0 is not None,
             "failure_probability": failure_probability,
             **info,
+            "not_converged_reason": reason,
         },
         eigenvectors=vectors if return_eigenvectors else None,
     )
+
+
+def _not_converged_reason(
+    method: str,
+    values: np.ndarray,
+    bounds: np.ndarray,
+    targets: np.ndarray,
+    converged: np.ndarray,
+    probability: float | None,
+    requested: float,
+    spent: int,
+    max_products: int,
+) -> str | None:
+    """One line saying why pairs are not converged (None when all are): the first
+    unconverged pair's bound against its target, and what would help."""
+    if converged.all():
+        return None
+    index = int(np.flatnonzero(~converged)[0])
+    count = int((~converged).sum())
+    head = f"{count} of {converged.size} eigenvalue(s) not converged"
+    if probability is None or probability > requested * (1.0 + 1e-12):
+        shown = "none" if probability is None else f"{probability:.3g}"
+        return (
+            f"{head}: {method}'s bounds hold with failure probability {shown}, above the "
+            f"requested {requested:g}"
+        )
+    stop = f"after {spent} products (max_products = {max_products})"
+    detail = (
+        f"{head} {stop}: the bound of eigenvalue {index} ({values[index]:.6g}) is "
+        f"{bounds[index]:.3g} > the target {targets[index]:.3g} (tol·|λ|), at failure "
+        f"probability {requested:g}"
+    )
+    if method == "power":
+        return (
+            f"{detail}; power iteration rules out a larger eigenvalue only slowly (its "
+            "bound falls like |λ|·log(1/failure_probability)/products): use "
+            "method='lanczos', a larger tol or more max_products"
+        )
+    return f"{detail}; raise max_products or tol"
 
 
 def eigenvalue_ratio(result: EigenResult, numerator: int = 0, denominator: int = -1) -> float:

@@ -101,7 +101,10 @@ def lanczos(
     exact eigenvalues of A.
 
     Cost: m products in m ``matvec`` calls, O(n m²) host flops and n m stored
-    numbers with reorthogonalization. Without it, only three vectors are kept
+    numbers with reorthogonalization. The recurrence runs on products scaled by a power
+    of two when they are far from 1 (exact; see ``_ProductCounter``), so T is right for
+    operators from 1e-300 to 1e300 (refused if it overflows). Without it, only three
+    vectors are kept
     (unless ``return_basis``), and T shows the well-known spurious copies of
     converged Ritz values. The symmetry check uses the first two products (no
     extra one unless m = 1).
@@ -124,6 +127,10 @@ def lanczos(
             counter, start, min(num_steps, n), reorthogonalize, return_basis
         )
         counter.finish()
+    # The recurrence ran on the counter's scaled products (A / scale, a power of two).
+    alpha = counter.unscale(alpha, "the tridiagonal T (alpha)")
+    beta = counter.unscale(beta, "the tridiagonal T (beta)")
+    residual_norm = counter.unscale(residual_norm, "the residual norm")
     return LanczosResult(
         alpha=alpha,
         beta=beta,

@@ -50,6 +50,7 @@ from spectra._estimator_utils import (
     _as_symmetric_operator,
     _check_int,
     _check_positive,
+    _is_bool,
     _one_blas_thread,
     _rademacher,
     _rng,
@@ -159,6 +160,16 @@ def _default_groups(variables: Sequence[Any]) -> tuple[list[str], list[list[int]
 
 
 def _position_of(variable: Any, variables: Sequence[Any], group: str) -> int:
+    if isinstance(variable, (str, bytes)):
+        raise TypeError(
+            f"groups[{group!r}] holds the string {variable!r}: give variables (from "
+            "op.variables) or integer indices (names are not looked up)"
+        )
+    if isinstance(variable, (float, np.floating)):
+        raise TypeError(
+            f"groups[{group!r}] has a non-integer index {variable!r}: give integer "
+            "indices or variables"
+        )
     if isinstance(variable, (int, np.integer)) and not isinstance(variable, bool):
         if not 0 <= variable < len(variables):
             raise ValueError(
@@ -177,6 +188,11 @@ def _position_of(variable: Any, variables: Sequence[Any], group: str) -> int:
 
 
 def _members(value: Any, group: str) -> list[Any]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"groups[{group!r}] is the string {value!r}: give a list of variables or of "
+            "integer indices (names are not looked up)"
+        )
     if isinstance(value, (list, tuple)):
         members = list(value)
     elif isinstance(value, np.ndarray):
@@ -220,6 +236,11 @@ def _check_partition(
 
 def _resolve_groups(op: Any, groups: Any, n: int) -> tuple[list[str], list[np.ndarray], str]:
     """Group names and the parameter indices of each group (a partition of range(n))."""
+    if isinstance(groups, (str, bytes)):
+        raise TypeError(
+            f"groups is the string {groups!r}: give a mapping of group names to lists of "
+            f"variables or integer indices, e.g. {{{groups!r}: [...]}}"
+        )
     if groups is not None and not isinstance(groups, Mapping):
         raise TypeError(
             f"groups must be a mapping of names to lists of variables, got {type(groups).__name__}"
@@ -235,12 +256,14 @@ def _resolve_groups(op: Any, groups: Any, n: int) -> tuple[list[str], list[np.nd
             )
         names, parts = [], []
         for key, value in groups.items():
-            try:
-                part = np.asarray(_members(value, str(key)), dtype=np.int64)
-            except (TypeError, ValueError) as error:
-                raise ValueError(
-                    f"group {key!r}: expected parameter indices (integers), got {value!r}"
-                ) from error
+            members = _members(value, str(key))
+            for member in members:
+                if _is_bool(member) or not isinstance(member, (int, np.integer)):
+                    raise TypeError(
+                        f"groups[{key!r}] has a non-integer index {member!r}: give integer "
+                        f"parameter indices (0 <= i < {n})"
+                    )
+            part = np.asarray(members, dtype=np.int64)
             if part.min() < 0 or part.max() >= n:
                 raise ValueError(f"group {key!r}: parameter indices must be in [0, {n})")
             names.append(str(key))
@@ -415,17 +438,22 @@ def layerwise(
         counter.finish()
 
     assert final is not None
+    # Everything is in the units of the counter's scaled products (A / 2^e): back (exact).
     eigenvalues, error_bounds, converged = [], [], []
     for state, (values, _, bounds, _, flags) in zip(states, final):
         scale = max(float(np.max(np.abs(values), initial=0.0)), state.anorm)
-        eigenvalues.append(np.asarray(values, dtype=np.float64))
-        error_bounds.append(np.maximum(bounds, counter.eps * scale))
-        converged.append(np.asarray(flags, dtype=bool))
+        bounds = np.maximum(bounds, counter.eps * scale)
+        eigenvalues.append(counter.unscale(np.asarray(values, dtype=np.float64), "an eigenvalue"))
+        error_bounds.append(bounds * counter.scale)
+        converged.append(np.asarray(flags, dtype=bool) & np.isfinite(error_bounds[-1]))
+    residual_norms = [norms * counter.scale for norms in residual_norms]
     traces = trace_stderr = None
     if trace:
         table = np.array(samples)
-        traces = table.mean(axis=1)
-        trace_stderr = table.std(axis=1, ddof=1) / math.sqrt(table.shape[1])
+        traces = counter.unscale(table.mean(axis=1), "a block trace")
+        trace_stderr = counter.unscale(
+            table.std(axis=1, ddof=1) / math.sqrt(table.shape[1]), "a block trace's stderr"
+        )
     probability = sum(segment.probability for state in states for segment in state.segments)
     return LayerwiseResult(
         groups=names,

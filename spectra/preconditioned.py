@@ -123,11 +123,14 @@ class PreconditionedOperator(LinearOperator):
     diagonal P: similar to P⁻¹A (same eigenvalues).
 
     Each ``matvec``/``matmat`` is one ``matmat`` of the wrapped operator (one data pass
-    for a Hessian) on the scaled block. Attributes: ``base`` (A), ``preconditioner`` (the
-    diagonal of P) and ``scaling`` (the diagonal of D), float64. ``variables``,
-    ``variable_shapes``, ``flatten``/``unflatten``, ``loss()`` and ``gradient()`` come
-    from A when it has them (the gradient in the coordinates u = P^{1/2}θ, i.e. D ∇L,
-    so that D A D is its Hessian).
+    for a Hessian) on the scaled block. D is applied as 2^e·D' with D' at most 1 (a
+    power of two: exact), so the wrapped operator never sees a vector beyond its dtype's
+    range; P from 1e-300 to 1e300 gives products right wherever float64 holds them.
+    Attributes: ``base`` (A), ``preconditioner`` (the diagonal of P) and ``scaling``
+    (the diagonal of D), float64. ``variables``, ``variable_shapes``,
+    ``flatten``/``unflatten``, ``loss()`` and ``gradient()`` come from A when it has
+    them (the gradient in the coordinates u = P^{1/2}θ, i.e. D ∇L, so that D A D is its
+    Hessian).
     """
 
     def __init__(self, base: Any, preconditioner: np.ndarray):
@@ -136,15 +139,24 @@ class PreconditionedOperator(LinearOperator):
         self._operator = operator
         self.preconditioner = np.asarray(preconditioner, dtype=np.float64)
         self.scaling = 1.0 / np.sqrt(self.preconditioner)
+        # D = 2^e·D' with max D' in [0.5, 1): the wrapped operator multiplies D'v (no
+        # overflow in its own dtype), and D A D = 4^e·D' A D' exactly (powers of two).
+        largest = float(self.scaling.max(initial=0.0))
+        self._exponent = int(np.frexp(largest)[1]) if largest > 0 else 0
+        self._normalized = np.ldexp(self.scaling, -self._exponent)
         if hasattr(base, "variables"):
             self.variables = base.variables
         super().__init__(dtype=operator.dtype, shape=operator.shape)
 
     def _matmat(self, block: np.ndarray) -> np.ndarray:
         block = np.asarray(block, dtype=np.float64).reshape(self.shape[0], -1)
-        scaled = self.scaling[:, None] * block
+        scaled = self._normalized[:, None] * block
         image = np.asarray(self._operator.matmat(scaled), dtype=np.float64)
-        return (self.scaling[:, None] * image).astype(self.dtype, copy=False)
+        image = self._normalized[:, None] * image
+        if self._exponent:
+            with np.errstate(over="ignore"):  # an overflow is the product's: inf, refused
+                image = np.ldexp(image, 2 * self._exponent)
+        return image.astype(self.dtype, copy=False)
 
     def _matvec(self, vector: np.ndarray) -> np.ndarray:
         return self._matmat(np.reshape(vector, (-1, 1))).reshape(-1)

@@ -105,10 +105,13 @@ class EigenResult(Result):
       Krylov space has found the *extreme* eigenvalues cannot be certified from
       products; for "lanczos" it rests on the random start (a polynomial bound in the
       spirit of Kuczyński & Woźniakowski 1992) and is at most the requested value when
-      converged; for "power" it is computed the same way and is often near 1 (power
-      iteration rarely rules out a larger eigenvalue); None for "lobpcg", which makes
-      no such statement (its bounds hold for *some* eigenvalue only).
-    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)``.
+      converged; "power" reports its bound at the requested probability (the larger of
+      its residual and the bound from ‖A^m q‖); "lobpcg" gets it from a Lanczos run
+      that verifies its pairs.
+    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)`` and
+      ``failure_probability`` at most the requested one (``settings["failure_probability"]``),
+      for every method; otherwise ``settings["not_converged_reason"]`` says why in one
+      line (None when all converged).
     * ``residual_norms[i]``: ``‖A v − λ v‖`` of the returned vector from the method's
       own products (the Lanczos relation β|e_mᵀs| for "lanczos"), exact up to the
       operator's rounding; no extra product is spent on them.

@@ -65,6 +65,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "StabilityThreshold",
     "gradient_descent_threshold",
@@ -176,6 +178,8 @@ def stability_threshold(
         valid = sorted(set(_RELEVANT[kind]) | _IRRELEVANT[kind])
         raise ValueError(f"unknown hyperparameter(s) {sorted(unknown)} for {kind}; valid: {valid}")
     values.update({name: value for name, value in hyper.items() if name in _RELEVANT[kind]})
+    if isinstance(learning_rate, (bool, np.bool_)):
+        raise TypeError(f"learning_rate must be a positive number, got the bool {learning_rate!r}")
     try:
         eta = float(learning_rate)
     except (TypeError, ValueError) as error:
@@ -186,14 +190,22 @@ def stability_threshold(
     if kind == "sgd":
         beta = _check_fraction("momentum", values["momentum"])
         if bool(values["nesterov"]):
-            return (2.0 + 2.0 * beta) / ((1.0 + 2.0 * beta) * eta)
-        return (2.0 + 2.0 * beta) / eta
-    if kind in ("adam", "adamw"):
+            threshold = (2.0 + 2.0 * beta) / ((1.0 + 2.0 * beta) * eta)
+        else:
+            threshold = (2.0 + 2.0 * beta) / eta
+    elif kind in ("adam", "adamw"):
         beta_1 = _check_fraction("beta_1", values["beta_1"])
-        return (2.0 + 2.0 * beta_1) / ((1.0 - beta_1) * eta)
-    if kind == "rmsprop":
-        return (2.0 + 2.0 * _check_fraction("momentum", values["momentum"])) / eta
-    return 2.0 / eta
+        threshold = (2.0 + 2.0 * beta_1) / ((1.0 - beta_1) * eta)
+    elif kind == "rmsprop":
+        threshold = (2.0 + 2.0 * _check_fraction("momentum", values["momentum"])) / eta
+    else:
+        threshold = 2.0 / eta
+    if not math.isfinite(threshold):
+        raise ValueError(
+            f"learning_rate {eta:.3g} is too small: the {kind} stability threshold "
+            "overflows float64 (it is a few units over η); give a larger learning rate"
+        )
+    return threshold
 
 
 # --------------------------------------------------------------------------- described thresholds

@@ -16,6 +16,11 @@ within ±1 in 66–68% (Hutchinson), 66–68% (Hutch++), 67–68% (XTrace) of th
 within ±2 in 95–96%, 93–95%, 93–95%; the Frobenius norm's in 68–70% and 95–96%
 (tests/test_calibration.py checks the bands 60–76% and 90–98%). Fewer probes widen the
 tails (a Student t with m − 1 degrees of freedom for Hutchinson).
+
+The estimators work on products scaled by a power of two when they are far from 1
+(exact; see ``spectra._estimator_utils._ProductCounter``) and scale their results back,
+so an operator scaled by s from 1e-300 to 1e300 gives s times the estimate and the
+standard error at scale 1 (same seed), and a result float64 cannot hold is refused.
 """
 
 from __future__ import annotations
@@ -160,8 +165,8 @@ def hutchinson_trace(
         counter.finish()
     return _trace_result(
         "hutchinson",
-        moments.mean,
-        moments.stderr(),
+        counter.unscale(float(moments.mean), "the trace estimate"),
+        counter.unscale(float(moments.stderr()), "the trace's standard error"),
         stopped,
         counter,
         started,
@@ -232,8 +237,8 @@ def hutchpp_trace(
         counter.finish()
     return _trace_result(
         "hutch++",
-        exact_part + float(moments.mean),
-        moments.stderr(),
+        counter.unscale(exact_part + float(moments.mean), "the trace estimate"),
+        counter.unscale(float(moments.stderr()), "the trace's standard error"),
         stopped,
         counter,
         started,
@@ -433,8 +438,8 @@ def xtrace(
         stderr = float("nan")
     return _trace_result(
         "xtrace",
-        estimates.mean(),
-        stderr,
+        counter.unscale(float(estimates.mean()), "the trace estimate"),
+        counter.unscale(stderr, "the trace's standard error"),
         "budget",
         counter,
         started,
@@ -488,7 +493,11 @@ def frobenius_norm(
     m − 1); ``estimate = sqrt(squared_estimate)`` with stderr by the delta method,
     ``stderr(F²)/(2F)``. Both are calibrated like the trace estimators (module
     docstring). Cost: num_products products in blocks of ``block_size`` (default 16)
-    per call; the symmetry check uses them.
+    per call; the symmetry check uses them. Products far from 1 are scaled by a power of
+    two (exact), so ‖A‖_F is right from 1e-300 to 1e300; a ``squared_estimate`` that
+    overflows float64 (‖A‖_F above about 1.3e154) is refused with a ``ValueError``, one
+    that underflows (‖A‖_F below about 1e-154) is 0 or subnormal while ``estimate`` and
+    ``stderr`` stay accurate.
     """
     started = time.perf_counter()
     num_products = _check_int("num_products", num_products, minimum=2)
@@ -506,11 +515,24 @@ def frobenius_norm(
     squared = max(float(moments.mean), 0.0)
     squared_stderr = float(moments.stderr())
     norm = math.sqrt(squared)
+    stderr = squared_stderr / (2.0 * norm) if norm > 0 else 0.0
+    # Back from the counter's scaled products (A / 2^e: norms times 2^e, squares 4^e).
+    estimate = counter.unscale(norm, "the Frobenius norm")
+    try:
+        squared_estimate = counter.unscale(squared, "‖A‖_F²", power=2)
+    except ValueError:
+        raise ValueError(
+            f"frobenius_norm: ‖A‖_F² overflows float64 (‖A‖_F ≈ {estimate:.6g}): the result "
+            "cannot hold its squared_estimate; scale the operator down by a power of two "
+            "(e.g. 2**-600) and the norm up by it"
+        ) from None
     return FrobeniusResult(
-        estimate=norm,
-        stderr=squared_stderr / (2.0 * norm) if norm > 0 else 0.0,
-        squared_estimate=squared,
-        squared_stderr=squared_stderr,
+        estimate=estimate,
+        stderr=counter.unscale(stderr, "the Frobenius norm's standard error"),
+        squared_estimate=squared_estimate,
+        squared_stderr=counter.unscale(
+            squared_stderr, "the squared Frobenius norm's standard error", power=2
+        ),
         num_products=counter.num_products,
         num_operator_calls=counter.num_operator_calls,
         wall_time=time.perf_counter() - started,

@@ -39,7 +39,11 @@ def test_extreme_eigenvalues_by_every_method(problem):
         k = 2 if method == "power" else 3
         top = spectra.eigenvalues(op, k=k, method=method, tol=1e-10, seed=1)
         np.testing.assert_allclose(top.eigenvalues, exact[::-1][:k], rtol=1e-7, err_msg=method)
-        assert top.all_converged
+        errors = np.abs(top.eigenvalues - exact[::-1][:k])
+        assert np.all(errors <= top.error_bounds * (1 + 1e-9)), method
+        # Power iteration's values are as accurate, but it cannot rule out a larger
+        # eigenvalue to 1e-10 at failure probability 1e-4 within its budget: it says so.
+        assert top.all_converged == (method != "power"), method
     bottom = spectra.eigenvalues(op, k=2, which="smallest", tol=1e-10, seed=1)
     np.testing.assert_allclose(bottom.eigenvalues, exact[:2], rtol=1e-7, atol=1e-9)
 

@@ -175,8 +175,36 @@ def test_bad_groups_are_refused_clearly(problem):
         spectra.layerwise(op, groups={"a": [0, 1, 2, 3, 4]})
     with pytest.raises(TypeError, match="mapping"):
         spectra.layerwise(op, groups=[everything])
+    # names are not looked up, and a float is not an index: each says so
+    with pytest.raises(TypeError, match=r"^groups is the string 'dense': give a mapping"):
+        spectra.layerwise(op, groups="dense")
+    with pytest.raises(TypeError, match=r"^groups\['a'\] is the string 'dense'"):
+        spectra.layerwise(op, groups={"a": "dense"})
+    with pytest.raises(TypeError, match=r"^groups\['a'\] holds the string 'net/logits/bias'"):
+        spectra.layerwise(op, groups={"a": [*everything[:3], "net/logits/bias"]})
+    with pytest.raises(TypeError, match=r"^groups\['a'\] has a non-integer index 1.0"):
+        spectra.layerwise(op, groups={"a": [0, 1.0, 2, 3]})
     with pytest.raises(ValueError, match="groups is empty"):
         spectra.layerwise(op, groups={})
+
+
+def test_non_integer_and_string_indices_are_refused_not_truncated():
+    # The case: 0.5 used to become index 0 silently.
+    matrix = np.diag(np.arange(1.0, 76.0))
+    with pytest.raises(TypeError) as raised:
+        spectra.layerwise(matrix, groups={"a": [0.5], "b": range(1, 75)})
+    assert str(raised.value) == (
+        "groups['a'] has a non-integer index 0.5: give integer parameter indices (0 <= i < 75)"
+    )
+    for bad in (np.array([0.0]), [True], ["0"]):
+        with pytest.raises(TypeError, match=r"^groups\['a'\] has a non-integer index"):
+            spectra.layerwise(matrix, groups={"a": bad, "b": range(1, 75)})
+    with pytest.raises(TypeError, match=r"^groups\['b'\] is the string 'rest'"):
+        spectra.layerwise(matrix, groups={"a": [0], "b": "rest"})
+    with pytest.raises(TypeError, match=r"^groups is the string 'dense'"):
+        spectra.layerwise(matrix, groups="dense")
+    whole = spectra.layerwise(matrix, groups={"a": np.array([0]), "b": range(1, 75)})
+    np.testing.assert_allclose(whole.eigenvalues[0], [1.0])
 
 
 def test_bad_arguments_are_refused_clearly():

@@ -107,6 +107,17 @@ def test_bad_input_is_refused_clearly():
             stability_threshold("sgd", rate)
     with pytest.raises(ValueError, match="positive number"):
         stability_threshold("sgd", "fast")
+    # a bool is not a learning rate (True used to give 2.0)
+    for flag in (True, False, np.bool_(True)):
+        with pytest.raises(
+            TypeError, match="^learning_rate must be a positive number, got the bool"
+        ):
+            stability_threshold("sgd", flag)
+    # a rate whose threshold overflows (1e-320 used to give inf)
+    for name, rate in (("sgd", 1e-320), ("adam", 1e-307), ("rmsprop", 5e-324)):
+        with pytest.raises(ValueError, match=f"^learning_rate .* is too small: the {name}"):
+            stability_threshold(name, rate)
+    assert stability_threshold("sgd", 1e-300) == pytest.approx(2e300)
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
         stability_threshold("sgd", 0.1, momentum=1.0)
     with pytest.raises(ValueError, match=r"beta_1 must be in \[0, 1\)"):
