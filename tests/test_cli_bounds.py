@@ -171,3 +171,32 @@ def test_sharpness_power_qualifies_every_threshold_comparison(tmp_path):
     assert f"{uncertified} of 11 bounds not certified" in summary
     assert "above or below the threshold is not proven" in summary
     assert f"{uncertified} of 11 checkpoints have bounds that are not certified" in warned
+
+
+def test_landscape_says_when_it_follows_an_uncertified_eigenvector(tmp_path):
+    args = [
+        "landscape",
+        str(DATA / "digits_mlp.keras"),
+        "--data",
+        DIGITS,
+        "--loss",
+        LOSS,
+        "--max-examples",
+        "100",
+        "--method",
+        "power",
+        "--tol",
+        "0.1",
+        "--points",
+        "3",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    status, _, warned = _run(args)
+    assert status == 0, warned
+    eig = json.loads((tmp_path / "out" / "landscape.json").read_text())["eigenvalues"]
+    if not bound_holds(eig["converged"][0], eig["failure_probability"]):
+        assert "the power eigenvalues are (not" in warned and "v1 may not be the top" in warned
+    else:
+        assert "v1 may not be the top" not in warned

@@ -14,6 +14,7 @@ from spectra.cli._common import (
     CommandReport,
     Console,
     UserError,
+    bound_note,
     check_builder_use,
     data_description,
     describe_data,
@@ -333,6 +334,17 @@ def _print(args: argparse.Namespace, report: LandscapeReport, console: Console) 
         f"{curves.base_loss:.6g}"
     )
     console.info(f"radius: {report.radius['rule']}")
+    eig = report.eigenvalues
+    notes = [
+        bound_note(bool(converged), eig.failure_probability)
+        for converged in np.atleast_1d(eig.converged)
+    ]
+    if any(notes):
+        console.warn(
+            f"the {eig.method} eigenvalues are "
+            f"{' '.join(dict.fromkeys(note for note in notes if note))}: v1 may not be the "
+            "top eigenvector (--method lanczos certifies it)"
+        )
     alphas = curves.alphas
     for label in curves.labels:
         losses = curves.losses[label]
