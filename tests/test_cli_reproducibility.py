@@ -157,10 +157,12 @@ def test_a_run_without_seed_is_reproduced_by_its_recorded_seed(three_runs, dropo
     assert _numbers(again) == _numbers(unseeded)
 
 
-def test_landscape_in_training_mode_is_reproducible(dropout_model, tmp_path):
+@pytest.mark.parametrize("precision", [[], ["--float64"]], ids=["float32", "float64"])
+def test_landscape_in_training_mode_is_reproducible(precision, dropout_model, tmp_path):
     """The landscape evaluates the model itself: its Dropout masks come from --seed too
-    (the seed generator states are set from it), so two runs in two fresh model loads give
-    the same curves."""
+    (the seed generator states are set from it, also in the float64 copy, which Keras
+    rebuilds with fresh states), so two runs in two fresh model loads give the same
+    curves."""
     from spectra.cli import main
 
     model, data = dropout_model
@@ -185,6 +187,7 @@ def test_landscape_in_training_mode_is_reproducible(dropout_model, tmp_path):
             "--quiet",
             "--out",
             str(out),
+            *precision,
         ]
         assert main(command) == 0
         found = json.loads((out / "landscape.json").read_text())["curves"]

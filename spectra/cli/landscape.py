@@ -28,6 +28,7 @@ from spectra.cli._common import (
     matrix_title,
     model_description,
     save_figure_formats,
+    seed_generator_states,
     user_errors,
     versions,
 )
@@ -156,15 +157,19 @@ def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeR
         "training": args.training,
         "dtype": np.float64 if args.float64 else None,
     }
-    _announce_cost(args, console, model, data, common)
+    evaluated = model
+    if args.training and args.float64:
+        evaluated = _seeded_float64_copy(model, args.seed)
+        common["dtype"] = None
+    _announce_cost(args, console, evaluated, data, common)
     with user_errors():
-        curves = loss_landscape(model, args.loss, data.as_tuple(), directions, alphas, **common)
+        curves = loss_landscape(evaluated, args.loss, data.as_tuple(), directions, alphas, **common)
     surface = None
     if args.directions == 2:
         plane = {label: directions[label] for label in ("v1", "v2")}
         with user_errors():
             surface = loss_landscape(
-                model, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
+                evaluated, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
             )
     _check_finite(curves, surface, radius, rule, base_loss, top)
     slope = float(op.gradient().astype(np.float64) @ directions["v1"])
@@ -206,6 +211,21 @@ def _compute(args: argparse.Namespace, console: Console, out: Any) -> LandscapeR
     return report
 
 
+def _seeded_float64_copy(model: Any, seed: int) -> Any:
+    """The float64 copy of ``model`` that ``loss_landscape(dtype=np.float64)`` would make,
+    with its seed generator states set from ``seed``: a copy rebuilt from the config gets
+    fresh random states, which in training mode would give other Dropout masks in every
+    process."""
+    import tensorflow as tf
+
+    from spectra import _keras
+
+    with user_errors():
+        copy = _keras.model_in_dtype(model, tf.float64)
+    seed_generator_states(copy, seed)
+    return copy
+
+
 def _check_radius(model: Any, op: Any, radius: float, rule: str) -> None:
     """Refuse a radius that takes some weight beyond the largest number of the products'
     dtype: at θ + α d with |α| ≤ R and a unit d, no weight exceeds max|θ| + R."""
@@ -222,8 +242,9 @@ def _check_radius(model: Any, op: Any, radius: float, rule: str) -> None:
 def _check_finite(
     curves: Any, surface: Any, radius: float, rule: str, base_loss: float, top: float
 ) -> None:
-    """Refuse a landscape with a NaN or infinite loss, naming the first point where it is
-    (before anything is written): such a radius leaves where the model's arithmetic holds."""
+    """Refuse a landscape with a NaN or infinite loss, naming the point nearest the weights
+    where it is (before anything is written): such a radius leaves where the model's
+    arithmetic holds."""
     if not math.isfinite(base_loss):
         raise UserError(f"the loss at the model's weights is {base_loss}, not finite.")
     found = [
