@@ -313,12 +313,13 @@ def test_a_text_file_named_npz_is_not_advised_to_be_unpickled(small, tmp_path, c
 
 def test_a_negative_seed_is_refused_before_anything_is_loaded(tmp_path, capsys, monkeypatch):
     """``--seed -1`` is refused by the parser: no data or model is loaded."""
-    import spectra.cli._common as common
+    import spectra.cli.analyze as analyze
 
     def never(*args, **kwargs):
         raise AssertionError("loaded before the arguments were checked")
 
-    monkeypatch.setattr(common, "load_data", never)
+    monkeypatch.setattr(analyze, "load_data", never)
+    monkeypatch.setattr(analyze, "load_operator", never)
     out = tmp_path / "out"
     args = ["analyze", MLP, *COMMON, "--seed", "-1", "--out", str(out)]
     error = _one_line_error(capsys, _status(args))
@@ -393,13 +394,16 @@ def test_a_builder_that_raises_is_named_with_its_error(small, tmp_path, capsys):
     assert _nothing_written(out)
 
 
-def test_a_builder_with_a_keras_file_is_refused(small, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["analyze", "landscape", "sharpness"])
+def test_a_builder_with_a_keras_file_is_refused(command, small, tmp_path, capsys):
     out = tmp_path / "out"
-    args = _small_analyze(small["keras"], small["data"], out, "--builder", "any:thing")
-    error = _one_line_error(capsys, _status(args))
+    target = small["lion"] if command == "sharpness" else small["keras"]
+    args = [command, str(target), "--data", str(small["data"]), "--loss", LOSS]
+    error = _one_line_error(capsys, _status([*args, "--builder", "any:thing", "--out", str(out)]))
     assert "--builder applies to weights files (.weights.h5) and tf.train.Checkpoints" in error
-    assert "model.keras holds the whole model" in error
-    assert not out.exists()
+    expected = "step_0.keras, step_1.keras hold" if command == "sharpness" else "model.keras holds"
+    assert f"{expected} the whole model" in error
+    assert _nothing_written(out)
 
 
 def test_a_lambda_layer_gets_advice_the_cli_can_follow(small, tmp_path, capsys):

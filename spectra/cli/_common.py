@@ -168,8 +168,9 @@ def check_builder_use(args: argparse.Namespace, paths: Sequence[str | os.PathLik
         shown = ", ".join(archives[:3]) + (", ..." if len(archives) > 3 else "")
         raise UserError(
             f"--builder applies to weights files (.weights.h5) and tf.train.Checkpoints "
-            f"only; {shown} holds the whole model, architecture included, so the builder "
-            "would be ignored: drop --builder, or give the weights file it should load."
+            f"only; {shown} {'holds' if len(archives) == 1 else 'hold'} the whole model, "
+            "architecture included, so the builder would be ignored: drop --builder, or "
+            "give the weights file it should load."
         )
 
 
