@@ -335,8 +335,9 @@ def _print_layers(layers: LayerwiseResult, console: Console) -> None:
         line = f"  {row['group']:<{width}}  {row['size']:>10,}  {top:<24}"
         if "trace" in row:
             line += f"  {row['trace']:.6g} ± {row['trace_stderr']:.2g}"
-        if not row["converged"]:
-            line += "  (not converged)"
+        note = bound_note(row["converged"], layers.failure_probability)
+        if note:
+            line += f"  {note}"
         console.info(line.rstrip())
 
 
