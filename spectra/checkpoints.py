@@ -127,6 +127,8 @@ def _load_keras_archive(
             warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
             model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
     except Exception as err:
+        if "safe_mode" in str(err):
+            raise ValueError(_unsafe_archive_message(path, err)) from err
         raise ValueError(
             f"Could not load the Keras model '{path}': {type(err).__name__}: {err}\n"
             "If the file is corrupted, save it again. If the model uses custom layers, import "
@@ -134,6 +136,21 @@ def _load_keras_archive(
             "custom_objects=..."
         ) from err
     return _require_model(model, path)
+
+
+def _unsafe_archive_message(path: Path, err: Exception) -> str:
+    """What to do with a ``.keras`` archive Keras refuses to deserialize safely (a
+    ``Lambda`` layer holding Python bytecode): rebuild the architecture in code and load
+    only the weights, which the archive holds as ``model.weights.h5``."""
+    cause = str(err).split(".")[0]
+    return (
+        f"Keras refuses to load '{path}' safely ({cause}: loading it would run code stored "
+        "in the file). Rebuild the model in a builder function (a Python file defining the "
+        "same layers, the Lambda's function included) and load only the weights: the "
+        f"archive holds them as model.weights.h5 (unzip '{path.name}' model.weights.h5), "
+        "then give that file with builder=... (on the command line: spectra ... "
+        "model.weights.h5 --builder path/to/file.py:function)."
+    )
 
 
 def _read_archive_config(path: Path) -> dict[str, Any]:
@@ -412,7 +429,13 @@ def _build_model(builder: Builder) -> keras.Model:
     import keras
 
     function = resolve_builder(builder)
-    model = function()
+    try:
+        model = function()
+    except Exception as err:
+        raise ValueError(
+            f"The builder {builder!r} raised {type(err).__name__}: {err} (fix the builder "
+            "so that it returns the built model)"
+        ) from err
     if not isinstance(model, keras.Model):
         raise ValueError(
             f"The builder {builder!r} returned a {type(model).__name__}, not a keras.Model."

@@ -27,6 +27,7 @@ Loss names that fit: ``sparse_categorical_crossentropy`` for ``digits``, ``iris`
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,16 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
 
 
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    if not zipfile.is_zipfile(path):
+        # np.load would take it for a pickle and advise allow_pickle, which is unsafe and
+        # not the cause: a .npz file is a zip archive.
+        with open(path, "rb") as stream:
+            head = stream.read(16)
+        raise ValueError(
+            f"Could not read '{path}' as a .npz file: it is not the zip archive np.savez "
+            f"writes (it begins with {head!r}: a text or other file renamed?). Save the "
+            "arrays with np.savez(path, x=x, y=y)."
+        )
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

@@ -201,7 +201,9 @@ class SharpnessMeasurement:
     the fraction ‖Vᵀg‖²/‖g‖² of the gradient g in the span of the new eigenvectors
     (Gur-Ari, Roberts & Dyer 2018; None unless asked for, or for a zero gradient). Both are
     in the operator's coordinates (for a preconditioned operator, u = P^{1/2}θ, where its
-    gradient is P^{-1/2}∇L) and cost no product.
+    gradient is P^{-1/2}∇L) and cost no product. ``failure_probability`` is the
+    eigensolver's (:class:`spectra.EigenResult`): the bounds hold with probability at
+    least 1 − failure_probability, None where the method makes no such statement.
     """
 
     loss: float | None
@@ -219,6 +221,7 @@ class SharpnessMeasurement:
     warm_start: bool
     eigenvector_overlap: float | None = None
     gradient_overlap: float | None = None
+    failure_probability: float | None = None
     eigenvectors: np.ndarray | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
@@ -326,6 +329,9 @@ def measure_sharpness(
         warm_start=start is not None,
         eigenvector_overlap=_eigenspace_overlap(previous, eig.eigenvectors),
         gradient_overlap=gradient_fraction,
+        failure_probability=(
+            None if eig.failure_probability is None else float(eig.failure_probability)
+        ),
         eigenvectors=eig.eigenvectors,
     )
 

@@ -98,6 +98,7 @@ def test_epoch_mode_records_the_start_and_every_epoch(data):
         "warm_start",
         "eigenvector_overlap",
         "gradient_overlap",
+        "failure_probability",
         "threshold",
         "threshold_matrix",
     }

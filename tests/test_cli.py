@@ -271,6 +271,9 @@ def test_sharpness_json_csv_and_figure(sharpness_run):
     # progressive sharpening at the start of the run
     sharpness = [entry["eigenvalues"][0] for entry in entries]
     assert sharpness == sorted(sharpness)
+    # Lanczos certifies its bounds at the default level: recorded, and no caveat printed.
+    assert all(0 <= entry["failure_probability"] <= 1e-4 for entry in entries)
+    assert "not proven" not in printed and "not certified" not in printed
 
     with open(out / "sharpness.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
@@ -417,6 +420,10 @@ def test_landscape(tmp_path):
     _assert_png(out / "landscape_1d.png")
     _assert_png(out / "landscape_2d.png")
     assert str(out / "landscape_1d.png") in printed
+    # The cost announced first is the number of evaluations run: 3·5 + 1 on the curves,
+    # 5² + 1 on the surface.
+    assert curves["num_evaluations"] + surface["num_evaluations"] == 42
+    assert "landscape: 42 loss evaluations (one pass over 200 examples each)" in printed
 
 
 # --------------------------------------------------------------------------- user errors

@@ -221,11 +221,63 @@ def finish_outputs(claim: OutputClaim) -> None:
         claim.finish()
 
 
+def check_builder_use(args: argparse.Namespace, paths: Sequence[str | os.PathLike]) -> None:
+    """Refuse ``--builder`` with ``.keras`` files, which hold their architecture: the
+    builder would be ignored (it applies to weights files and tf.train.Checkpoints)."""
+    if args.builder is None:
+        return
+    archives = [Path(path).name for path in paths if str(path).lower().endswith(".keras")]
+    if archives:
+        shown = ", ".join(archives[:3]) + (", ..." if len(archives) > 3 else "")
+        raise UserError(
+            f"--builder applies to weights files (.weights.h5) and tf.train.Checkpoints "
+            f"only; {shown} {'holds' if len(archives) == 1 else 'hold'} the whole model, "
+            "architecture included, so the builder would be ignored: drop --builder, or "
+            "give the weights file it should load."
+        )
+
+
 def load_data(args: argparse.Namespace) -> Any:
     from spectra.datasets import load_data as load
 
     with user_errors("--data"):
-        return load(args.data, args.max_examples, args.seed)
+        data = load(args.data, args.max_examples, args.seed)
+    check_data_values(data, args.data)
+    return data
+
+
+def check_data_values(data: Any, spec: str) -> None:
+    """Refuse data the loss cannot use, naming the array and what to do: arrays that are
+    not numbers (string labels), and NaN or infinite values in x, y or sample_weight.
+
+    Cost: one pass over the arrays.
+    """
+    arrays = {"x": data.x, "y": data.y, "sample_weight": data.sample_weight}
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        if array.dtype.kind not in "biuf":
+            what = "strings" if array.dtype.kind in "US" else f"of dtype {array.dtype}"
+            advice = (
+                "encode the classes as integers 0..C-1, e.g. classes, y = np.unique(y, "
+                "return_inverse=True), and save again"
+                if name == "y"
+                else f"convert {name} to numbers and save again"
+            )
+            raise UserError(
+                f"--data: {name} in '{spec}' holds {what} (e.g. {array.flat[0].item()!r}), not "
+                f"numbers: {advice}."
+            )
+        if array.dtype.kind == "f":
+            bad = ~np.isfinite(array)
+            if bad.any():
+                rows = np.flatnonzero(bad.reshape(len(array), -1).any(axis=1))
+                raise UserError(
+                    f"--data: {name} in '{spec}' holds NaN or infinite values ({int(bad.sum())} "
+                    f"in {rows.size} of {len(array)} examples, the first at index "
+                    f"{int(rows[0])}): "
+                    "remove those examples or fill in the values, and save again."
+                )
 
 
 def check_loss(args: argparse.Namespace) -> None:
@@ -310,6 +362,29 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
     return op
 
 
+# The optimizers whose state gives --preconditioned its P (spectra._tf_compat.OPTIMIZER_SLOTS,
+# named here so that checking a recorded optimizer needs no TensorFlow).
+PRECONDITIONED_OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "Adagrad")
+
+
+def check_preconditionable(name: str, where: str) -> None:
+    """Refuse ``--preconditioned`` for an optimizer ``name`` without a preconditioner
+    spectra reads (SGD: P = I; Lion, Adafactor, ...: unsupported), as a
+    :class:`SettingError` (every checkpoint's problem, said before any checkpoint's)."""
+    if name.lower() in (known.lower() for known in PRECONDITIONED_OPTIMIZERS):
+        return
+    if name.lower() == "sgd":
+        raise SettingError(
+            f"the optimizer {where} is SGD, which has no preconditioner (P = I): measure "
+            "λ_max(H) without --preconditioned."
+        )
+    raise SettingError(
+        f"--preconditioned does not support the optimizer {where}, {name}: its "
+        "preconditioner is not one spectra reads; supported: "
+        f"{', '.join(PRECONDITIONED_OPTIMIZERS)}. Measure λ_max(H) without --preconditioned."
+    )
+
+
 def _preconditioned(op: Any, model: Any) -> Any:
     """``op`` seen through the preconditioner of ``model``'s restored optimizer state.
 
@@ -327,6 +402,8 @@ def _preconditioned(op: Any, model: Any) -> Any:
             "(model.save)."
         )
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    if type(optimizer).__name__ not in ("SGD", *PRECONDITIONED_OPTIMIZERS):
+        check_preconditionable(type(optimizer).__name__, "of the checkpoint")
     try:
         matrix = threshold_matrix(optimizer)
     except ValueError:
@@ -358,10 +435,29 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
 
     with user_errors(args.model):
         model = load_model(args.model, builder=args.builder, compile=compiles_model(args))
+    if args.training:
+        seed_generator_states(model, args.seed)
     size = check_model(model, args, data, args.model)
     with user_errors(args.model):
         op = make_operator(model, args, data)
     return model, size, op
+
+
+def seed_generator_states(model: Any, seed: int) -> None:
+    """Set the state of the j-th Keras ``SeedGenerator`` of ``model`` (in the order of
+    ``model.variables``) to ``[seed, 2²⁰·j]``, the base the operators use with ``seed``.
+
+    Keras draws these states at random when a model is loaded, so in training mode
+    whatever evaluates the model itself (the loss landscape) would draw other Dropout
+    masks in every process; the operators are given ``seed`` and do not read them.
+    """
+    from spectra import _tf_compat
+
+    states = _tf_compat.seed_state_variables(model)
+    ordered = [v for v in model.variables if any(v is s for s in states)]
+    ordered += [s for s in states if all(s is not v for v in ordered)]
+    for j, state in enumerate(ordered):
+        state.assign(np.array([seed, j * 2**20], dtype=state.dtype))
 
 
 def data_fingerprint(data: Any) -> str:
@@ -493,3 +589,67 @@ def plus_minus(value: float | None, error: float | None) -> str:
         return f"{value:.6g} ± {error:.2g}"
     digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(error)) + 2
     return f"{value:.{min(max(digits, 1), 12)}g} ± {error:#.2g}"
+
+
+# --------------------------------------------------------------------------- bounds
+
+# The failure probability spectra.eigenvalues certifies by default: a bound at this level
+# (or below) is printed as it is; any other level, or none, is printed beside it.
+DEFAULT_FAILURE_PROBABILITY = 1e-4
+
+
+def bound_holds(converged: bool, failure_probability: float | None) -> bool:
+    """Whether an eigenvalue's error bound is proven at the default level: it converged
+    and its failure probability is known and at most :data:`DEFAULT_FAILURE_PROBABILITY`."""
+    return (
+        bool(converged)
+        and failure_probability is not None
+        and failure_probability <= DEFAULT_FAILURE_PROBABILITY
+    )
+
+
+def bound_note(
+    converged: bool,
+    failure_probability: float | None,
+    *,
+    value: float | None = None,
+    bound: float | None = None,
+    tol: float | None = None,
+    reason: str | None = None,
+) -> str:
+    """What a printed bound ``value ± bound`` proves, as a suffix ("" when it holds at
+    the default level).
+
+    ``(not converged: <reason>)`` when it did not converge (the given reason, else the
+    bound against ``tol·|value|``); ``(failure probability p: ...)`` when p is above the
+    default level, ``(not certified: ...)`` when it is unknown (None): the bound then
+    holds for some eigenvalue near the value, not necessarily the one it is named for.
+    Depends on both fields, so that a result saying ``converged=True`` with a failure
+    probability of 1 is not printed as proven.
+    """
+    notes = []
+    if not converged:
+        if reason is None and None not in (value, bound, tol):
+            limit = tol * abs(value)  # type: ignore[operator]
+            reason = f"error bound {bound:.2g} > tol·|λ| = {limit:.2g}"
+        notes.append(f"(not converged: {reason or 'the tolerance was not reached'})")
+    if failure_probability is None:
+        notes.append("(not certified: holds for some eigenvalue, maybe not this one)")
+    elif failure_probability >= 0.5:
+        notes.append(f"(not certified: failure probability {failure_probability:.2g})")
+    elif failure_probability > DEFAULT_FAILURE_PROBABILITY:
+        notes.append(
+            f"(failure probability {failure_probability:.2g}, not {DEFAULT_FAILURE_PROBABILITY:g})"
+        )
+    return "  ".join(notes)
+
+
+def result_reasons(result: Any) -> list[str | None]:
+    """The reason each eigenpair did not converge, where the result gives one
+    (``reasons``, one per eigenvalue, or one ``reason``); None entries otherwise."""
+    count = len(result.eigenvalues)
+    reasons = getattr(result, "reasons", None)
+    if reasons is not None and len(reasons) == count:
+        return [None if r is None else str(r) for r in reasons]
+    reason = getattr(result, "reason", None)
+    return [None if reason is None else str(reason)] * count

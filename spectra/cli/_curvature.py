@@ -25,7 +25,9 @@ class CurvatureChoice:
     (built with ``from_keras(model, loss, data, **the common keywords, **options)``),
     ``title`` how figures name the matrix ("Hessian") and ``symbol`` its letter in
     formulas ("H"). ``seeded`` operators draw random numbers (sampled labels) from the
-    command's ``--seed``.
+    command's ``--seed`` in any mode; every operator gets the seed, so that in training
+    mode its Dropout masks come from ``--seed`` (not from the model's seed generator
+    states, which Keras draws anew in each process).
     """
 
     name: str
@@ -49,11 +51,12 @@ class CurvatureChoice:
         return found
 
     def from_keras(self, model: Any, loss: Any, data: Any, seed: int, **keywords: Any) -> Any:
-        """The operator of this matrix for ``model`` (see :meth:`operator_class`)."""
-        extra = dict(self.options)
-        if self.seeded:
-            extra["seed"] = seed
-        return self.operator_class().from_keras(model, loss, data, **keywords, **extra)
+        """The operator of this matrix for ``model`` (see :meth:`operator_class`), with
+        ``seed`` passed on, as ``from_keras(..., seed=seed)`` in the Python API: the same
+        command and seed give the same matrix in every process, training mode included."""
+        return self.operator_class().from_keras(
+            model, loss, data, **keywords, **self.options, seed=seed
+        )
 
 
 CURVATURES: Mapping[str, CurvatureChoice] = MappingProxyType(

@@ -13,6 +13,12 @@ from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE
 
 # The landscape's α grid when --points is not given: enough points in the quadratic region.
 LANDSCAPE_POINTS = 41
+# The most loss evaluations (data passes) ``spectra landscape`` runs without --force: 2,000
+# is 2 curves of 1,000 points, or a 2-D surface of 44² points (the default 41 points give
+# 2·41 + 1 = 83 evaluations in 1-D and 41² + 2·41 + 1 = 1,764 with --directions 2).
+LANDSCAPE_MAX_EVALUATIONS = 2000
+# Seeds are non-negative and below 2**62 (the operators' stateless generators).
+MAX_SEED = 2**62
 FIGURE_FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
@@ -45,6 +51,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed: an integer 0 ≤ s < 2⁶² (what the operators' stateless generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if not 0 <= value < MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**62, got {text}")
     return value
 
 
@@ -108,7 +125,13 @@ def _common_options() -> argparse.ArgumentParser:
         "--batch-size (recorded in the results); default: inference mode",
     )
     group.add_argument(
-        "--seed", type=int, default=0, help="seed of the data subset and random probes (default 0)"
+        "--seed",
+        type=_seed,
+        default=0,
+        help="seed of the data subset, the random probes and, with --training, the Dropout "
+        "masks: the same command and seed give the same numbers in every process, as the "
+        "Python API with seed=S does (an integer 0 ≤ S < 2**62; default 0; recorded in the "
+        "results)",
     )
     group = common.add_argument_group("output")
     group.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -362,7 +385,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=LANDSCAPE_POINTS,
         metavar="N",
         help=f"points per direction; an even N is raised by one so that α = 0 is included, "
-        f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS})",
+        f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS}). Each point costs one pass "
+        f"over the data: 1-D curves take (directions + 1)·N + 1 passes, --directions 2 adds "
+        f"N² + 1; runs of more than {LANDSCAPE_MAX_EVALUATIONS:,} passes are refused without "
+        "--force",
+    )
+    landscape.add_argument(
+        "--force",
+        action="store_true",
+        help=f"run a landscape of more than {LANDSCAPE_MAX_EVALUATIONS:,} loss evaluations "
+        "(the estimate of its cost is printed first)",
     )
     landscape.add_argument(
         "--restart",

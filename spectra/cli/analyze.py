@@ -11,9 +11,13 @@ from typing import Any
 import numpy as np
 
 from spectra.cli._common import (
+    DEFAULT_FAILURE_PROBABILITY,
     CommandReport,
     Console,
     UserError,
+    bound_holds,
+    bound_note,
+    check_builder_use,
     data_description,
     describe_data,
     describe_eigensolver,
@@ -29,6 +33,7 @@ from spectra.cli._common import (
     model_description,
     number_settings,
     plus_minus,
+    result_reasons,
     versions,
     write_outputs,
 )
@@ -77,6 +82,7 @@ class AnalysisReport(CommandReport):
 def run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     settings = measurement_settings(args)
+    check_builder_use(args, [args.model])
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         data = load_data(args)
         model, size, op = load_operator(args, data)
@@ -265,11 +271,26 @@ def _print(report: AnalysisReport, console: Console) -> None:
     if dtype != "float64":
         eps = np.finfo(dtype).eps
         console.info(f"  ({dtype} products: accurate to about {eps:.0e}·λ1 at best)")
+    reasons = result_reasons(eig)
     for index, (value, bound, residual, converged) in enumerate(
         zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
     ):
-        note = "" if converged else "  (not converged)"
+        note = bound_note(
+            bool(converged),
+            eig.failure_probability,
+            value=float(value),
+            bound=float(bound),
+            tol=report.settings["tol"],
+            reason=reasons[index - 1],
+        )
+        note = f"  {note}" if note else ""
         console.info(f"  λ{index} = {plus_minus(value, bound)}   residual {residual:.1e}{note}")
+    if not all(bound_holds(c, eig.failure_probability) for c in np.atleast_1d(eig.converged)):
+        console.warn(
+            f"the {eig.method} bounds above are not all certified: use them as estimates "
+            "(--method lanczos certifies its bounds with failure probability "
+            f"{DEFAULT_FAILURE_PROBABILITY:g})"
+        )
     if report.eigenvalue_ratio is not None:
         console.info(f"λ1/λ{eig.eigenvalues.size} = {report.eigenvalue_ratio:.4g}")
     if report.trace is not None:
@@ -316,8 +337,9 @@ def _print_layers(layers: LayerwiseResult, console: Console) -> None:
         line = f"  {row['group']:<{width}}  {row['size']:>10,}  {top:<24}"
         if "trace" in row:
             line += f"  {row['trace']:.6g} ± {row['trace_stderr']:.2g}"
-        if not row["converged"]:
-            line += "  (not converged)"
+        note = bound_note(row["converged"], layers.failure_probability)
+        if note:
+            line += f"  {note}"
         console.info(line.rstrip())
 
 

@@ -13,6 +13,8 @@ from spectra.cli._common import (
     CommandReport,
     Console,
     UserError,
+    bound_note,
+    check_builder_use,
     data_description,
     describe_data,
     describe_eigensolver,
@@ -25,10 +27,12 @@ from spectra.cli._common import (
     locked_output,
     matrix_title,
     model_description,
+    seed_generator_states,
     user_errors,
     versions,
     write_outputs,
 )
+from spectra.cli._parser import LANDSCAPE_MAX_EVALUATIONS, LANDSCAPE_POINTS
 from spectra.eigenvalues import eigenvalues
 from spectra.results import EigenResult
 
@@ -77,9 +81,42 @@ def step_grid(radius: float, points: int) -> np.ndarray:
     return np.linspace(-radius, radius, 2 * half + 1)
 
 
+def planned_evaluations(directions: int, points: int) -> int:
+    """Loss evaluations (one data pass each) of a landscape of ``points`` per direction.
+
+    The curves along v₁ (and v₂) and the random direction take N points each plus one at
+    the weights themselves; with two directions the surface adds N² + 1, where N is
+    ``points`` raised to odd (:func:`step_grid`). The eigenvectors, the loss and the
+    gradient at the weights cost a few passes more.
+    """
+    size = 1 if points == 1 else 2 * (points // 2) + 1
+    count = (directions + 1) * size + 1
+    if directions == 2:
+        count += size * size + 1
+    return count
+
+
+def check_cost(args: argparse.Namespace) -> int:
+    """The planned number of loss evaluations, refused above
+    :data:`LANDSCAPE_MAX_EVALUATIONS` without ``--force`` (before anything is loaded)."""
+    count = planned_evaluations(args.directions, args.points)
+    if count > LANDSCAPE_MAX_EVALUATIONS and not args.force:
+        surface = " (a --directions 2 surface grows as N²)" if args.directions == 2 else ""
+        raise UserError(
+            f"--points {args.points} means {count:,} loss evaluations, one pass over the data "
+            f"each{surface}, more than the {LANDSCAPE_MAX_EVALUATIONS:,} run without --force: "
+            f"give fewer --points (the default {LANDSCAPE_POINTS} takes "
+            f"{planned_evaluations(args.directions, LANDSCAPE_POINTS):,}), or --force to run "
+            "it anyway."
+        )
+    return count
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.directions == 2 and args.points < 3:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
+    check_cost(args)
+    check_builder_use(args, [args.model])
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         report, figures = _compute(args, console)
         write_outputs(out, report, _RESULTS, figures, args.format)
@@ -111,6 +148,7 @@ def _compute(
         radius, rule = default_radius(base_loss, top)
     else:
         radius, rule = args.radius, f"R = {args.radius:g} (--radius)"
+    _check_radius(model, op, radius, rule)
     alphas = step_grid(radius, args.points)
     random = random_direction(op, args.seed, normalization="filter")
     random /= np.linalg.norm(random)
@@ -121,15 +159,21 @@ def _compute(
         "training": args.training,
         "dtype": np.float64 if args.float64 else None,
     }
+    evaluated = model
+    if args.training and args.float64:
+        evaluated = _seeded_float64_copy(model, args.seed)
+        common["dtype"] = None
+    _announce_cost(args, console, evaluated, data, common)
     with user_errors():
-        curves = loss_landscape(model, args.loss, data.as_tuple(), directions, alphas, **common)
+        curves = loss_landscape(evaluated, args.loss, data.as_tuple(), directions, alphas, **common)
     surface = None
     if args.directions == 2:
         plane = {label: directions[label] for label in ("v1", "v2")}
         with user_errors():
             surface = loss_landscape(
-                model, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
+                evaluated, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
             )
+    _check_finite(curves, surface, radius, rule, base_loss, top)
     slope = float(op.gradient().astype(np.float64) @ directions["v1"])
     report = LandscapeReport(
         command=args.command_line,
@@ -166,6 +210,87 @@ def _compute(
         files={},
     )
     return report, _figures(args, report, alphas, base_loss, slope)
+
+
+def _seeded_float64_copy(model: Any, seed: int) -> Any:
+    """The float64 copy of ``model`` that ``loss_landscape(dtype=np.float64)`` would make,
+    with its seed generator states set from ``seed``: a copy rebuilt from the config gets
+    fresh random states, which in training mode would give other Dropout masks in every
+    process."""
+    import tensorflow as tf
+
+    from spectra import _keras
+
+    with user_errors():
+        copy = _keras.model_in_dtype(model, tf.float64)
+    seed_generator_states(copy, seed)
+    return copy
+
+
+def _check_radius(model: Any, op: Any, radius: float, rule: str) -> None:
+    """Refuse a radius that takes some weight beyond the largest number of the products'
+    dtype: at θ + α d with |α| ≤ R and a unit d, no weight exceeds max|θ| + R."""
+    largest = max(float(np.max(np.abs(v.numpy()), initial=0.0)) for v in model.trainable_weights)
+    limit = float(np.finfo(op.dtype).max)
+    if not largest + radius < limit:
+        raise UserError(
+            f"the radius {rule} takes the weights to {largest + radius:.3g}, beyond the "
+            f"largest {np.dtype(op.dtype).name} number {limit:.3g}: give a smaller --radius "
+            "(without it the radius is scaled to the curvature)."
+        )
+
+
+def _check_finite(
+    curves: Any, surface: Any, radius: float, rule: str, base_loss: float, top: float
+) -> None:
+    """Refuse a landscape with a NaN or infinite loss, naming the point nearest the weights
+    where it is (before anything is written): such a radius leaves where the model's
+    arithmetic holds."""
+    if not math.isfinite(base_loss):
+        raise UserError(f"the loss at the model's weights is {base_loss}, not finite.")
+    found = [
+        (label, float(alpha), float(value))
+        for label in curves.labels
+        for alpha, value in zip(curves.alphas, curves.losses[label])
+        if not math.isfinite(value)
+    ]
+    if surface is not None and not found:
+        bad = np.argwhere(~np.isfinite(surface.losses_2d))
+        if bad.size:
+            i, j = bad[0]
+            found = [("the v₁-v₂ plane", float(surface.alphas[i]), float(surface.losses_2d[i, j]))]
+    if found:
+        label, alpha, value = max(found, key=lambda item: -abs(item[1]))
+        suggested, _ = default_radius(base_loss, top)
+        raise UserError(
+            f"the loss is {value} at α = {alpha:.3g} along {label} ({len(found)} points not "
+            f"finite): the radius {rule} leaves the region where the model's arithmetic "
+            f"holds; give a smaller --radius (the curvature-scaled default here is "
+            f"{suggested:.3g})."
+        )
+
+
+def _announce_cost(
+    args: argparse.Namespace, console: Console, model: Any, data: Any, common: dict[str, Any]
+) -> None:
+    """Print the planned loss evaluations and an estimate of their time.
+
+    The estimate is the time per evaluation of a probe of 11 evaluations at the weights,
+    timed after a first, untimed probe that pays TensorFlow's one-off start-up; the
+    probe's own tracing is included, so the estimate errs high.
+    """
+    from spectra.landscape import loss_landscape
+
+    count = planned_evaluations(args.directions, args.points)
+    zero = {"probe": np.zeros(sum(int(np.prod(v.shape)) for v in model.trainable_weights))}
+    with user_errors():
+        for n in (1, 10):
+            probe = loss_landscape(model, args.loss, data.as_tuple(), zero, np.zeros(n), **common)
+    per_pass = probe.wall_time / probe.num_evaluations
+    console.info(
+        f"landscape: {count:,} loss evaluations (one pass over {data.num_examples:,} examples "
+        f"each), about {count * per_pass:.2g} s or less ({per_pass:.2g} s per pass)"
+    )
 
 
 def _figures(
@@ -230,6 +355,17 @@ def _print(args: argparse.Namespace, report: LandscapeReport, console: Console) 
         f"{curves.base_loss:.6g}"
     )
     console.info(f"radius: {report.radius['rule']}")
+    eig = report.eigenvalues
+    notes = [
+        bound_note(bool(converged), eig.failure_probability)
+        for converged in np.atleast_1d(eig.converged)
+    ]
+    if any(notes):
+        console.warn(
+            f"the {eig.method} eigenvalues are "
+            f"{' '.join(dict.fromkeys(note for note in notes if note))}: v1 may not be the "
+            "top eigenvector (--method lanczos certifies it)"
+        )
     alphas = curves.alphas
     for label in curves.labels:
         losses = curves.losses[label]

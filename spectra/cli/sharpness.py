@@ -20,13 +20,18 @@ from typing import Any
 import numpy as np
 
 from spectra.cli._common import (
+    DEFAULT_FAILURE_PROBABILITY,
     Console,
     SettingError,
     UserError,
+    bound_holds,
+    bound_note,
+    check_builder_use,
     check_curvature,
     check_loss,
     check_model,
     check_out_option,
+    check_preconditionable,
     compiles_model,
     data_description,
     data_fingerprint,
@@ -88,6 +93,7 @@ def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store
 
     with user_errors(args.checkpoints):
         refs = find_checkpoints(args.checkpoints, steps=args.steps)
+    check_builder_use(args, [ref.path for ref in refs])
     step_source = "--steps" if args.steps else "file names"
     unit = "step" if args.steps else step_unit([ref.path for ref in refs])
     data = load_data(args)
@@ -214,7 +220,7 @@ def _measure_all(
             totals["passes"] += measurement.num_data_passes or 0
             bar.update(1)
             bar.set_postfix(products=totals["products"], passes=totals["passes"], refresh=False)
-            console.info(_line(entry, threshold, unit))
+            console.info(_line(entry, threshold, unit, args.method, args.tol))
     finally:
         bar.close()
     console.detail(
@@ -223,11 +229,42 @@ def _measure_all(
     )
 
 
-def _line(entry: dict[str, Any], threshold: StabilityThreshold | None, unit: str) -> str:
+def entry_failure_probability(entry: dict[str, Any], method: str) -> float | None:
+    """The failure probability of an entry's bounds; for an entry recorded without one
+    (by an earlier version), what its method certifies: "lanczos" the default level, "power"
+    nothing (1), "lobpcg" no statement (None)."""
+    if "failure_probability" in entry:
+        return entry["failure_probability"]
+    return {"lanczos": DEFAULT_FAILURE_PROBABILITY, "power": 1.0}.get(method)
+
+
+def entry_certified(entry: dict[str, Any], method: str) -> bool:
+    """Whether the top eigenvalue's bound of an entry is proven at the default level."""
+    return bound_holds(entry["converged"][0], entry_failure_probability(entry, method))
+
+
+def _line(
+    entry: dict[str, Any],
+    threshold: StabilityThreshold | None,
+    unit: str,
+    method: str = "lanczos",
+    tol: float | None = None,
+) -> str:
     top = plus_minus(entry["eigenvalues"][0], entry["error_bounds"][0])
     line = f"{unit} {entry['step']:>6}  λ1 = {top}"
+    note = bound_note(
+        entry["converged"][0],
+        entry_failure_probability(entry, method),
+        value=entry["eigenvalues"][0],
+        bound=entry["error_bounds"][0],
+        tol=tol,
+    )
+    if note:
+        line += f"  {note}"
     if threshold is not None:
-        line += f"  ({entry['eigenvalues'][0] / threshold.value:.3f} × threshold)"
+        ratio = entry["eigenvalues"][0] / threshold.value
+        proven = "" if entry_certified(entry, method) else ", not proven"
+        line += f"  ({ratio:.3f} × threshold{proven})"
     if entry.get("eigenvector_overlap") is not None:
         line += f"  overlap with previous {entry['eigenvector_overlap']:.3f}"
     if entry["trace"] is not None:
@@ -291,6 +328,7 @@ def _threshold(
                     f"the optimizer recorded in {Path(refs[0].path).name} is {name}, which has "
                     "no preconditioner (P = I): measure λ_max(H) without --preconditioned."
                 )
+        check_preconditionable(name, f"recorded in {Path(refs[0].path).name}")
     if threshold is not None and threshold.preconditioned and not args.preconditioned:
         notes.append(
             f"{threshold.optimizer}'s threshold {threshold.formula} bounds the preconditioned "
@@ -380,7 +418,23 @@ def _conclude(
         summary = f"largest λ1 = {top['eigenvalues'][0]:.6g} at {unit} {top['step']}"
         if threshold is not None:
             summary += f" (threshold {threshold.value:.4g})"
+        uncertified = [entry for entry in done if not entry_certified(entry, args.method)]
+        if uncertified:
+            summary += (
+                f"; {len(uncertified)} of {len(done)} bounds not certified, so whether "
+                "those checkpoints are above or below the threshold is not proven"
+                if threshold is not None
+                else f"; {len(uncertified)} of {len(done)} bounds not certified"
+            )
         console.info(summary)
+        if uncertified:
+            console.warn(
+                f"{len(uncertified)} of {len(done)} checkpoints have bounds that are not "
+                f"certified ({args.method}: not converged, or failure probability above "
+                f"{DEFAULT_FAILURE_PROBABILITY:g}); the values may lie outside their bounds. "
+                "--method lanczos certifies its bounds (hollow markers in the figure: "
+                "not certified)"
+            )
     console.info(f"results: {store.json_path}, {store.csv_path}")
     if figures:
         console.info(f"figure: {', '.join(figures)}")
@@ -434,6 +488,20 @@ def _figure(
         xlabel=_UNIT_LABELS.get((unit, step_source), unit.capitalize()),
         ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
     )
+    uncertified = [not entry_certified(entry, args.method) for entry in done]
+    if any(uncertified):
+        top = values if values.ndim == 1 else values[:, 0]
+        picked = np.flatnonzero(uncertified)
+        ax.plot(
+            np.asarray(steps)[picked],
+            top[picked],
+            linestyle="none",
+            marker="o",
+            markersize=7,
+            markerfacecolor="white",
+            markeredgecolor="black",
+            zorder=5,
+        )
     model = report.get("model")
     start = "cold starts" if args.cold_start else "warm starts from the previous eigenvectors"
     caption = figure_caption(
@@ -445,6 +513,7 @@ def _figure(
         f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
+        "hollow markers: bound not certified" if any(uncertified) else None,
     )
     figure = add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)
     try:
