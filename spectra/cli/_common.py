@@ -642,14 +642,3 @@ def bound_note(
             f"(failure probability {failure_probability:.2g}, not {DEFAULT_FAILURE_PROBABILITY:g})"
         )
     return "  ".join(notes)
-
-
-def result_reasons(result: Any) -> list[str | None]:
-    """The reason each eigenpair did not converge, where the result gives one
-    (``reasons``, one per eigenvalue, or one ``reason``); None entries otherwise."""
-    count = len(result.eigenvalues)
-    reasons = getattr(result, "reasons", None)
-    if reasons is not None and len(reasons) == count:
-        return [None if r is None else str(r) for r in reasons]
-    reason = getattr(result, "reason", None)
-    return [None if reason is None else str(reason)] * count

@@ -33,7 +33,6 @@ from spectra.cli._common import (
     model_description,
     number_settings,
     plus_minus,
-    result_reasons,
     versions,
     write_outputs,
 )
@@ -271,7 +270,6 @@ def _print(report: AnalysisReport, console: Console) -> None:
     if dtype != "float64":
         eps = np.finfo(dtype).eps
         console.info(f"  ({dtype} products: accurate to about {eps:.0e}·λ1 at best)")
-    reasons = result_reasons(eig)
     for index, (value, bound, residual, converged) in enumerate(
         zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
     ):
@@ -281,7 +279,6 @@ def _print(report: AnalysisReport, console: Console) -> None:
             value=float(value),
             bound=float(bound),
             tol=report.settings["tol"],
-            reason=reasons[index - 1],
         )
         note = f"  {note}" if note else ""
         console.info(f"  λ{index} = {plus_minus(value, bound)}   residual {residual:.1e}{note}")

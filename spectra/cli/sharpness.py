@@ -243,6 +243,20 @@ def entry_certified(entry: dict[str, Any], method: str) -> bool:
     return bound_holds(entry["converged"][0], entry_failure_probability(entry, method))
 
 
+def _side_of_threshold(entry: dict[str, Any], threshold: StabilityThreshold, method: str) -> str:
+    """Where the bound puts λ1 against the threshold: ``"above"`` or ``"below"`` when the
+    whole interval λ1 ± bound is on that side, ``"within"`` when the threshold lies inside
+    it, ``"unproven"`` when the bound is not certified."""
+    if not entry_certified(entry, method):
+        return "unproven"
+    value, bound = entry["eigenvalues"][0], entry["error_bounds"][0]
+    if value - bound > threshold.value:
+        return "above"
+    if value + bound < threshold.value:
+        return "below"
+    return "within"
+
+
 def _line(
     entry: dict[str, Any],
     threshold: StabilityThreshold | None,
@@ -263,8 +277,9 @@ def _line(
         line += f"  {note}"
     if threshold is not None:
         ratio = entry["eigenvalues"][0] / threshold.value
-        proven = "" if entry_certified(entry, method) else ", not proven"
-        line += f"  ({ratio:.3f} × threshold{proven})"
+        side = _side_of_threshold(entry, threshold, method)
+        proven = {"unproven": ", not proven", "within": ", threshold within the bound"}
+        line += f"  ({ratio:.3f} × threshold{proven.get(side, '')})"
     if entry.get("eigenvector_overlap") is not None:
         line += f"  overlap with previous {entry['eigenvector_overlap']:.3f}"
     if entry["trace"] is not None:
@@ -419,6 +434,12 @@ def _conclude(
         if threshold is not None:
             summary += f" (threshold {threshold.value:.4g})"
         uncertified = [entry for entry in done if not entry_certified(entry, args.method)]
+        if threshold is not None:
+            sides = [_side_of_threshold(entry, threshold, args.method) for entry in done]
+            summary += (
+                f"; certified above it: {sides.count('above')}, below: {sides.count('below')}, "
+                f"threshold within the bound: {sides.count('within')}"
+            )
         if uncertified:
             summary += (
                 f"; {len(uncertified)} of {len(done)} bounds not certified, so whether "
