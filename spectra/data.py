@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra._replicas import Replicas
-from spectra._validation import check_int
+from spectra._validation import check_int, graph_errors
 
 __all__ = ["Batches", "DatasetFunction"]
 
@@ -508,7 +508,7 @@ class Batches:
     def _read_dataset(self) -> Iterator[tuple[Any, int]]:
         """``(batch, n)`` for each element of this process's dataset, counted as read."""
         assert self._dataset is not None
-        for index, element in enumerate(self._dataset):
+        for index, element in enumerate(self._elements()):
             if self._max_batches is not None and index >= self._max_batches:
                 raise ValueError(
                     f"the dataset yielded more than max_batches={self._max_batches} batches. "
@@ -525,6 +525,22 @@ class Batches:
             self.examples_read += n
             self.bytes_read += _nbytes(element)
             yield element, n
+
+    def _elements(self) -> Iterator[Any]:
+        """The dataset's elements; an error raised while producing one (a failing
+        assertion in a ``map``, a raising ``from_generator``) is re-raised with the batch
+        and its root cause on the first line ("batch 3 of the dataset: ...")."""
+        assert self._dataset is not None
+        iterator = iter(self._dataset)
+        index = 0
+        while True:
+            with graph_errors(self._where(index)):
+                try:
+                    element = next(iterator)
+                except StopIteration:
+                    return
+            yield element
+            index += 1
 
     def _changed(self, detail: str) -> ValueError:
         where = f" on worker {self._replicas.worker}" if self._replicas.num_workers > 1 else ""
