@@ -91,10 +91,10 @@ def resolve_variables_and_dtype(
         if matches[0] in positions:
             first = positions.index(matches[0])
             raise ValueError(
-                f"variables[{i}] ({_describe_variable(v)}) is the model weight "
-                f"{all_weights[matches[0]].path!r} again, already given as variables[{first}]"
-                " (a Keras weight and its tf.Variable, .value, are the same weight); list "
-                "each weight once."
+                f"variables[{i}] ({_describe_variable(v)}) is listed twice: it is the model "
+                f"weight {all_weights[matches[0]].path!r}, already given as "
+                f"variables[{first}] (a Keras weight and its tf.Variable, .value, are the "
+                "same weight); list each weight once."
             )
         positions.append(matches[0])
     chosen = [all_weights[j] for j in positions]

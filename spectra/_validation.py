@@ -752,9 +752,6 @@ def root_cause(message: str) -> str | None:
     at" traceback and without the ``[[{{node ...}}]]`` and ``[Op:...]`` decorations,
     followed by the node's name when TensorFlow gives one.
     """
-    function_node = _FUNCTION_NODE.match(message)
-    if function_node:
-        message = _GRAPH_ERROR + "\n" + message[function_node.end() :]
     if not message.startswith(_GRAPH_ERROR):
         return None
     node = None
@@ -792,6 +789,16 @@ def root_cause(message: str) -> str | None:
     return "\n".join([cause, " ".join(notes)]) if notes else cause
 
 
+def _function_cause(message: str) -> str | None:
+    """The root cause of an error raised while a compiled function ran outside a graph
+    (``{{function_node __wrapped__IteratorGetNext...}} cause [[{{node ...}}]]``, as a
+    dataset's iterator raises it), or None for other messages."""
+    match = _FUNCTION_NODE.match(message)
+    if match is None:
+        return None
+    return root_cause(f"{_GRAPH_ERROR}\n{message[match.end() :]}")
+
+
 def _with_root_cause(error: tf.errors.OpError) -> tf.errors.OpError | None:
     cause = root_cause(error.message)
     if cause is None:
@@ -810,7 +817,12 @@ def graph_errors(what: str) -> Iterator[None]:
     try:
         yield
     except tf.errors.OpError as err:
-        cause = root_cause(err.message) or err.message.strip() or type(err).__name__
+        cause = (
+            root_cause(err.message)
+            or _function_cause(err.message)
+            or err.message.strip()
+            or type(err).__name__
+        )
         first, _, rest = cause.partition("\n")
         message = f"{what}: {first}" + (f"\n{rest}" if rest else "")
         try:
