@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -519,9 +520,33 @@ def stateless_forward(
     with keras.StatelessScope(state_mapping=mapping, collect_losses=True):
         # ``model.__call__`` rather than ``model(...)``: a stand-in that forwards attribute
         # access to a model is not callable itself.
-        outputs = model.__call__(x, training=training)
+        try:
+            outputs = model.__call__(x, training=training)
+        except (ValueError, TypeError) as err:
+            cause = _keras_call_cause(str(err))
+            if cause is None:
+                raise
+            raise type(err)(
+                f"calling model {model.name!r} on a batch of x failed: {cause} Check that x "
+                "fits the model's inputs (number of features, shape, dtype)."
+            ) from err
         extra = list(model.losses)
     return outputs, extra
+
+
+_BOLD = re.compile(r"\x1b\[1m((?:(?!\x1b\[1m).)*?)\x1b\[0m", re.DOTALL)
+
+
+def _keras_call_cause(message: str) -> str | None:
+    """The innermost cause of Keras' multi-line "Exception encountered when calling
+    X.call()" error (the bold part of the deepest layer), on one line; None otherwise."""
+    if "Exception encountered when calling" not in message:
+        return None
+    found = _BOLD.findall(message)
+    if not found:
+        return None
+    cause = " ".join(found[0].split())
+    return cause if cause.endswith(".") else cause + "."
 
 
 class KerasProgram:

@@ -46,6 +46,28 @@ def test_a_feature_count_that_does_not_fit_the_model(mlp):
     assert len(str(info.value).splitlines()) == 1
 
 
+def test_a_feature_count_that_does_not_fit_a_subclassed_model(mlp):
+    _, _, y = mlp
+
+    class Regressor(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Regressor()
+    model(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(model, "mse", (np.ones((N, 5), "float32"), y))
+    first = _one_line(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert first.startswith("calling model 'regressor' on a batch of x failed: Input 0")
+    assert "expected axis -1 of input shape to have value 4" in first
+    assert "\x1b" not in first
+
+
 def test_a_variable_that_is_not_the_models(mlp):
     model, x, y = mlp
     with pytest.raises(ValueError) as info:

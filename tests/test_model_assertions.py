@@ -131,3 +131,48 @@ def test_check_numerics_runs():
     op = HessianOperator.from_keras(model, "mse", (x, y), batch_size=10)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"^batch 0: log\(1 \+ inputs\)"):
         op.loss()
+
+
+class CheckedCell(keras.layers.Layer):
+    """A recurrent cell that asserts each step's input is non-negative (inside the loop)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.state_size = 3
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 3))
+        self.recurrent = self.add_weight(shape=(3, 3))
+
+    def call(self, x, states):
+        tf.debugging.assert_non_negative(x, message="step input must be non-negative")
+        h = tf.tanh(x @ self.kernel + states[0] @ self.recurrent)
+        return h, [h]
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "recompute"])
+def test_an_assertion_inside_a_recurrent_loop(monkeypatch, split):
+    if not split:
+        monkeypatch.setenv(SPLIT_ENVIRONMENT_VARIABLE, "0")
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [
+            keras.Input((5, 2), dtype=F64),
+            keras.layers.RNN(CheckedCell(dtype=F64), dtype=F64),
+            keras.layers.Dense(1, dtype=F64),
+        ]
+    )
+    rng = np.random.default_rng(2)
+    x = np.abs(rng.normal(size=(12, 5, 2)))
+    y = rng.normal(size=(12, 1))
+    op = HessianOperator.from_keras(model, "mse", (x, y), batch_size=4)
+    assert op.product_path == ("split" if split else "recompute")
+    truth = dense_hessian(lambda: tf.reduce_mean((y - model(x)) ** 2), model.trainable_variables)
+    dense = op @ np.eye(op.shape[0])
+    assert np.max(np.abs(dense - truth)) <= 1e-10 * np.max(np.abs(truth))
+    x[9, 3, 0] = -1.0  # batch 2
+    op = HessianOperator.from_keras(model, "mse", (x, y), batch_size=4)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"^batch 2: assertion failed: \[step input must"
+    ):
+        op.loss()
