@@ -658,11 +658,14 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
     parts = _unpack(batches.element_spec)
     if parts is None:
         spec = batches.element_spec
-        what = "a tf.data.Dataset" if batches.dataset is not None else "data"
+        if batches.dataset is not None:
+            what = f"data is a tf.data.Dataset whose elements are {_describe_structure(spec)}"
+        else:
+            what = f"data is {_describe_structure(spec)}"
         raise ValueError(
-            f"{what} for a Keras model must yield (x, y) or (x, y, sample_weight); its "
-            f"elements are {_describe_structure(spec)}. Pair the inputs with their labels, "
-            "e.g. tf.data.Dataset.zip((inputs, labels)) or dataset.map(lambda x: (x, y))."
+            f"{what}; for a Keras model it must be (x, y) or (x, y, sample_weight) (a "
+            "dataset must yield such tuples). Pair the inputs with their labels, e.g. "
+            "(x, y), tf.data.Dataset.zip((inputs, labels)) or dataset.map(lambda x: (x, y))."
         )
     x_spec, y_spec, w_spec = parts
     check_input_dtypes(model, x_spec)

@@ -7,7 +7,8 @@ batch losses L_b (the mean over the batch, Keras' ``sum_over_batch_size`` reduct
 
 exactly, an unequal last batch included. :class:`Batches` yields each batch with its
 weight n_b / N; everything that sums over batches (losses, gradients, Hessian products)
-uses these weights.
+uses these weights. (A Keras loss with ``reduction="sum"`` makes its L_b the batch sum
+times N/n_b, so the same weighted sum is the sum over the dataset.)
 
 A ``tf.data.Dataset`` is read again on every pass that is not served from a cache, so it
 must yield the same batches each time. Each pass fingerprints every batch (a CRC-32 of

@@ -98,8 +98,9 @@ def test_a_dataset_of_x_only(mlp):
     with pytest.raises(ValueError) as info:
         HessianOperator.from_keras(model, "mse", dataset)
     assert _one_line(info.value).startswith(
-        "a tf.data.Dataset for a Keras model must yield (x, y) or (x, y, sample_weight); its "
-        "elements are a single tensor of shape (None, 4)."
+        "data is a tf.data.Dataset whose elements are a single tensor of shape (None, 4); "
+        "for a Keras model it must be (x, y) or (x, y, sample_weight) (a dataset must "
+        "yield such tuples)."
     )
 
 
