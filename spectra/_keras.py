@@ -8,10 +8,13 @@ Private to :mod:`spectra.operators`. Conventions (see :meth:`HessianOperator.fro
   variables are never read and every state update (BatchNorm moving statistics in
   training mode, seed generator counters) is discarded: an operator computes with the
   values it snapshotted when it was built, and never changes the user's model;
-* the batch loss is Keras' ``sum_over_batch_size`` reduction, Σ_i w_i l_i / n_b, per
-  output, weighted by ``loss_weights`` and summed over the outputs as ``compile`` does,
-  plus the model's ``losses`` (weight and activity regularizers, ``add_loss`` terms)
-  when asked for;
+* the batch loss L_b is, per output, the loss object's reduction made a share of the
+  dataset loss (:func:`reduction_of`): a mean-type reduction gives Σ_i w_i l_i / n_b,
+  ``"sum"`` gives (N/n_b) Σ_i w_i l_i and ``"none"`` the mean of the unreduced values,
+  so that Σ_b (n_b/N) L_b is the mean (or for ``"sum"`` the sum) over the dataset
+  whatever the batching; weighted by ``loss_weights`` and summed over the outputs as
+  ``compile`` does, plus the model's ``losses`` (weight and activity regularizers,
+  ``add_loss`` terms) when asked for;
 * float64 (or float32 for a mixed-precision model) runs on a clone of the model in that
   dtype, fed with the user's values cast to it, and a copy of the loss in that dtype.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,24 +63,59 @@ def resolve_variables_and_dtype(
     error (it would count its block of the Hessian twice).
     """
     all_weights = list(model.weights)
-    chosen = list(model.trainable_variables) if variables is None else list(variables)
-    if not chosen:
-        raise ValueError(f"model {model.name!r} has no trainable variables.")
+    if variables is None:
+        chosen = list(model.trainable_variables)
+        if not chosen:
+            raise ValueError(f"model {model.name!r} has no trainable variables.")
+    else:
+        if isinstance(variables, (str, bytes)) or not hasattr(variables, "__iter__"):
+            raise TypeError(
+                "variables must be a list of the model's weights (e.g. "
+                f"model.layers[0].trainable_variables); got {type(variables).__name__}."
+            )
+        chosen = list(variables)
+        if not chosen:
+            raise ValueError(
+                "variables is empty: pass None (all trainable variables) or a list of the "
+                "model's weights."
+            )
     positions = []
-    for v in chosen:
-        matches = [i for i, w in enumerate(all_weights) if w is v]
+    for i, v in enumerate(chosen):
+        # A Keras weight given as its tf.Variable (``kernel.value``) is that weight.
+        matches = [j for j, w in enumerate(all_weights) if w is v or _backing(w) is v]
         if not matches:
             raise ValueError(
-                f"variable {getattr(v, 'path', v)!r} is not a weight of model {model.name!r}."
+                f"variables[{i}] ({_describe_variable(v)}) is not a weight of model "
+                f"{model.name!r}. Pass weights of this model, e.g. from "
+                "model.trainable_variables or model.layers[k].trainable_variables."
             )
         if matches[0] in positions:
+            first = positions.index(matches[0])
             raise ValueError(
-                f"variable {getattr(v, 'path', v)!r} is listed twice in variables; each "
-                "parameter may appear once."
+                f"variables[{i}] ({_describe_variable(v)}) is listed twice: it is the model "
+                f"weight {all_weights[matches[0]].path!r}, already given as "
+                f"variables[{first}] (a Keras weight and its tf.Variable, .value, are the "
+                "same weight); list each weight once."
             )
         positions.append(matches[0])
+    chosen = [all_weights[j] for j in positions]
     target = check_float_dtype(chosen[0].dtype if dtype is None else dtype, allow_none=False)
     return chosen, positions, target
+
+
+def _backing(weight: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras weight (its ``value``; None when there is none)."""
+    inner = getattr(weight, "value", None)
+    return inner if isinstance(inner, tf.Variable) else None
+
+
+def _describe_variable(variable: Any) -> str:
+    """A variable as errors name it: its name, type and shape, never its values."""
+    name = getattr(variable, "path", None) or getattr(variable, "name", None)
+    shape = getattr(variable, "shape", None)
+    shape_text = f", shape {tuple(shape)}" if shape is not None else ""
+    named = f"{name!r}, " if name else ""
+    return f"{named}a {type(variable).__name__}{shape_text}"
 
 
 def model_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
@@ -157,6 +196,33 @@ def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
     raise TypeError(
         f"loss must be a Keras loss name, a keras.losses.Loss, or a callable "
         f"(y_true, y_pred) -> scalar; got {type(loss).__name__}."
+    )
+
+
+#: Keras reductions that divide the batch sum by the batch's size (mean-type).
+MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+def reduction_of(loss_callable: Any) -> str:
+    """How a resolved loss reduces its per-example values, as spectra treats it.
+
+    ``"mean"`` for Keras' ``"sum_over_batch_size"``, ``"mean"`` and
+    ``"mean_with_sample_weight"`` and for plain callables (which return the batch mean);
+    ``"sum"`` for ``"sum"``; ``"none"`` for ``"none"`` and ``None`` (unreduced values,
+    averaged by spectra).
+    """
+    if not isinstance(loss_callable, keras.losses.Loss):
+        return "mean"
+    reduction = getattr(loss_callable, "reduction", "sum_over_batch_size")
+    if reduction in MEAN_REDUCTIONS:
+        return "mean"
+    if reduction == "sum":
+        return "sum"
+    if reduction is None or reduction == "none":
+        return "none"
+    raise ValueError(
+        f"the loss {_loss_name(loss_callable)} has reduction={reduction!r}, which spectra "
+        f"does not know; use one of {[*MEAN_REDUCTIONS, 'sum', 'none']}."
     )
 
 
@@ -261,7 +327,9 @@ class StructuredLoss:
     keyed by output name (``None`` entries skip an output); ``loss_weights`` likewise
     (default 1). ``y`` and ``sample_weight`` are a single array for a single output, or
     a list/dict per output (one ``sample_weight`` array applies to every output). The
-    value is Σ_o w_o L_o(y_o, ŷ_o), each L_o with Keras' ``sum_over_batch_size`` reduction.
+    value is Σ_o w_o L_o(y_o, ŷ_o), each L_o the batch's share of the dataset loss under
+    the loss's reduction (:func:`reduction_of`): the batch mean for mean-type reductions
+    and ``"none"``, the batch sum times ``sum_scale`` = N/n_b for ``"sum"``.
     """
 
     def __init__(self, loss: Any, loss_weights: Any, dtype: tf.DType) -> None:
@@ -311,9 +379,15 @@ class StructuredLoss:
             raise ValueError("every output's loss is None: there is no loss to differentiate.")
         return terms
 
-    def value(self, term: LossTerm, labels: Any, sample_weight: Any) -> tf.Tensor:
-        """``weight · L(labels, term.output, sample_weight)``: one output's share of the loss."""
-        value = self._one(term.name, term.loss, labels, term.output, sample_weight)
+    def value(
+        self, term: LossTerm, labels: Any, sample_weight: Any, sum_scale: Any = None
+    ) -> tf.Tensor:
+        """``weight · L(labels, term.output, sample_weight)``: one output's share of the loss.
+
+        ``sum_scale`` (N/n_b, a scalar tensor) multiplies the batch sum of a loss with
+        ``reduction="sum"``; such a loss without it is an error.
+        """
+        value = self._one(term.name, term.loss, labels, term.output, sample_weight, sum_scale)
         if term.weight is None:
             return value
         # tf.constant, not tf.cast: a Python float cast would pass through float32.
@@ -323,14 +397,18 @@ class StructuredLoss:
         """The loss callable of ``term`` as it is evaluated (in this loss's dtype)."""
         return self._resolved[id(term.loss)][0]
 
-    def __call__(self, model: Any, y: Any, outputs: Any, sample_weight: Any) -> tf.Tensor:
+    def __call__(
+        self, model: Any, y: Any, outputs: Any, sample_weight: Any, sum_scale: Any = None
+    ) -> tf.Tensor:
         values = [
-            self.value(term, term.labels, term.sample_weight)
+            self.value(term, term.labels, term.sample_weight, sum_scale)
             for term in self.terms(model, y, outputs, sample_weight)
         ]
         return tf.add_n(values) if len(values) > 1 else values[0]
 
-    def _one(self, name: str, loss: Any, y: Any, pred: Any, sample_weight: Any) -> tf.Tensor:
+    def _one(
+        self, name: str, loss: Any, y: Any, pred: Any, sample_weight: Any, sum_scale: Any
+    ) -> tf.Tensor:
         pred = tf.convert_to_tensor(pred)
         if not pred.dtype.is_floating:
             raise TypeError(
@@ -343,13 +421,26 @@ class StructuredLoss:
         if y is None:
             raise ValueError(f"no labels were given for model output {name!r}.")
         loss_callable, takes_sample_weight = self._resolved[id(loss)]
+        reduction = reduction_of(loss_callable)
+        if (
+            getattr(loss_callable, "reduction", None) == "mean_with_sample_weight"
+            and sample_weight is not None
+        ):
+            raise ValueError(
+                f"the loss {_loss_name(loss)} of output {name!r} has "
+                "reduction='mean_with_sample_weight' and the data have sample weights: it "
+                "divides each batch by that batch's total weight, so its Hessian would "
+                "depend on how the data are batched. Use reduction='sum_over_batch_size' "
+                "(Σ w_i l_i / N over the dataset) or 'sum', or normalize the weights yourself."
+            )
         try:
             if takes_sample_weight:
                 value = loss_callable(y, pred, sample_weight=sample_weight)
-                # Keras loss objects divide by the number of replicas of the strategy in
-                # scope (ready for summing gradients across replicas); this is the mean.
+                # Keras loss objects with a mean-type reduction divide by the number of
+                # replicas of the strategy in scope (ready for summing gradients across
+                # replicas); this is the mean.
                 replicas = tf.distribute.get_strategy().num_replicas_in_sync
-                if replicas > 1:
+                if replicas > 1 and reduction == "mean":
                     value = value * tf.cast(replicas, value.dtype)
             else:
                 if sample_weight is not None:
@@ -368,6 +459,17 @@ class StructuredLoss:
                 f"predictions of shape {pred.shape}. {err}"
             ) from err
         value = tf.convert_to_tensor(value)
+        if reduction == "none":
+            # Unreduced values (w_i l_i per example, or per element): their mean, like
+            # sum_over_batch_size.
+            value = tf.reduce_mean(value)
+        elif reduction == "sum":
+            if sum_scale is None:
+                raise ValueError(
+                    f"the loss {_loss_name(loss)} has reduction='sum': its batch sums need "
+                    "the number of examples of the dataset, which this evaluation lacks."
+                )
+            value = value * tf.cast(sum_scale, value.dtype)
         if value.shape.rank != 0:
             raise ValueError(
                 f"the loss returned shape {value.shape}, not a scalar. A callable loss must "
@@ -418,9 +520,33 @@ def stateless_forward(
     with keras.StatelessScope(state_mapping=mapping, collect_losses=True):
         # ``model.__call__`` rather than ``model(...)``: a stand-in that forwards attribute
         # access to a model is not callable itself.
-        outputs = model.__call__(x, training=training)
+        try:
+            outputs = model.__call__(x, training=training)
+        except (ValueError, TypeError) as err:
+            cause = _keras_call_cause(str(err))
+            if cause is None:
+                raise
+            raise type(err)(
+                f"calling model {model.name!r} on a batch of x failed: {cause} Check that x "
+                "fits the model's inputs (number of features, shape, dtype)."
+            ) from err
         extra = list(model.losses)
     return outputs, extra
+
+
+_BOLD = re.compile(r"\x1b\[1m((?:(?!\x1b\[1m).)*?)\x1b\[0m", re.DOTALL)
+
+
+def _keras_call_cause(message: str) -> str | None:
+    """The innermost cause of Keras' multi-line "Exception encountered when calling
+    X.call()" error (the bold part of the deepest layer), on one line; None otherwise."""
+    if "Exception encountered when calling" not in message:
+        return None
+    found = _BOLD.findall(message)
+    if not found:
+        return None
+    cause = " ".join(found[0].split())
+    return cause if cause.endswith(".") else cause + "."
 
 
 class KerasProgram:
@@ -486,16 +612,35 @@ class KerasProgram:
             return outputs, None
         return outputs, tf.add_n([tf.cast(term, self.dtype) for term in extra])
 
-    def output_loss(self, batch: Any, outputs: Any) -> tf.Tensor:
-        """The data loss of ``outputs`` (what the loss receives as ``y_pred``)."""
+    def output_loss(
+        self, batch: Any, outputs: Any, *, num_examples: tf.Tensor | None = None
+    ) -> tf.Tensor:
+        """The data loss of ``outputs`` (what the loss receives as ``y_pred``); a loss
+        with ``reduction="sum"`` needs ``num_examples`` (N, see :func:`sum_scale`)."""
         _, y, sample_weight = unpack_batch(batch)
-        return self.loss(self.model, y, outputs, sample_weight)
+        scale = sum_scale(batch, num_examples, self.dtype)
+        return self.loss(self.model, y, outputs, sample_weight, scale)
 
-    def batch_loss(self, state: Sequence[tf.Tensor], batch: Any) -> tf.Tensor:
+    def batch_loss(
+        self, state: Sequence[tf.Tensor], batch: Any, *, num_examples: tf.Tensor | None = None
+    ) -> tf.Tensor:
         """Data loss plus (optionally) regularization of one batch."""
         outputs, regularization = self.outputs(state, batch)
-        value = self.output_loss(batch, outputs)
+        value = self.output_loss(batch, outputs, num_examples=num_examples)
         return value if regularization is None else value + regularization
+
+
+def sum_scale(batch: Any, num_examples: Any, dtype: tf.DType) -> tf.Tensor | None:
+    """N/n_b: what a batch sum (``reduction="sum"``) is multiplied by, so that the
+    weighted sum Σ_b (n_b/N) L_b of the batch losses is the sum over all N examples.
+    n_b is the leading dimension of the batch; None without ``num_examples``."""
+    if num_examples is None:
+        return None
+    leaves = tf.nest.flatten(batch)
+    if not leaves:
+        return None
+    count = tf.shape(leaves[0], out_type=tf.int64)[0]
+    return tf.cast(num_examples, dtype) / tf.cast(count, dtype)
 
 
 def keras_loss_fn(
@@ -511,7 +656,8 @@ def keras_loss_fn(
     The model is evaluated at what ``model.trainable_variables`` and
     ``model.non_trainable_variables`` hold when ``loss_fn`` is called (variables, or
     tensors for a stand-in that shifts the values), with the loss definition of
-    :class:`KerasProgram`.
+    :class:`KerasProgram`; ``loss_fn(batch, num_examples)`` gives N for losses with
+    ``reduction="sum"``.
     """
     if loss is None:
         loss, loss_weights = compiled_loss(model)
@@ -519,14 +665,14 @@ def keras_loss_fn(
         loss_weights = None
     structured = StructuredLoss(loss, loss_weights, dtype)
 
-    def loss_fn(batch: Any) -> tf.Tensor:
+    def loss_fn(batch: Any, num_examples: Any = None) -> tf.Tensor:
         x, y, sample_weight = unpack_batch(batch)
         trainable, others = _state_keys(model)
         values = [*model.trainable_variables, *model.non_trainable_variables]
         outputs, extra = stateless_forward(
             model, [*trainable, *others], values, x, training=training
         )
-        value = structured(model, y, outputs, sample_weight)
+        value = structured(model, y, outputs, sample_weight, sum_scale(batch, num_examples, dtype))
         if include_regularization and extra:
             value = value + tf.add_n([tf.cast(term, dtype) for term in extra])
         return value

@@ -12,6 +12,11 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   dependencies (``tf.compat.v1.wrap_function``); fallback: the graph of a
   ``tf.function`` concrete function (the engine then drops control edges that cross the
   split, see :mod:`spectra.operators.engine`).
+  While tracing, the graph's private ``_add_control_dependencies`` flag is set, which
+  ``while_v2``/``cond_v2`` read to trace loop bodies and branches with automatic control
+  dependencies: the model's assertions inside a loop body (a Keras RNN cell) then stay
+  in the body function; fallback (no such attribute): loop bodies are traced as before
+  and such assertions are pruned (assertions outside loops are kept either way).
 * :func:`model_distribute_strategy` reads the strategy a Keras model was built under
   (``Model._distribute_strategy``); fallback: the strategy in scope.
 * :func:`flatten_layers` lists a model's layers recursively (``Layer._flatten_layers``);
@@ -70,9 +75,23 @@ def trace_graph(
     wrap = getattr(getattr(tf, "compat", None), "v1", None)
     wrap = getattr(wrap, "wrap_function", None)
     if wrap is not None:
-        wrapped = wrap(fn, list(signature))
+        wrapped = wrap(_with_checked_loop_bodies(fn), list(signature))
         return wrapped.graph, list(wrapped.graph.inputs), list(wrapped.outputs)
     return _trace_with_tf_function(fn, signature)
+
+
+def _with_checked_loop_bodies(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, tracing the bodies of loops and branches it creates with automatic control
+    dependencies (so their stateful ops, e.g. assertions, stay in the body functions)
+    while the traced graph itself gets none."""
+
+    def traced(*args: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        if hasattr(graph, "_add_control_dependencies"):
+            graph._add_control_dependencies = True
+        return fn(*args)
+
+    return traced
 
 
 def _trace_with_tf_function(

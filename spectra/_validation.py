@@ -311,6 +311,35 @@ def check_input_dtypes(model: keras.Model, x: Any) -> None:
         )
 
 
+def check_input_shapes(model: keras.Model, x: Any) -> None:
+    """Refuse leaves of ``x`` whose per-example shape does not fit the model's ``Input``.
+
+    ``x`` as in :func:`check_input_dtypes`. A leaf of the input's rank with a different
+    known dimension (e.g. 5 features for an ``Input((4,))``) raises a ``ValueError``
+    naming the leaf and both shapes, before Keras' multi-line error from inside the
+    model's call. Other ranks are left to Keras (it expands some).
+    """
+    inputs = _model_inputs(model)
+    for path, tensor in inputs:
+        found = _leaf_at(x, path, tensor, single=len(inputs) == 1)
+        if found is None or getattr(found[0], "shape", None) is None:
+            continue
+        leaf, where = found
+        got = _per_example_shape(leaf)
+        expected = tuple(tensor.shape[1:]) if tensor.shape is not None else ()
+        if len(got) != len(expected):
+            continue
+        if any(g is not None and e is not None and g != e for g, e in zip(got, expected)):
+            input_name = getattr(tensor, "name", "") or ""
+            named = "" if input_name.startswith("keras_tensor") else f" {input_name!r}"
+            raise ValueError(
+                f"{_path_name('x', where)} has examples of shape {got} but the model's "
+                f"input{named} expects {expected} (the shape of one example, batch "
+                "dimension left out). Pass data with the model's number of features, or "
+                "the model the data were made for."
+            )
+
+
 def _embedding_inputs(model: keras.Model) -> list[tuple[tuple, Any, keras.layers.Embedding]]:
     """``(input path, input KerasTensor, Embedding layer)`` for Embeddings fed by an Input."""
     inputs = _model_inputs(model)
@@ -628,9 +657,19 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
     """
     parts = _unpack(batches.element_spec)
     if parts is None:
-        return
+        spec = batches.element_spec
+        if batches.dataset is not None:
+            what = f"data is a tf.data.Dataset whose elements are {_describe_structure(spec)}"
+        else:
+            what = f"data is {_describe_structure(spec)}"
+        raise ValueError(
+            f"{what}; for a Keras model it must be (x, y) or (x, y, sample_weight) (a "
+            "dataset must yield such tuples). Pair the inputs with their labels, e.g. "
+            "(x, y), tf.data.Dataset.zip((inputs, labels)) or dataset.map(lambda x: (x, y))."
+        )
     x_spec, y_spec, w_spec = parts
     check_input_dtypes(model, x_spec)
+    check_input_shapes(model, x_spec)
     outputs = _model_outputs(model, x_spec)
     if outputs is not None and batches.dataset is not None:
         # Dtypes and shapes of a dataset's labels now; arrays get them with their values.
@@ -664,9 +703,25 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
     batches.check_values(check_values)
 
 
+def _describe_structure(spec: Any) -> str:
+    """``a tensor of shape (None, 4)``, ``a tuple of 4 parts``: how errors name a batch."""
+    if isinstance(spec, (tuple, list)):
+        return f"a {type(spec).__name__} of {len(spec)} part{'s' if len(spec) != 1 else ''}"
+    if isinstance(spec, dict):
+        return f"a dict with keys {sorted(map(str, spec))}"
+    shape = getattr(spec, "shape", None)
+    if shape is not None:
+        return f"a single tensor of shape {tuple(tf.TensorShape(shape).as_list())}"
+    return f"a {type(spec).__name__}"
+
+
 # -------------------------------------------------------------------------- graph errors
 
 _GRAPH_ERROR = "Graph execution error:"
+# Errors raised while a compiled function (an iterator's GetNext) runs start with it.
+_FUNCTION_NODE = re.compile(r"^\s*\{\{function_node [^}]*\}\}\s*")
+# "... passed to MapDataset:4 transformation with iterator: Iterator::Root::Map: cause"
+_ITERATOR = re.compile(r" with iterator: [\w:]+:")
 _NODE = re.compile(r"Detected at node '?(?P<node>[^'\s]+)'? defined at")
 _ROOT_ERRORS = re.compile(r"^\(\d+\)\s+[A-Z_]+:\s*")
 _NOISE = re.compile(
@@ -721,6 +776,7 @@ def root_cause(message: str) -> str | None:
         ):
             continue
         text = _ROOT_ERRORS.sub("", text)
+        text = _ITERATOR.sub(":", text)
         text = re.sub(r"\s*\[\[\{\{node [^}]*\}\}\]\].*$", "", text)
         text = re.sub(r"\s*\[Op:[^\]]*\]\s*$", "", text).strip()
         if text:
@@ -736,6 +792,16 @@ def root_cause(message: str) -> str | None:
     return "\n".join([cause, " ".join(notes)]) if notes else cause
 
 
+def _function_cause(message: str) -> str | None:
+    """The root cause of an error raised while a compiled function ran outside a graph
+    (``{{function_node __wrapped__IteratorGetNext...}} cause [[{{node ...}}]]``, as a
+    dataset's iterator raises it), or None for other messages."""
+    match = _FUNCTION_NODE.match(message)
+    if match is None:
+        return None
+    return root_cause(f"{_GRAPH_ERROR}\n{message[match.end() :]}")
+
+
 def _with_root_cause(error: tf.errors.OpError) -> tf.errors.OpError | None:
     cause = root_cause(error.message)
     if cause is None:
@@ -744,6 +810,29 @@ def _with_root_cause(error: tf.errors.OpError) -> tf.errors.OpError | None:
         return type(error)(error.node_def, error.op, cause)
     except TypeError:
         return tf.errors.OpError(error.node_def, error.op, cause, error.error_code)
+
+
+@contextlib.contextmanager
+def graph_errors(what: str) -> Iterator[None]:
+    """Re-raise a TensorFlow error with where it happened (``what``, e.g. "batch 3") and
+    its root cause on the first line ("batch 3: assertion failed: ..."); the original is
+    chained, and the error keeps its class (``InvalidArgumentError``, ...)."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        cause = (
+            root_cause(err.message)
+            or _function_cause(err.message)
+            or err.message.strip()
+            or type(err).__name__
+        )
+        first, _, rest = cause.partition("\n")
+        message = f"{what}: {first}" + (f"\n{rest}" if rest else "")
+        try:
+            raised = type(err)(err.node_def, err.op, message)
+        except TypeError:
+            raised = tf.errors.OpError(err.node_def, err.op, message, err.error_code)
+        raise raised from err
 
 
 @contextlib.contextmanager

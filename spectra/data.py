@@ -7,7 +7,8 @@ batch losses L_b (the mean over the batch, Keras' ``sum_over_batch_size`` reduct
 
 exactly, an unequal last batch included. :class:`Batches` yields each batch with its
 weight n_b / N; everything that sums over batches (losses, gradients, Hessian products)
-uses these weights.
+uses these weights. (A Keras loss with ``reduction="sum"`` makes its L_b the batch sum
+times N/n_b, so the same weighted sum is the sum over the dataset.)
 
 A ``tf.data.Dataset`` is read again on every pass that is not served from a cache, so it
 must yield the same batches each time. Each pass fingerprints every batch (a CRC-32 of
@@ -53,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra._replicas import Replicas
-from spectra._validation import check_int
+from spectra._validation import check_int, graph_errors
 
 __all__ = ["Batches", "DatasetFunction"]
 
@@ -508,7 +509,7 @@ class Batches:
     def _read_dataset(self) -> Iterator[tuple[Any, int]]:
         """``(batch, n)`` for each element of this process's dataset, counted as read."""
         assert self._dataset is not None
-        for index, element in enumerate(self._dataset):
+        for index, element in enumerate(self._elements()):
             if self._max_batches is not None and index >= self._max_batches:
                 raise ValueError(
                     f"the dataset yielded more than max_batches={self._max_batches} batches. "
@@ -525,6 +526,22 @@ class Batches:
             self.examples_read += n
             self.bytes_read += _nbytes(element)
             yield element, n
+
+    def _elements(self) -> Iterator[Any]:
+        """The dataset's elements; an error raised while producing one (a failing
+        assertion in a ``map``, a raising ``from_generator``) is re-raised with the batch
+        and its root cause on the first line ("batch 3 of the dataset: ...")."""
+        assert self._dataset is not None
+        iterator = iter(self._dataset)
+        index = 0
+        while True:
+            with graph_errors(self._where(index)):
+                try:
+                    element = next(iterator)
+                except StopIteration:
+                    return
+            yield element
+            index += 1
 
     def _changed(self, detail: str) -> ValueError:
         where = f" on worker {self._replicas.worker}" if self._replicas.num_workers > 1 else ""

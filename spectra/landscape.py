@@ -2,10 +2,11 @@
 
 :func:`loss_landscape` evaluates the dataset loss ``L(θ + α d₁)`` (one curve per direction)
 or ``L(θ + α d₁ + β d₂)`` (a grid) with the same definition as :class:`HessianOperator`:
-``L = Σ_b (n_b/N) L_b`` with Keras' ``sum_over_batch_size`` reduction and the model's
-regularization losses. The model is never changed: each point is one call of a compiled
-function (traced once, fixed input signature) that adds the flat perturbation to the
-variables' values and runs ``model.stateless_call`` on them.
+``L = Σ_b (n_b/N) L_b`` (the mean over the dataset, or the sum for a loss with
+``reduction="sum"``) and the model's regularization losses. The model is never changed:
+each point is one call of a compiled function (traced once, fixed input signature) that
+adds the flat perturbation to the variables' values and runs ``model.stateless_call`` on
+them.
 
 Units of α: the point is ``θ + α d`` with ``d`` as given. For a unit vector, such as an
 eigenvector from ``eigenvalues(op, return_eigenvectors=True)``, α is the Euclidean distance
@@ -26,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _keras
+from spectra._validation import graph_errors
 from spectra.data import Batches
 from spectra.results import Result
 
@@ -249,8 +251,12 @@ class _LossAtPerturbation:
     def __call__(self, delta: np.ndarray) -> float:
         perturbation = tf.constant(delta, self._dtype)
         total = 0.0
-        for batch, weight in self._batches:
-            total += weight * float(self._function(perturbation, batch))
+        for index, (batch, weight) in enumerate(self._batches):
+            # A graph error (a failing assertion in the model, a bad index) is raised
+            # with the batch and its root cause on the first line.
+            with graph_errors(f"batch {index}"):
+                value = self._function(perturbation, batch)
+            total += weight * float(value)
         return total
 
 
@@ -282,6 +288,7 @@ def _compile_loss(
         include_regularization=include_regularization,
     )
     batches = Batches(data, batch_size, cast_floats_to=target)
+    num_examples = batches.num_examples  # N, for losses with reduction="sum"
 
     @tf.function(
         input_signature=[tf.TensorSpec([sum(sizes)], target), batches.element_spec],
@@ -290,6 +297,6 @@ def _compile_loss(
     def batch_loss(perturbation: tf.Tensor, batch: Any) -> tf.Tensor:
         pieces = tf.split(perturbation, sizes)
         shifted_model.shift([tf.reshape(p, shape) for p, shape in zip(pieces, shapes)])
-        return loss_fn(batch)
+        return loss_fn(batch, num_examples)
 
     return _LossAtPerturbation(batch_loss, batches, target), sum(sizes), target

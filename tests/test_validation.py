@@ -459,7 +459,7 @@ def test_root_cause_of_a_failing_hessian_product():
 
     op = HessianOperator(loss_fn, [table], data)
     with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"^indices\[2\] = 5 is not in \[0, 3\)"
+        tf.errors.InvalidArgumentError, match=r"^batch 0: indices\[2\] = 5 is not in \[0, 3\)"
     ):
         with V.root_cause_first():
             op.matvec(np.ones(3))

@@ -41,7 +41,13 @@ from scipy.sparse.linalg import LinearOperator
 
 from spectra import _keras
 from spectra._replicas import Replicas
-from spectra._validation import check_bool, check_int, check_keras_data, check_seed, root_cause
+from spectra._validation import (
+    check_bool,
+    check_int,
+    check_keras_data,
+    check_seed,
+    graph_errors,
+)
 from spectra.data import Batches
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.problem import Curvature, FunctionProgram, variable_name
@@ -102,21 +108,10 @@ def _outside_strategy(fn: Callable[[], Any]) -> Any:
         return pool.submit(fn).result()
 
 
-@contextlib.contextmanager
-def _graph_errors(what: str) -> Iterator[None]:
-    """Re-raise a TensorFlow graph error with its root cause, and where it happened
-    (``what``), on the first line; the original is chained."""
-    try:
-        yield
-    except tf.errors.OpError as err:
-        cause = root_cause(err.message) or err.message.strip() or type(err).__name__
-        first, _, rest = cause.partition("\n")
-        message = f"{first} (in {what})" + (f"\n{rest}" if rest else "")
-        try:
-            raised = type(err)(err.node_def, err.op, message)
-        except TypeError:
-            raised = tf.errors.OpError(err.node_def, err.op, message, err.error_code)
-        raise raised from err
+def _graph_errors(what: str) -> contextlib.AbstractContextManager[None]:
+    """Re-raise a TensorFlow graph error with where it happened (``what``) and its root
+    cause on the first line ("batch 3: assertion failed: ..."); the original is chained."""
+    return graph_errors(what)
 
 
 class _Snapshot:
@@ -143,7 +138,9 @@ class _Snapshot:
         self.seed_bases = seed_bases or {}
         self._keep_alive = list(keep_alive)
 
-    def inputs(self, replica: int, batch_index: int, flat_batch: list[tf.Tensor]) -> list[Any]:
+    def inputs(
+        self, replica: int, batch_index: int, num_examples: int, flat_batch: list[tf.Tensor]
+    ) -> list[Any]:
         state = self.state[replica]
         if self.seed_positions:
             state = list(state)
@@ -152,7 +149,8 @@ class _Snapshot:
                 value = base + np.array([batch_index, 0], dtype=base.dtype)
                 state[position] = tf.constant(value, dtype=state[position].dtype)
         seed = tf.constant([self.seed, batch_index], tf.int64)
-        return [*self.captures[replica], *state, seed, *flat_batch]
+        count = tf.constant(num_examples, tf.int64)
+        return [*self.captures[replica], *state, seed, count, *flat_batch]
 
 
 class CurvatureOperator(LinearOperator):
@@ -462,7 +460,9 @@ class CurvatureOperator(LinearOperator):
 
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
         draw = self._batches.draw_index(index)
-        return self._snapshot.inputs(replica, draw, self._engine.flat_batch(batch))
+        return self._snapshot.inputs(
+            replica, draw, self._batches.num_examples, self._engine.flat_batch(batch)
+        )
 
     def _run_pass(self, tasks: Iterator[tuple[int, Callable[[], None]]]) -> Exception | None:
         """Run a pass's tasks on the local replicas.

@@ -86,6 +86,12 @@ _CHEAP_OPS = frozenset(
     }
 )
 _SMALL_INTEGER_ELEMENTS = 64
+# The model's own checks: ops run for their effect (failing), whose outputs the loss
+# need not read. Every compiled part runs those it can compute (see _GraphParts.checks).
+# In a graph, ``tf.debugging.assert_*`` is an ``If`` ("AssertGuard") whose branch holds
+# the ``Assert``.
+_CHECK_OPS = frozenset({"Assert", "CheckNumerics", "CheckNumericsV2"})
+_BRANCH_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
 
 
 def split_enabled() -> bool:
@@ -192,6 +198,7 @@ class Engine:
         return [
             *self.state_specs,
             tf.TensorSpec([2], tf.int64, name="seed"),
+            tf.TensorSpec([], tf.int64, name="num_examples"),
             *tf.nest.flatten(self.batch_spec),
         ]
 
@@ -199,11 +206,18 @@ class Engine:
         self.num_traces += 1
         num_state = len(self.state_specs)
         state = list(flat[:num_state])
-        seed = flat[num_state]
-        leaves = list(flat[num_state + 1 : num_state + 1 + self.num_batch_leaves])
+        seed, num_examples = flat[num_state], flat[num_state + 1]
+        leaves = list(flat[num_state + 2 : num_state + 2 + self.num_batch_leaves])
         batch = tf.nest.pack_sequence_as(self.batch_spec, leaves) if leaves else ()
         vector, block = flat[-2], flat[-1]
-        problem = BatchProblem(self.program, state, batch, seed, allow_unused=self._allow_unused)
+        problem = BatchProblem(
+            self.program,
+            state,
+            batch,
+            seed,
+            num_examples=num_examples,
+            allow_unused=self._allow_unused,
+        )
         parts = self.curvature.build(problem)
         loss = problem.check_loss(parts.loss)
         gradient = tf.convert_to_tensor(parts.gradient)
@@ -255,10 +269,23 @@ class Engine:
                 )
         else:
             self.fallback_reason = f"graph splitting disabled ({SPLIT_ENVIRONMENT_VARIABLE}=0)"
-        self._cache_fn = parts.function(engine_inputs, [loss, gradient], "loss_and_gradient")
+        independent = parts.checks_without([vector_input, block_input])
+        self._cache_fn = parts.function(
+            engine_inputs, [loss, gradient], "loss_and_gradient", independent
+        )
         self._loss_and_gradient_fn = self._cache_fn
-        self._recompute_single = parts.function([*engine_inputs, vector_input], [single], "hv")
-        self._recompute_block = parts.function([*engine_inputs, block_input], [products], "hvs")
+        self._recompute_single = parts.function(
+            [*engine_inputs, vector_input],
+            [single],
+            "hv",
+            parts.checks_without([block_input]),
+        )
+        self._recompute_block = parts.function(
+            [*engine_inputs, block_input],
+            [products],
+            "hvs",
+            parts.checks_without([vector_input]),
+        )
         self._stored_batch_inputs = list(self._batch_input_positions)
 
     def _build_split(
@@ -270,8 +297,15 @@ class Engine:
         outputs: Sequence[tf.Tensor],
     ) -> None:
         loss, gradient, single, products = outputs
-        single_frontier = _frontier(vector_input, single, parts.control_outputs)
-        block_frontier = _frontier(block_input, products, parts.control_outputs)
+        # The model's checks: those independent of the vectors run with the cache (once
+        # per batch), the others in the product that computes them.
+        independent = parts.checks_without([vector_input, block_input])
+        single_checks = parts.checks_of(vector_input)
+        block_checks = parts.checks_of(block_input)
+        single_frontier = _frontier(
+            vector_input, [single.op, *single_checks], parts.control_outputs
+        )
+        block_frontier = _frontier(block_input, [products.op, *block_checks], parts.control_outputs)
         input_index = {t.name: i for i, t in enumerate(engine_inputs)}
         stored: list[tf.Tensor] = []
         stored_index: dict[str, int] = {}
@@ -291,11 +325,17 @@ class Engine:
             i for kind, i in self._single_sources + self._block_sources if kind == "input"
         }
         self._stored_batch_inputs = [i for i in self._batch_input_positions if i in used_inputs]
-        self._cache_fn = parts.function(engine_inputs, [*stored, loss, gradient], "cache")
-        self._single_fn = parts.function([*single_frontier, vector_input], [single], "apply")
-        self._block_fn = parts.function([*block_frontier, block_input], [products], "apply_block")
+        self._cache_fn = parts.function(
+            engine_inputs, [*stored, loss, gradient], "cache", independent
+        )
+        self._single_fn = parts.function(
+            [*single_frontier, vector_input], [single], "apply", single_checks
+        )
+        self._block_fn = parts.function(
+            [*block_frontier, block_input], [products], "apply_block", block_checks
+        )
         self._loss_and_gradient_fn = parts.function(
-            engine_inputs, [loss, gradient], "loss_and_gradient"
+            engine_inputs, [loss, gradient], "loss_and_gradient", independent
         )
 
     # -- running ------------------------------------------------------------------
@@ -312,7 +352,7 @@ class Engine:
     def cache(self, inputs: Sequence[tf.Tensor]) -> BatchCache:
         """The vector-independent state of one batch (one forward and backward pass).
 
-        ``inputs``: the engine inputs (captured values, state, seed, batch leaves).
+        ``inputs``: the engine inputs (captured values, state, seed, N, batch leaves).
         """
         inputs = tuple(inputs)
         *tensors, loss, gradient = _tf_compat.call_flat(self._cache_fn, inputs)
@@ -386,18 +426,58 @@ class _GraphParts:
         for op in graph.get_operations():
             for control in op.control_inputs:
                 self.control_outputs[control.name].append(op)
+        #: The model's checks (``tf.debugging.assert_*``, ``check_numerics``) in the graph:
+        #: ops that matter for their failure, which no fetched value needs to depend on.
+        asserting = {
+            function.signature.name
+            for function in self.graph_def.library.function
+            if any(node.op in _CHECK_OPS for node in function.node_def)
+        }
+        self.checks = [op for op in graph.get_operations() if _is_check(op, asserting)]
 
-    def function(self, feeds: Sequence[tf.Tensor], fetches: Sequence[tf.Tensor], name: str) -> Any:
+    def _downstream(self, sources: Sequence[tf.Tensor]) -> set[tf.Operation]:
+        """Every op depending on ``sources`` through data or control edges."""
+        seen: set[tf.Operation] = set()
+        stack = [t.op for t in sources]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for output in op.outputs:
+                stack.extend(output.consumers())
+            stack.extend(self.control_outputs.get(op.name, ()))
+        return seen
+
+    def checks_of(self, source: tf.Tensor) -> list[tf.Operation]:
+        """The checks that depend on ``source`` (run in the part that computes them)."""
+        dependent = self._downstream([source])
+        return [op for op in self.checks if op in dependent]
+
+    def checks_without(self, sources: Sequence[tf.Tensor]) -> list[tf.Operation]:
+        """The checks that depend on none of ``sources``."""
+        dependent = self._downstream(sources)
+        return [op for op in self.checks if op not in dependent]
+
+    def function(
+        self,
+        feeds: Sequence[tf.Tensor],
+        fetches: Sequence[tf.Tensor],
+        name: str,
+        checks: Sequence[tf.Operation] = (),
+    ) -> Any:
         """A concrete function computing ``fetches`` from values of ``feeds``.
 
-        The part is every op ``fetches`` need through data edges, stopping at ``feeds``;
-        control edges from outside the part are dropped (the ops they order ran in an
-        earlier part, or have no effect on values). A placeholder the part needs but is
-        not given raises :class:`_ExtractionError`.
+        The part is every op ``fetches`` and ``checks`` need through data edges, stopping
+        at ``feeds``; the ``checks`` (the model's assertions) run before any result is
+        returned, so a failing one fails the call with its message. Control edges between
+        ops of the part are kept; those from outside the part are dropped (the ops they
+        order ran in an earlier part, or have no effect on values). A placeholder the
+        part needs but is not given raises :class:`_ExtractionError`.
         """
         feed_names = {t.name for t in feeds}
         keep: set[str] = set()
-        stack = [t.op for t in fetches if t.name not in feed_names]
+        stack = [t.op for t in fetches if t.name not in feed_names] + list(checks)
         while stack:
             op = stack.pop()
             if op.name in keep:
@@ -432,19 +512,29 @@ class _GraphParts:
         return_names = [t.name for t in fetches]
         passthrough = {i: feed_list.index(t) for i, t in enumerate(fetches) if t.name in feed_names}
 
+        check_names = [op.name for op in checks]
+
         def body(*args: tf.Tensor) -> list[tf.Tensor]:
             input_map = {t.name: a for t, a in zip(feed_list, args) if t.name in used}
             computed = [n for i, n in enumerate(return_names) if i not in passthrough]
+            wanted = computed + check_names
             imported = (
                 tf.graph_util.import_graph_def(
-                    sub, input_map=input_map, return_elements=computed, name=name
+                    sub, input_map=input_map, return_elements=wanted, name=name
                 )
-                if computed
+                if wanted
                 else []
             )
-            results, it = [], iter(imported)
-            for i in range(len(return_names)):
-                results.append(tf.identity(args[passthrough[i]]) if i in passthrough else next(it))
+            values, ran = imported[: len(computed)], imported[len(computed) :]
+            # A check with outputs (a guarded assertion's If, check_numerics) runs only
+            # when its outputs are read: a control edge to the op alone would let the
+            # runtime prune the branch that asserts. Read them.
+            ran = [tf.identity(op.outputs[0]).op if op.outputs else op for op in ran]
+            results, it = [], iter(values)
+            with tf.control_dependencies(ran):
+                for i in range(len(return_names)):
+                    value = args[passthrough[i]] if i in passthrough else next(it)
+                    results.append(tf.identity(value) if ran or i in passthrough else value)
             return results
 
         try:
@@ -454,13 +544,31 @@ class _GraphParts:
             raise _ExtractionError(f"part {name!r} could not be compiled: {err}") from err
 
 
+def _is_check(op: tf.Operation, asserting: set[str]) -> bool:
+    """Whether ``op`` is one of the model's checks: an assertion or ``check_numerics``, or a
+    branch op (a guarded assertion) one of whose branches (in ``asserting``) holds one."""
+    if op.type in _CHECK_OPS:
+        return True
+    if op.type not in _BRANCH_OPS:
+        return False
+    branches = []
+    for attr in ("then_branch", "else_branch"):
+        if attr in op.node_def.attr:
+            branches.append(op.node_def.attr[attr].func.name)
+    if "branches" in op.node_def.attr:
+        branches.extend(f.name for f in op.node_def.attr["branches"].list.func)
+    return any(name in asserting for name in branches)
+
+
 def _frontier(
-    source: tf.Tensor, target: tf.Tensor, control_outputs: dict[str, list[tf.Operation]]
+    source: tf.Tensor,
+    targets: Sequence[tf.Operation],
+    control_outputs: dict[str, list[tf.Operation]],
 ) -> list[tf.Tensor]:
-    """Tensors not depending on ``source`` that feed ops computing ``target`` from it.
+    """Tensors not depending on ``source`` that feed ops computing ``targets`` from it.
 
     Walks the graph forward from ``source`` to mark dependent ops, keeps only those that
-    ``target`` needs, and returns their inputs that are independent of ``source``.
+    ``targets`` need, and returns their inputs that are independent of ``source``.
     Constants are left to the extracted function; cheap ops whose inputs are already at
     the frontier (or small integer tensors) are moved to the dependent side so that their
     outputs are recomputed rather than stored.
@@ -476,7 +584,7 @@ def _frontier(
             stack.extend(output.consumers())
         stack.extend(control_outputs.get(op.name, ()))
     needed: set[tf.Operation] = set()
-    stack = [target.op]
+    stack = list(targets)
     while stack:
         op = stack.pop()
         if op in needed or op not in dependent:

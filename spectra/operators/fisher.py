@@ -32,7 +32,6 @@ __all__ = ["EmpiricalFisher", "FisherOperator", "MonteCarloFisher", "predictive_
 KINDS = ("mc", "empirical")
 # Reductions under which the batch loss is a mean of per-example terms (Keras' default);
 # the per-example gradients of the empirical Fisher are read off it.
-_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
 @dataclass(frozen=True)
@@ -168,12 +167,14 @@ def predictive_distribution(loss: Any) -> _Predictive:
 
 
 def _check_reduction(loss: Any) -> None:
-    reduction = getattr(loss, "reduction", None) if isinstance(loss, keras.losses.Loss) else None
-    if reduction is not None and reduction not in _MEAN_REDUCTIONS:
+    """Refuse a loss with ``reduction="sum"``: the Fisher weights each example's outer
+    product by its weight in the batch mean. ``"none"`` is averaged like the mean."""
+    if isinstance(loss, keras.losses.Loss) and _keras.reduction_of(loss) == "sum":
         raise ValueError(
             f"a Fisher matrix needs the batch loss as a mean over examples; the loss "
-            f"{getattr(loss, 'name', type(loss).__name__)!r} has reduction={reduction!r}. "
-            "Use the default reduction 'sum_over_batch_size'."
+            f"{getattr(loss, 'name', type(loss).__name__)!r} has reduction='sum'. Use the "
+            "default reduction 'sum_over_batch_size' (the Fisher of the sum is N times it), "
+            "or GGNOperator, which takes the sum."
         )
 
 

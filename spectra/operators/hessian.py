@@ -164,7 +164,27 @@ class HessianOperator(CurvatureOperator):
         a list or dict for multi-output models), a ``tf.data.Dataset`` of such batches,
         or a dataset function ``input_context -> tf.data.Dataset`` (each worker's shard).
         ``variables`` defaults to ``model.trainable_variables``; a subset gives the
-        Hessian block of those variables (e.g. one layer's kernel).
+        Hessian block of those variables (e.g. one layer's kernel); a Keras weight may be
+        given as its ``tf.Variable`` (``kernel.value``), but each weight only once.
+
+        **The dataset loss, per Keras reduction** (of each output's loss object; never
+        dependent on ``batch_size`` or on how a dataset is batched). With per-example
+        losses ℓ_i, sample weights w_i (1 without) and N examples:
+
+        * ``"sum_over_batch_size"`` (Keras' default), ``"mean"``: the mean
+          L = (1/N) Σ_i w_i ℓ_i (ℓ_i averaged over its entries); batch b contributes
+          (n_b/N) L_b with L_b Keras' batch mean. Names, per-example loss functions and
+          callables ``(y_true, y_pred) -> scalar`` are taken as this batch mean.
+        * ``"sum"``: the sum over the whole dataset L = Σ_i w_i ℓ_i, so H = Σ_b H_b (each
+          batch sum is scaled by N/n_b before the n_b/N weighting).
+        * ``"none"`` or ``None`` (unreduced): the mean of the values the loss returns, as
+          for ``"sum_over_batch_size"``.
+        * ``"mean_with_sample_weight"``: the mean without sample weights; with sample
+          weights it is refused (``ValueError``), since it divides each batch by that
+          batch's own total weight.
+
+        With several outputs L = Σ_o λ_o L_o with the ``loss_weights`` λ_o, each L_o by its
+        own reduction.
 
         The model is called as Keras calls it, ``model(x, training=training)``; a
         ``call`` without a ``training`` argument is called without it. Sequential,

@@ -99,7 +99,9 @@ class Program(Protocol):
 
     def parameters(self, state: Sequence[tf.Tensor]) -> list[Any]: ...
 
-    def batch_loss(self, state: Sequence[tf.Tensor], batch: Any) -> tf.Tensor: ...
+    def batch_loss(
+        self, state: Sequence[tf.Tensor], batch: Any, *, num_examples: tf.Tensor | None = None
+    ) -> tf.Tensor: ...
 
 
 class FunctionProgram:
@@ -135,7 +137,11 @@ class FunctionProgram:
         """
         return [_graph_handle(v) for v in self.variables]
 
-    def batch_loss(self, state: Sequence[tf.Tensor], batch: Any) -> tf.Tensor:
+    def batch_loss(
+        self, state: Sequence[tf.Tensor], batch: Any, *, num_examples: tf.Tensor | None = None
+    ) -> tf.Tensor:
+        """``loss_fn(batch)``: the user's batch loss, taken as the mean over the batch
+        (``num_examples`` is not used)."""
         return self.loss_fn(batch) if self.takes_batch else self.loss_fn()
 
 
@@ -171,6 +177,10 @@ class BatchProblem:
         operator (``[seed, batch index]``): a seed for ``tf.random.stateless_*`` draws
         that must be the same in every product (e.g. sampled labels of a Monte Carlo
         Fisher).
+    num_examples:
+        An int64 scalar tensor: the number of examples N of the whole dataset (1 without
+        data). Losses with ``reduction="sum"`` scale their batch sums by N/n_b, so that
+        the weighted sum Σ_b (n_b/N) L_b is the sum over the dataset whatever the batching.
     """
 
     def __init__(
@@ -180,12 +190,14 @@ class BatchProblem:
         batch: Any,
         seed: tf.Tensor,
         *,
+        num_examples: tf.Tensor | None = None,
         allow_unused: bool,
     ) -> None:
         self._program = program
         self._state = list(state)
         self.batch = batch
         self.seed = seed
+        self.num_examples = num_examples
         self.parameters = program.parameters(self._state)
         self.shapes = program.parameter_shapes()
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
@@ -195,8 +207,11 @@ class BatchProblem:
 
     # -- the loss -------------------------------------------------------------------
     def loss(self) -> tf.Tensor:
-        """The batch loss (mean over the batch, plus regularization), a checked scalar."""
-        return self.check_loss(self._program.batch_loss(self._state, self.batch))
+        """The batch loss L_b (plus regularization), a checked scalar: the engine weights
+        it by n_b/N (see :meth:`spectra.operators.HessianOperator.from_keras` for what
+        L_b is for each Keras loss reduction)."""
+        loss = self._program.batch_loss(self._state, self.batch, num_examples=self.num_examples)
+        return self.check_loss(loss)
 
     def model_outputs(self) -> tuple[Any, tf.Tensor | None]:
         """Keras models only: ``(outputs, regularization)`` at the parameters, where
@@ -213,7 +228,8 @@ class BatchProblem:
 
     def output_loss(self, outputs: Any) -> tf.Tensor:
         """Keras models only: the data loss of ``outputs`` on this batch (no regularization)."""
-        return self.check_loss(self._program.output_loss(self.batch, outputs))  # type: ignore[attr-defined]
+        output_loss = self._program.output_loss  # type: ignore[attr-defined]
+        return self.check_loss(output_loss(self.batch, outputs, num_examples=self.num_examples))
 
     def check_loss(self, loss: Any) -> tf.Tensor:
         if loss is None:
