@@ -12,7 +12,8 @@ same changed lines) are counted apart and left out of the score:
     python .ci/mutate.py lanczos trace         # some modules
     python .ci/mutate.py --jobs 1 --out DIR    # one worker; another report directory
     python .ci/mutate.py --report-only         # rewrite the report from the last run
-    python .ci/mutate.py trace --only 'spectra.trace.x_hutchinson_trace__mutmut_*'
+    python .ci/mutate.py trace \
+        --only 'spectra.estimators.stochastic_trace.x_hutchinson_trace__mutmut_*'
                                                # some functions (the rest stay 'not run')
     python .ci/mutate.py eigenvalues --rerun survivors
                                                # after new tests: the survivors again
@@ -22,7 +23,7 @@ of a module whose source changed since its last result); --rerun survivors or al
 otherwise.
 
 Survivors in the operator's pass code that only several processes exercise are then run
-against tests/test_distributed.py with the mutant switched on in its worker processes
+against tests/operators/test_distributed.py with the mutant switched on in its worker processes
 (see WORKER_TESTS); those it catches count as killed and are named in the report.
 
 mutmut works in ./mutants (a copy of the sources with every mutant behind a switch) and
@@ -45,22 +46,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENTS_FILE = ROOT / "tests" / "MUTANTS.md"
 
-_BATCHES = "spectra.data.xǁBatchesǁ"
+_BATCHES = "spectra.operators.batching.xǁBatchesǁ"
 _OPERATOR = "spectra.operators.base.xǁCurvatureOperatorǁ"
 # (name, mutmut meta file, mutant-name patterns). Slow tests are deselected in setup.cfg;
 # eigenvalues.py, the largest, runs last.
 MODULES: list[tuple[str, str, list[str]]] = [
-    ("tridiagonal", "spectra/tridiagonal.py", ["spectra.tridiagonal.*"]),
-    ("lanczos", "spectra/lanczos.py", ["spectra.lanczos.*"]),
-    ("diagonal", "spectra/diagonal.py", ["spectra.diagonal.*"]),
-    ("density", "spectra/density.py", ["spectra.density.*"]),
-    ("trace", "spectra/trace.py", ["spectra.trace.*"]),
+    ("tridiagonal", "spectra/estimators/tridiagonal.py", ["spectra.estimators.tridiagonal.*"]),
+    ("lanczos", "spectra/estimators/krylov.py", ["spectra.estimators.krylov.*"]),
+    (
+        "diagonal",
+        "spectra/estimators/stochastic_diagonal.py",
+        ["spectra.estimators.stochastic_diagonal.*"],
+    ),
+    ("density", "spectra/estimators/density.py", ["spectra.estimators.density.*"]),
+    ("trace", "spectra/estimators/stochastic_trace.py", ["spectra.estimators.stochastic_trace.*"]),
     (
         "data (batches and weights)",
-        "spectra/data.py",
+        "spectra/operators/batching.py",
         [
-            "spectra.data.x__leading_dims__mutmut_*",
-            "spectra.data.x__fingerprint__mutmut_*",
+            "spectra.operators.batching.x__leading_dims__mutmut_*",
+            "spectra.operators.batching.x__fingerprint__mutmut_*",
             *(
                 f"{_BATCHES}{method}__mutmut_*"
                 for method in (
@@ -94,14 +99,14 @@ MODULES: list[tuple[str, str, list[str]]] = [
             ),
         ],
     ),
-    ("eigenvalues", "spectra/eigenvalues.py", ["spectra.eigenvalues.*"]),
+    ("eigenvalues", "spectra/estimators/eigensolvers.py", ["spectra.estimators.eigensolvers.*"]),
 ]
 # Code that matters only with several processes or replicas (a failing worker's NaN that
 # poisons the all-reduce, the zeros of a replica without a batch, the pass named in
-# WorkerFailed) runs in the worker processes of tests/test_distributed.py, where mutmut
+# WorkerFailed) runs in the worker processes of tests/operators/test_distributed.py, where mutmut
 # cannot see it: its survivors are run again against that file's tests, the mutant switched
 # on in every process through MUTANT_UNDER_TEST. A failing test kills the mutant.
-WORKER_TESTS = ["tests/test_distributed.py"]
+WORKER_TESTS = ["tests/operators/test_distributed.py"]
 WORKER_FUNCTIONS = [
     f"{_OPERATOR}{method}__mutmut_*" for method in ("_prepare", "_matmat", "_iterate_caches")
 ]

@@ -24,8 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import spectra
-from spectra.checkpoints import load_model
-from spectra.datasets import load_data
+from spectra.io.checkpoints import load_model
+from spectra.io.datasets import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -134,7 +134,7 @@ class PowerIterationHessian:
 
 # -- the models -------------------------------------------------------------------------------
 def digits_data():
-    from spectra.datasets import load_data
+    from spectra.io.datasets import load_data
 
     data = load_data(str(ROOT / "data" / "digits.npz"))
     x, y = data.as_tuple()[:2]
@@ -143,7 +143,7 @@ def digits_data():
 
 def mlp_pair(torch, keras, x, y):
     """The trained Keras MLP and its torch twin (same weights, logits out)."""
-    from spectra.checkpoints import load_model
+    from spectra.io.checkpoints import load_model
 
     model = load_model(ROOT / "data" / "digits_mlp.keras")
     dense = [layer for layer in model.layers if layer.weights]

@@ -33,10 +33,10 @@ spectra.quiet_tensorflow()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from spectra.checkpoints import CheckpointLoader, find_checkpoints, load_model  # noqa: E402
-from spectra.datasets import load_data  # noqa: E402
-from spectra.operator import HessianOperator  # noqa: E402
-from spectra.trajectory import SharpnessSettings, measure_sharpness  # noqa: E402
+from spectra.analysis.trajectory import SharpnessSettings, measure_sharpness  # noqa: E402
+from spectra.io.checkpoints import CheckpointLoader, find_checkpoints, load_model  # noqa: E402
+from spectra.io.datasets import load_data  # noqa: E402
+from spectra.operators import HessianOperator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS = "sparse_categorical_crossentropy"

@@ -32,7 +32,7 @@ import tensorflow as tf
 from _dense import relative_error
 from _zoo import ZOO, ZooEntry, operator_for, zoo_case
 
-from spectra import _keras
+from spectra.operators import keras_models
 from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE
 
 
@@ -77,7 +77,7 @@ def speed(entry: ZooEntry, width: int, examples: int, repeats: int) -> dict[str,
         fallback = operator_for(bench, model, data)
     finally:
         del os.environ[SPLIT_ENVIRONMENT_VARIABLE]
-    structured = _keras.StructuredLoss(entry.loss, entry.loss_weights, tf.float32)
+    structured = keras_models.StructuredLoss(entry.loss, entry.loss_weights, tf.float32)
     training = entry.kwargs.get("training", False)
     variables = [v.value for v in model.trainable_variables]
     x, y = tf.nest.map_structure(tf.constant, data)

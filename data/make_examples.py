@@ -28,7 +28,7 @@ import scipy.sparse.linalg
 import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from spectra.datasets import load_data
+from spectra.io.datasets import load_data
 
 SEED = 0
 LOSS = "sparse_categorical_crossentropy"

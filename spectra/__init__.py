@@ -10,16 +10,23 @@ read its spectrum through products: :func:`eigenvalues`, :func:`lanczos`, :func:
 :func:`gradient_overlap`). Estimators accept any symmetric ``LinearOperator`` (or a dense
 array), so they run on plain matrices too.
 
-Names are imported on first use: ``import spectra`` and the NumPy-only estimators do not
-import TensorFlow; ``spectra.HessianOperator`` does. Submodules (``spectra.plotting``,
-``spectra.checkpoints``, ``spectra.trajectory``, …) are attributes too.
+The package is layered; each layer imports only from the ones before it:
+
+* :mod:`spectra.io` — safe result files, checkpoints, datasets (no spectra imports);
+* :mod:`spectra.operators` — curvature matrices and their TensorFlow engine, batching;
+* :mod:`spectra.estimators` — NumPy/SciPy numerics over any ``LinearOperator`` and their
+  results (no TensorFlow);
+* :mod:`spectra.analysis` — what composes the two: per-layer spectra, preconditioning,
+  stability thresholds, subspaces, loss landscapes, trajectories over checkpoints;
+* :mod:`spectra.plotting`, :mod:`spectra.callback`, :mod:`spectra.cli` on top.
+
+Names are imported on first use (PEP 562): ``import spectra`` and the NumPy-only
+estimators do not import TensorFlow; ``spectra.HessianOperator`` does.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,15 +35,15 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, list[str]] = {
     "spectra._console": ["quiet_tensorflow"],
     "spectra.callback": ["SharpnessCallback"],
-    "spectra.density": ["spectral_density", "spectral_mass_below"],
-    "spectra.diagonal": ["diagonal"],
-    "spectra.eigenvalues": ["eigenvalue_ratio", "eigenvalues"],
-    "spectra.lanczos": ["lanczos", "tridiagonal_eigh"],
-    "spectra.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
-    "spectra.layerwise": ["LayerwiseResult", "layerwise"],
+    "spectra.estimators.density": ["spectral_density", "spectral_mass_below"],
+    "spectra.estimators.stochastic_diagonal": ["diagonal"],
+    "spectra.estimators.eigensolvers": ["eigenvalue_ratio", "eigenvalues"],
+    "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
+    "spectra.analysis.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
+    "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
     "spectra.operators": ["FisherOperator", "GGNOperator", "HessianOperator"],
-    "spectra.preconditioned": ["PreconditionedOperator", "preconditioned"],
-    "spectra.results": [
+    "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
+    "spectra.estimators.results": [
         "DensityCurve",
         "DiagonalResult",
         "EigenResult",
@@ -48,25 +55,24 @@ _EXPORTS: dict[str, list[str]] = {
         "SpectralMoments",
         "TraceResult",
     ],
-    "spectra.stability": ["stability_threshold"],
-    "spectra.subspace": ["GradientOverlapResult", "gradient_overlap", "subspace_overlap"],
-    "spectra.trace": ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"],
-    "spectra.tridiagonal": ["gauss_quadrature"],
+    "spectra.analysis.stability": ["stability_threshold"],
+    "spectra.analysis.subspaces": [
+        "GradientOverlapResult",
+        "gradient_overlap",
+        "subspace_overlap",
+    ],
+    "spectra.estimators.stochastic_trace": [
+        "frobenius_norm",
+        "hutchinson_trace",
+        "hutchpp_trace",
+        "trace",
+        "xtrace",
+    ],
+    "spectra.estimators.tridiagonal": ["gauss_quadrature"],
 }
 
-# Submodules reachable as attributes (``spectra.plotting``) without an explicit import.
-_SUBMODULES = (
-    "callback",
-    "checkpoints",
-    "cli",
-    "datasets",
-    "landscape",
-    "operators",
-    "plotting",
-    "results",
-    "stability",
-    "trajectory",
-)
+# Subpackages and modules reachable as attributes (``spectra.plotting``) without an import.
+_SUBMODULES = ("analysis", "callback", "cli", "estimators", "io", "operators", "plotting")
 
 _SOURCE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -86,20 +92,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__, *_SUBMODULES})
-
-
-class _Package(types.ModuleType):
-    """The package module: a public function keeps its name when its submodule is imported.
-
-    Importing a submodule binds it to the package under its name, so a later
-    ``import spectra.trace`` would replace the function ``spectra.trace`` with the module
-    ``spectra/trace.py``. Exported names are kept.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _SOURCE:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

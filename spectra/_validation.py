@@ -26,7 +26,7 @@ Cost: dtype and shape checks read only the ``element_spec``; value checks (label
 Embedding indices, finiteness of ``y`` and sample weights) read the labels and the
 Embedding inputs once, a few vectorized numpy reductions — for array data at once, for a
 ``tf.data.Dataset`` batch by batch during the counting pass that
-:class:`spectra.data.Batches` makes anyway, so no extra pass. Nothing here runs on the
+:class:`spectra.operators.batching.Batches` makes anyway, so no extra pass. Nothing here runs on the
 Hessian-product path.
 
 The model's structure (its nested inputs and outputs, which layer an ``Input`` feeds) is
@@ -50,7 +50,7 @@ import tensorflow as tf
 from spectra import _tf_compat
 
 if TYPE_CHECKING:
-    from spectra.data import Batches
+    from spectra.operators.batching import Batches
 
 __all__ = [
     "check_bool",

@@ -2,7 +2,7 @@
 
 :class:`SharpnessCallback` measures the largest eigenvalue(s) of the Hessian of the loss on a
 fixed data set, and optionally its Hutchinson trace, at the start of training and every few
-epochs or optimizer steps. Each measurement is :func:`spectra.trajectory.measure_sharpness`
+epochs or optimizer steps. Each measurement is :func:`spectra.analysis.trajectory.measure_sharpness`
 (the one ``spectra sharpness`` makes per checkpoint) on a :class:`spectra.HessianOperator`
 built at the current weights (cheap: the compiled functions are reused), with the eigensolver
 started from the previous measurement's eigenvectors. With ``preconditioned=True`` it
@@ -12,7 +12,7 @@ preconditioner (:func:`spectra.preconditioned`).
 Under full-batch gradient descent with step size η the sharpness λ₁ rises to about 2/η and
 hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR 2021); under
 full-batch Adam the preconditioned sharpness does so at (2 + 2β₁)/((1 − β₁)η) (Cohen et al.
-2022). The threshold of the model's optimizer (:mod:`spectra.stability`) is recorded with
+2022). The threshold of the model's optimizer (:mod:`spectra.analysis.stability`) is recorded with
 each measurement.
 """
 
@@ -31,16 +31,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from spectra._files import atomic_write_json, prepare_directory
-from spectra.operator import HessianOperator
-from spectra.preconditioned import preconditioned as precondition
-from spectra.stability import stability_threshold_of, threshold_matrix
-from spectra.trajectory import (
+from spectra.analysis.preconditioning import preconditioned as precondition
+from spectra.analysis.stability import stability_threshold_of, threshold_matrix
+from spectra.analysis.trajectory import (
     SharpnessMeasurement,
     SharpnessSettings,
     explain_null,
     measure_sharpness,
 )
+from spectra.io.files import atomic_write_json, prepare_directory
+from spectra.operators import HessianOperator
 
 __all__ = ["SharpnessCallback"]
 
@@ -87,7 +87,7 @@ class SharpnessCallback(keras.callbacks.Callback):
     by the optimizer's ``iterations``). At each point the callback builds the Hessian of the
     mean loss on ``data`` at the current weights (:meth:`HessianOperator.from_keras`, inference
     mode: Dropout off, BatchNorm moving statistics) and measures it with
-    :func:`spectra.trajectory.measure_sharpness`: the ``top_k`` largest eigenvalues with
+    :func:`spectra.analysis.trajectory.measure_sharpness`: the ``top_k`` largest eigenvalues with
     :func:`spectra.eigenvalues`, started from the previous point's eigenvectors, and, with
     ``trace=True``, a Hutchinson trace of ``trace_products`` products. Under full-batch
     gradient descent with learning rate η, λ₁ rises to about 2/η and hovers there (Cohen et
@@ -111,11 +111,11 @@ class SharpnessCallback(keras.callbacks.Callback):
     ``gradient_overlap=True``: the fraction ‖Vᵀg‖²/‖g‖² of the gradient g of the loss on
     ``data`` in the span of the top-k eigenvectors V, Gur-Ari, Roberts & Dyer 2018; else
     None), ``threshold`` (the stability threshold of the model's optimizer at that point,
-    :func:`spectra.stability.stability_threshold`, or None for an optimizer without one) and
-    ``threshold_matrix`` (which matrix that threshold bounds: ``"hessian"`` for SGD,
+    :func:`spectra.analysis.stability.stability_threshold`, or None for an optimizer without
+    one) and ``threshold_matrix`` (which matrix that threshold bounds: ``"hessian"`` for SGD,
     ``"preconditioned"`` for Adam, AdamW, RMSprop and Adagrad; see
-    :func:`spectra.stability.threshold_matrix`). Both overlaps come from the eigenvectors
-    the eigensolver computed anyway: no further product. ``callback.points`` lists the
+    :func:`spectra.analysis.stability.threshold_matrix`). Both overlaps come from the
+    eigenvectors the eigensolver computed anyway: no further product. ``callback.points`` lists the
     measurement points in the callback's unit (the ``step`` or ``epoch`` of each record).
     The history keeps growing over several ``fit`` calls.
 

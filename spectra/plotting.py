@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from spectra._files import atomic_write
-from spectra.results import EigenResult, SpectralDensity
+from spectra.estimators.results import EigenResult, SpectralDensity
+from spectra.io.files import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -482,7 +482,7 @@ def plot_sharpness(
     threshold 2/η of gradient descent (Cohen, Kaur, Li, Kolter & Talwalkar,
     ICLR 2021: under full-batch gradient descent the sharpness rises to about
     2/η and hovers there), or ``threshold``, a
-    :class:`spectra.stability.StabilityThreshold` (its ``label`` names the
+    :class:`spectra.analysis.stability.StabilityThreshold` (its ``label`` names the
     optimizer and formula), a ``(value, label)`` pair or a number. A threshold
     more than 3× above the data is named in the legend as off the scale instead
     of flattening the curves.
@@ -491,7 +491,7 @@ def plot_sharpness(
     when they span more than two decades; ``traces`` (and ``trace_errors``) on
     another; ``overlaps`` (one per step in [0, 1], NaN where there is none, e.g.
     the first step), the overlap of consecutive top eigenvectors
-    (:func:`spectra.trajectory.measure_sharpness`), on another, from 0 to 1.
+    (:func:`spectra.analysis.trajectory.measure_sharpness`), on another, from 0 to 1.
     ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
@@ -666,7 +666,7 @@ def plot_layerwise(
     for a Gauss-Newton matrix). ``annotate`` writes each value at its bar (default: up to
     30 groups). The legend goes under the axes, clear of the bars. Returns the axes.
     """
-    from spectra.layerwise import LayerwiseResult
+    from spectra.analysis.per_layer import LayerwiseResult
 
     if not isinstance(result, LayerwiseResult):
         raise TypeError(f"result must be a LayerwiseResult, got {type(result).__name__}")

@@ -1,4 +1,4 @@
-"""Runs one process of the distributed tests (started by tests/test_distributed.py).
+"""Runs one process of the distributed tests (started by tests/operators/test_distributed.py).
 
     python _distributed_worker.py mirrored OUT.json
         2 logical CPU devices: MirroredStrategy against one device, with arrays and with a

@@ -79,7 +79,7 @@ def in_which_order(eigenvalues, which: str) -> np.ndarray:
 
 def trace_errors(matrix: np.ndarray, method: str, num_products: int, seeds) -> tuple:
     """(estimate − tr A, stderr) of ``spectra.trace`` over seeds."""
-    from spectra.trace import trace
+    from spectra.estimators.stochastic_trace import trace
 
     truth = np.trace(matrix)
     results = [

@@ -127,7 +127,8 @@ class ReluMLP:
             norms = np.sum(self.inputs[layer] ** 2, axis=1) + 1.0
             total += float(np.sum(norms * quadratic))
             if layer:
-                b = np.einsum("nkj,ij->nki", b, self.kernels[layer]) * self.masks[layer - 1][
-                    :, None, :
-                ]
+                b = (
+                    np.einsum("nkj,ij->nki", b, self.kernels[layer])
+                    * self.masks[layer - 1][:, None, :]
+                )
         return total / self.num_examples

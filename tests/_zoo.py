@@ -17,8 +17,7 @@ import numpy as np
 import tensorflow as tf
 from _dense import batch_weighted, dense_hessian, flat_gradient
 
-from spectra import _keras
-from spectra.operators import HessianOperator
+from spectra.operators import HessianOperator, keras_models
 
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 N = 12  # examples in the test data
@@ -447,7 +446,7 @@ def dense_reference(entry: ZooEntry, model64: keras.Model, data: tuple):
     """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy."""
     x, y = cast(data, "float64")
     training = entry.kwargs.get("training", False)
-    structured = _keras.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
+    structured = keras_models.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
     bs = N if entry.batch_size is None else entry.batch_size
     terms = []
     for index, start in enumerate(range(0, N, bs)):

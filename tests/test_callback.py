@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 from _dense import dense_hessian, flat_gradient
 
+from spectra.analysis.preconditioning import preconditioner_diagonal
 from spectra.callback import SharpnessCallback
-from spectra.eigenvalues import eigenvalues
-from spectra.operator import HessianOperator
-from spectra.preconditioned import preconditioner_diagonal
-from spectra.trace import trace
+from spectra.estimators.eigensolvers import eigenvalues
+from spectra.estimators.stochastic_trace import trace
+from spectra.operators import HessianOperator
 
 LOSS = "sparse_categorical_crossentropy"
 NUM_EXAMPLES = 40

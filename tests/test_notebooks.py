@@ -43,9 +43,7 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
 def test_notebook_asserts_its_numbers(path: Path) -> None:
     nbformat = pytest.importorskip("nbformat")
     notebook = nbformat.read(path, as_version=4)
-    checks = [
-        c for c in notebook.cells if c.cell_type == "code" and "\nassert " in "\n" + c.source
-    ]
+    checks = [c for c in notebook.cells if c.cell_type == "code" and "\nassert " in "\n" + c.source]
     assert checks, f"{path.name} asserts none of its numbers"
 
 

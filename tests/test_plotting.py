@@ -14,9 +14,10 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.contour import ContourSet
 
-from spectra.density import spectral_density
-from spectra.eigenvalues import eigenvalues
-from spectra.layerwise import layerwise
+from spectra.analysis.per_layer import layerwise
+from spectra.analysis.stability import stability_threshold_of
+from spectra.estimators.density import spectral_density
+from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     add_title,
     figure_caption,
@@ -28,7 +29,6 @@ from spectra.plotting import (
     plot_spectral_density,
     save_figure,
 )
-from spectra.stability import stability_threshold_of
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = np.arange(0, 201, 20)

@@ -42,7 +42,12 @@ def test_quickstart_runs_and_its_numbers_match_independent_truths(monkeypatch, c
     start = np.random.default_rng(0).standard_normal(truth.n)
     reference = np.sort(
         spla.eigsh(
-            truth.operator(), k=5, which="LA", tol=EIGSH_TOL, ncv=24, v0=start,
+            truth.operator(),
+            k=5,
+            which="LA",
+            tol=EIGSH_TOL,
+            ncv=24,
+            v0=start,
             return_eigenvectors=False,
         )
     )[::-1]

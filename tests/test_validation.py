@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from spectra import _validation as V
-from spectra.data import Batches
-from spectra.operator import HessianOperator
+from spectra.operators import HessianOperator
+from spectra.operators.batching import Batches
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -8,7 +8,7 @@ Subcommands:
 * ``spectra sharpness CHECKPOINTS``: the top eigenvalue(s) (and trace) of every checkpoint of a
   training run, or with ``--preconditioned`` those of P⁻¹H for the optimizer state each
   checkpoint carries, and the overlap of consecutive top eigenvectors; resumable
-  (:mod:`spectra.trajectory`); writes ``sharpness.json``, ``sharpness.csv`` and
+  (:mod:`spectra.analysis.trajectory`); writes ``sharpness.json``, ``sharpness.csv`` and
   ``sharpness.png``.
 * ``spectra landscape MODEL``: the loss along the top eigenvector(s) and a random direction;
   writes ``landscape.json`` and ``landscape_1d.png`` (and ``landscape_2d.png``).

@@ -21,7 +21,10 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
-from spectra._files import (
+from spectra.analysis.trajectory import SharpnessSettings, explain_null
+from spectra.cli._curvature import curvature_choice
+from spectra.estimators.results import Result
+from spectra.io.files import (
     MANIFEST_NAME,
     DirectoryLock,
     DirectoryLocked,
@@ -31,9 +34,6 @@ from spectra._files import (
     prepare_directory,
     remove_temporaries,
 )
-from spectra.cli._curvature import curvature_choice
-from spectra.results import Result
-from spectra.trajectory import SharpnessSettings, explain_null
 
 
 class UserError(Exception):
@@ -165,7 +165,7 @@ def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[
     computed: the names in ``outputs`` must not be links (nor anything but regular files),
     the directory must not hold another run's files (``--restart`` removes exactly those its
     manifest lists) and the manifest lists ``outputs`` before any is written
-    (:func:`spectra._files.claim_outputs`); temporary files a killed run left are removed.
+    (:func:`spectra.io.files.claim_outputs`); temporary files a killed run left are removed.
     Yields the claim: write the outputs with :meth:`OutputClaim.attempt` and end with
     :func:`finish_outputs`."""
     check_out_option(args)
@@ -238,7 +238,7 @@ def check_builder_use(args: argparse.Namespace, paths: Sequence[str | os.PathLik
 
 
 def load_data(args: argparse.Namespace) -> Any:
-    from spectra.datasets import load_data as load
+    from spectra.io.datasets import load_data as load
 
     with user_errors("--data"):
         data = load(args.data, args.max_examples, args.seed)
@@ -287,10 +287,10 @@ def check_loss(args: argparse.Namespace) -> None:
         return
     import tensorflow as tf
 
-    from spectra import _keras
+    from spectra.operators import keras_models
 
     with user_errors("--loss"):
-        _keras.resolve_loss(args.loss, tf.float32)
+        keras_models.resolve_loss(args.loss, tf.float32)
 
 
 def compiles_model(args: argparse.Namespace) -> bool:
@@ -316,7 +316,7 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
     parameters; returns the number of parameters."""
-    from spectra.datasets import check_data_fits_model
+    from spectra.io.datasets import check_data_fits_model
 
     loss = args.loss if args.loss is not None else getattr(model, "loss", None)
     if loss is None:
@@ -391,8 +391,8 @@ def _preconditioned(op: Any, model: Any) -> Any:
     Raises ValueError for a checkpoint without optimizer state (one checkpoint's problem)
     and :class:`SettingError` for an optimizer without a preconditioner (every checkpoint's).
     """
-    from spectra.preconditioned import preconditioned
-    from spectra.stability import threshold_matrix
+    from spectra.analysis.preconditioning import preconditioned
+    from spectra.analysis.stability import threshold_matrix
 
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
@@ -431,7 +431,7 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     require_tensorflow(args)
     check_loss(args)
     check_curvature(args)
-    from spectra.checkpoints import load_model
+    from spectra.io.checkpoints import load_model
 
     with user_errors(args.model):
         model = load_model(args.model, builder=args.builder, compile=compiles_model(args))

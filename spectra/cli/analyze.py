@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from spectra.analysis.per_layer import LayerwiseResult, layerwise
 from spectra.cli._common import (
     DEFAULT_FAILURE_PROBABILITY,
     CommandReport,
@@ -37,15 +38,20 @@ from spectra.cli._common import (
     write_outputs,
 )
 from spectra.cli._curvature import curvature_choice
-from spectra.density import spectral_density, spectral_mass_below
-from spectra.eigenvalues import eigenvalue_ratio, eigenvalues
-from spectra.layerwise import LayerwiseResult, layerwise
-from spectra.results import EigenResult, SpectralDensity, SpectralMass, SpectralMoments, TraceResult
-from spectra.trace import trace
+from spectra.estimators.density import spectral_density, spectral_mass_below
+from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
+from spectra.estimators.results import (
+    EigenResult,
+    SpectralDensity,
+    SpectralMass,
+    SpectralMoments,
+    TraceResult,
+)
+from spectra.estimators.stochastic_trace import trace
 
 # The spectral mass below −τ·λ₁: the mass just below 0 cannot be resolved by Lanczos
 # quadrature (the near-zero bulk of a trained network straddles 0), see
-# spectra.density.spectral_mass_below.
+# spectra.estimators.density.spectral_mass_below.
 _NEGATIVE_MASS_TAU = 0.01
 _RESULTS = "results.json"
 _FIGURES = ("eigenvalues", "density", "layers")

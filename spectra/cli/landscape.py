@@ -33,8 +33,8 @@ from spectra.cli._common import (
     write_outputs,
 )
 from spectra.cli._parser import LANDSCAPE_MAX_EVALUATIONS, LANDSCAPE_POINTS
-from spectra.eigenvalues import eigenvalues
-from spectra.results import EigenResult
+from spectra.estimators.eigensolvers import eigenvalues
+from spectra.estimators.results import EigenResult
 
 _RESULTS = "landscape.json"
 _FIGURES = ("landscape_1d", "landscape_2d")
@@ -130,7 +130,7 @@ def _compute(
 ) -> tuple[LandscapeReport, list[tuple[str, str, Any]]]:
     data = load_data(args)
     model, size, op = load_operator(args, data)
-    from spectra.landscape import loss_landscape, random_direction
+    from spectra.analysis.landscape import loss_landscape, random_direction
 
     base_loss = op.loss()
     eig = eigenvalues(
@@ -219,10 +219,10 @@ def _seeded_float64_copy(model: Any, seed: int) -> Any:
     process."""
     import tensorflow as tf
 
-    from spectra import _keras
+    from spectra.operators import keras_models
 
     with user_errors():
-        copy = _keras.model_in_dtype(model, tf.float64)
+        copy = keras_models.model_in_dtype(model, tf.float64)
     seed_generator_states(copy, seed)
     return copy
 
@@ -279,7 +279,7 @@ def _announce_cost(
     timed after a first, untimed probe that pays TensorFlow's one-off start-up; the
     probe's own tracing is included, so the estimate errs high.
     """
-    from spectra.landscape import loss_landscape
+    from spectra.analysis.landscape import loss_landscape
 
     count = planned_evaluations(args.directions, args.points)
     zero = {"probe": np.zeros(sum(int(np.prod(v.shape)) for v in model.trainable_weights))}

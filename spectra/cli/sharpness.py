@@ -1,7 +1,7 @@
 """``spectra sharpness CHECKPOINTS``: the sharpness of every checkpoint of a run, resumable.
 
-The bookkeeping (resume, lock, files) is :class:`spectra.trajectory.SharpnessRun`, the
-measurement :func:`spectra.trajectory.measure_sharpness`; this module reads the options,
+The bookkeeping (resume, lock, files) is :class:`spectra.analysis.trajectory.SharpnessRun`, the
+measurement :func:`spectra.analysis.trajectory.measure_sharpness`; this module reads the options,
 finds the checkpoints and the stability threshold, and prints.
 """
 
@@ -19,6 +19,18 @@ from typing import Any
 
 import numpy as np
 
+from spectra.analysis.stability import (
+    StabilityThreshold,
+    gradient_descent_threshold,
+    stability_threshold_of,
+    threshold_matrix,
+)
+from spectra.analysis.trajectory import (
+    PlannedCheckpoint,
+    SharpnessRun,
+    measure_sharpness,
+    plan_checkpoints,
+)
 from spectra.cli._common import (
     DEFAULT_FAILURE_PROBABILITY,
     Console,
@@ -51,18 +63,6 @@ from spectra.cli._common import (
     user_errors,
     versions,
 )
-from spectra.stability import (
-    StabilityThreshold,
-    gradient_descent_threshold,
-    stability_threshold_of,
-    threshold_matrix,
-)
-from spectra.trajectory import (
-    PlannedCheckpoint,
-    SharpnessRun,
-    measure_sharpness,
-    plan_checkpoints,
-)
 
 _FIGURE = "sharpness"
 _UNIT_LABELS = {
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store: Any) -> int:
-    from spectra.checkpoints import find_checkpoints, step_unit
+    from spectra.io.checkpoints import find_checkpoints, step_unit
 
     store.claim(
         restart=args.restart,
@@ -164,7 +164,7 @@ def _measure_all(
     require_tensorflow(args)
     check_loss(args)
     check_curvature(args)
-    from spectra.checkpoints import CheckpointLoader
+    from spectra.io.checkpoints import CheckpointLoader
 
     loader = CheckpointLoader(builder=args.builder, compile=compiles_model(args))
     before = {later.file: earlier.file for earlier, later in itertools.pairwise(plan)}
@@ -331,7 +331,7 @@ def _threshold(
     warned about. ``--preconditioned`` on a run whose recorded optimizer has no
     preconditioner is refused here, before anything is measured.
     """
-    from spectra.checkpoints import recorded_optimizer
+    from spectra.io.checkpoints import recorded_optimizer
 
     threshold, rate, source, notes = _recorded_threshold(args, refs)
     recorded = recorded_optimizer(refs[0].path)
@@ -361,7 +361,7 @@ def _threshold(
 def _recorded_threshold(
     args: argparse.Namespace, refs: list[Any]
 ) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
-    from spectra.checkpoints import recorded_optimizer
+    from spectra.io.checkpoints import recorded_optimizer
 
     notes: list[str] = []
     optimizer = recorded_optimizer(refs[0].path)

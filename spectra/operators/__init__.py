@@ -9,10 +9,10 @@ empirical Fisher matrices. The compiled machinery is in ``engine``.
 """
 
 from spectra.operators.base import CurvatureOperator, block_size_for
+from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
 from spectra.operators.ggn import GGN, GGNOperator
 from spectra.operators.hessian import Hessian, HessianOperator
-from spectra.operators.problem import BatchProblem, Curvature, CurvatureParts
 
 __all__ = [
     "GGN",

@@ -3,7 +3,7 @@
 A curvature operator is a symmetric matrix C = Σ_b (n_b/N) C_b of a dataset loss
 L(θ) = Σ_b (n_b/N) L_b(θ) with respect to the flattened parameters θ (the given variables,
 concatenated in order, each flattened row-major), as a SciPy ``LinearOperator``. What
-C_b is comes from a :class:`~spectra.operators.problem.Curvature` (the Hessian in
+C_b is comes from a :class:`~spectra.operators.curvature.Curvature` (the Hessian in
 :mod:`spectra.operators.hessian`); this module owns everything else:
 
 * **snapshot**: an operator is the matrix at the weights it was built with. The values
@@ -19,8 +19,8 @@ C_b is comes from a :class:`~spectra.operators.problem.Curvature` (the Hessian i
 * **replicas**: under a ``tf.distribute`` strategy each replica computes its share of the
   batches, the local replicas concurrently (one host thread each), and the sums are
   all-reduced; with several workers each reads only its shard of a dataset
-  (:mod:`spectra.data`), and every pass ends on all workers together, failed or not
-  (:mod:`spectra._replicas`);
+  (:mod:`spectra.operators.batching`), and every pass ends on all workers together, failed or not
+  (:mod:`spectra.operators.replicas`);
 * **checks**: non-finite weights, batch losses or gradients and products are refused
   with the variable or batch named; so are vectors that do not fit the operator's dtype.
 """
@@ -39,8 +39,6 @@ import numpy as np
 import tensorflow as tf
 from scipy.sparse.linalg import LinearOperator
 
-from spectra import _keras
-from spectra._replicas import Replicas
 from spectra._validation import (
     check_bool,
     check_int,
@@ -48,9 +46,11 @@ from spectra._validation import (
     check_seed,
     graph_errors,
 )
-from spectra.data import Batches
+from spectra.operators import keras_models
+from spectra.operators.batching import Batches
+from spectra.operators.curvature import Curvature, FunctionProgram, variable_name
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
-from spectra.operators.problem import Curvature, FunctionProgram, variable_name
+from spectra.operators.replicas import Replicas
 
 __all__ = ["CurvatureOperator", "block_size_for"]
 
@@ -156,7 +156,7 @@ class _Snapshot:
 class CurvatureOperator(LinearOperator):
     """A curvature matrix of a loss as a symmetric ``LinearOperator`` (see subclasses).
 
-    Subclasses supply the :class:`~spectra.operators.problem.Curvature` and public
+    Subclasses supply the :class:`~spectra.operators.curvature.Curvature` and public
     constructors; they build operators with :meth:`_init_from_function` (a ``loss_fn`` of
     variables) or :meth:`_build_from_keras` (a Keras model and its loss). Everything
     documented here is common to all of them.
@@ -176,7 +176,7 @@ class CurvatureOperator(LinearOperator):
     **Distributed.** ``strategy`` (or the one the model was built under) spreads the
     batches over the replicas; ``data`` may then be a dataset function
     ``lambda input_context: dataset`` that builds each worker's shard (see
-    :mod:`spectra.data`). Under a multi-worker strategy every worker must build the
+    :mod:`spectra.operators.batching`). Under a multi-worker strategy every worker must build the
     operator and call the same methods in the same order (SPMD); the data are counted
     across workers at construction.
     """
@@ -259,7 +259,7 @@ class CurvatureOperator(LinearOperator):
         """A new ``cls`` operator: the ``curvature`` matrix of a Keras model's dataset loss
         at its current weights (the keywords as in
         :meth:`~spectra.operators.HessianOperator.from_keras`)."""
-        _keras.check_model(model)
+        keras_models.check_model(model)
         training = check_bool(training, "training")
         include_regularization = check_bool(include_regularization, "include_regularization")
         allow_unused = check_bool(allow_unused, "allow_unused")
@@ -270,18 +270,20 @@ class CurvatureOperator(LinearOperator):
                 "of such batches."
             )
         if strategy is None:
-            strategy = _keras.model_strategy(model)
-        variables, positions, target = _keras.resolve_variables_and_dtype(model, variables, dtype)
+            strategy = keras_models.model_strategy(model)
+        variables, positions, target = keras_models.resolve_variables_and_dtype(
+            model, variables, dtype
+        )
         if loss is None:
-            loss, loss_weights = _keras.compiled_loss(model)
+            loss, loss_weights = keras_models.compiled_loss(model)
         else:
             loss_weights = None
-        structured = _keras.StructuredLoss(loss, loss_weights, target)
+        structured = keras_models.StructuredLoss(loss, loss_weights, target)
         replicas = Replicas(strategy)
         batches = Batches(data, batch_size, cast_floats_to=target, replicas=replicas)
         check_keras_data(model, loss, batches)
         spec = batches.element_spec
-        loss_id, loss_owners = _keras.loss_key((loss, loss_weights))
+        loss_id, loss_owners = keras_models.loss_key((loss, loss_weights))
         key = (
             curvature.key,
             "keras",
@@ -296,8 +298,8 @@ class CurvatureOperator(LinearOperator):
         )
 
         def build() -> Engine:
-            run_model = _keras.model_in_dtype(model, target)
-            program = _keras.KerasProgram(
+            run_model = keras_models.model_in_dtype(model, target)
+            program = keras_models.KerasProgram(
                 run_model,
                 structured,
                 dtype=target,
@@ -310,7 +312,7 @@ class CurvatureOperator(LinearOperator):
         engine = cached_engine(key, (model, *loss_owners), build)
         program = engine.program
         _check_no_clone_reads(engine, model, program.model)  # type: ignore[attr-defined]
-        state = _keras.snapshot_state(model, program.model, replicas.devices)  # type: ignore[attr-defined]
+        state = keras_models.snapshot_state(model, program.model, replicas.devices)  # type: ignore[attr-defined]
         seed_positions = list(program.seed_indices)  # type: ignore[attr-defined]
         seed_bases = {}
         for j, position in enumerate(seed_positions):
@@ -482,7 +484,7 @@ class CurvatureOperator(LinearOperator):
     def _end_pass(self, error: Exception | None, finite: bool, what: str) -> None:
         """After a pass's all-reduces (``finite``: whether all its sums are): if a sum is
         not finite, learn whether a worker failed (one small all-reduce, on every worker
-        alike) and raise its error there, :class:`~spectra._replicas.WorkerFailed`
+        alike) and raise its error there, :class:`~spectra.operators.replicas.WorkerFailed`
         elsewhere. A pass that went well costs no extra collective."""
         if error is not None or not finite:
             self._replicas.agree(error, what)
@@ -842,12 +844,12 @@ def _capture_snapshots(
                 values.append(external)
             continue
         value = tf.convert_to_tensor(variable.read_value())
-        _keras.check_finite(value, variable_name(variable))
+        keras_models.check_finite(value, variable_name(variable))
         for values, device in zip(per_device, devices):
 
             def make(device: str | None = device, value: tf.Tensor = value) -> tf.Variable:
                 with tf.device(device) if device is not None else contextlib.nullcontext():
-                    copy = _keras.copy_tensor(value, value.dtype, device)
+                    copy = keras_models.copy_tensor(value, value.dtype, device)
                     return tf.Variable(copy, trainable=False, name="snapshot")
 
             snapshot = _outside_strategy(make)

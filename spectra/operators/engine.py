@@ -1,6 +1,6 @@
 """The compiled engine of every curvature operator: traced once, split, extracted.
 
-For one batch, a :class:`~spectra.operators.problem.Curvature` builds the loss, its
+For one batch, a :class:`~spectra.operators.curvature.Curvature` builds the loss, its
 gradient and the product ``v -> C_b v``. The engine traces this once into one graph
 whose inputs are the *state* (parameter values, or variable handles), a per-batch seed,
 the batch, one vector v and a block V = [v_1 … v_k] (a ``tf.map_fn`` loop over its rows),
@@ -57,7 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _tf_compat
-from spectra.operators.problem import BatchProblem, Curvature, Program
+from spectra.operators.curvature import BatchProblem, Curvature, Program
 
 __all__ = ["BatchCache", "Engine", "cached_engine", "clear_engine_cache", "spec_key"]
 
@@ -125,7 +125,7 @@ class Engine:
     Parameters
     ----------
     curvature:
-        What is differentiated (:class:`~spectra.operators.problem.Curvature`).
+        What is differentiated (:class:`~spectra.operators.curvature.Curvature`).
     program:
         The batch loss as a function of state values and the batch.
     batch_spec:

@@ -21,11 +21,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from spectra import _keras
 from spectra._validation import _loss_function, check_int
+from spectra.operators import keras_models
 from spectra.operators.base import CurvatureOperator
+from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 from spectra.operators.ggn import OutputSplit
-from spectra.operators.problem import BatchProblem, Curvature, CurvatureParts
 
 __all__ = ["EmpiricalFisher", "FisherOperator", "MonteCarloFisher", "predictive_distribution"]
 
@@ -169,7 +169,7 @@ def predictive_distribution(loss: Any) -> _Predictive:
 def _check_reduction(loss: Any) -> None:
     """Refuse a loss with ``reduction="sum"``: the Fisher weights each example's outer
     product by its weight in the batch mean. ``"none"`` is averaged like the mean."""
-    if isinstance(loss, keras.losses.Loss) and _keras.reduction_of(loss) == "sum":
+    if isinstance(loss, keras.losses.Loss) and keras_models.reduction_of(loss) == "sum":
         raise ValueError(
             f"a Fisher matrix needs the batch loss as a mean over examples; the loss "
             f"{getattr(loss, 'name', type(loss).__name__)!r} has reduction='sum'. Use the "
@@ -188,8 +188,8 @@ class _FisherCurvature(Curvature):
         self._loss = loss
         self._loss_weights = loss_weights
 
-    def _structured(self, problem: BatchProblem) -> _keras.StructuredLoss:
-        return _keras.StructuredLoss(self._loss, self._loss_weights, problem.dtype)
+    def _structured(self, problem: BatchProblem) -> keras_models.StructuredLoss:
+        return keras_models.StructuredLoss(self._loss, self._loss_weights, problem.dtype)
 
 
 class MonteCarloFisher(_FisherCurvature):
@@ -209,7 +209,7 @@ class MonteCarloFisher(_FisherCurvature):
 
     def build(self, problem: BatchProblem) -> CurvatureParts:
         split = OutputSplit(problem)
-        _, labels, sample_weight = _keras.unpack_batch(problem.batch)
+        _, labels, sample_weight = keras_models.unpack_batch(problem.batch)
         structured = self._structured(problem)
         terms = structured.terms(self._model, labels, split.outputs, sample_weight)
         samples = self.num_samples
@@ -264,7 +264,7 @@ class EmpiricalFisher(_FisherCurvature):
 
     def build(self, problem: BatchProblem) -> CurvatureParts:
         split = OutputSplit(problem)
-        _, labels, sample_weight = _keras.unpack_batch(problem.batch)
+        _, labels, sample_weight = keras_models.unpack_batch(problem.batch)
         weighted = split.output_gradients
         if sample_weight is None:
             unit = weighted
@@ -401,8 +401,8 @@ class FisherOperator(CurvatureOperator):
             raise ValueError(
                 "num_samples is for kind='mc'; the empirical Fisher uses the true labels."
             )
-        _keras.check_model(model)
-        spec, loss_weights = (loss, None) if loss is not None else _keras.compiled_loss(model)
+        keras_models.check_model(model)
+        spec, loss_weights = (loss, None) if loss is not None else keras_models.compiled_loss(model)
         for item in tf.nest.flatten(spec):
             if item is None:
                 continue

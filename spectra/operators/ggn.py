@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from spectra.operators.base import CurvatureOperator
-from spectra.operators.problem import BatchProblem, Curvature, CurvatureParts
+from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 
 __all__ = ["GGN", "GGNOperator", "OutputSplit"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from spectra.operators.base import CurvatureOperator
-from spectra.operators.problem import BatchProblem, Curvature, CurvatureParts
+from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 
 __all__ = ["Hessian", "HessianOperator"]
 
@@ -62,7 +62,7 @@ class HessianOperator(CurvatureOperator):
         None, a nested structure of arrays/tensors sharing a leading example dimension,
         a finite ``tf.data.Dataset`` of such batches, or a dataset function
         ``lambda input_context: dataset`` giving each worker its shard (see
-        :mod:`spectra.data`).
+        :mod:`spectra.operators.batching`).
     batch_size:
         Batch size for array data (default: one batch of everything).
     cache:

@@ -1,0 +1,14 @@
+"""Estimators over any symmetric ``LinearOperator``: NumPy and SciPy only, no TensorFlow.
+
+* :mod:`~spectra.estimators.krylov` — Lanczos with full reorthogonalization;
+* :mod:`~spectra.estimators.tridiagonal` — eigenpairs and Gauss quadrature of its output;
+* :mod:`~spectra.estimators.eigensolvers` — extreme eigenpairs with certified bounds
+  (restarted Lanczos, power iteration, LOBPCG);
+* :mod:`~spectra.estimators.stochastic_trace` — Hutchinson, Hutch++, XTrace, Frobenius norm;
+* :mod:`~spectra.estimators.stochastic_diagonal` — the diagonal with per-entry errors;
+* :mod:`~spectra.estimators.density` — stochastic Lanczos quadrature densities;
+* :mod:`~spectra.estimators.results` — the result dataclasses (``to_dict``, JSON).
+
+The operator is seen through ``_products``: counted, scaled, checked for symmetry and
+finite values.
+"""

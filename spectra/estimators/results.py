@@ -1,0 +1,430 @@
+"""Result containers returned by the estimators.
+
+Every result is a dataclass deriving from :class:`Result`, which provides
+``to_dict()`` (JSON-serializable: numpy arrays become lists, numpy scalars
+become Python numbers) and ``to_json(path=None)`` (atomic when writing a file).
+All results record the number of operator products (``num_products``, each
+column of a ``matmat`` counts once), the number of operator calls
+(``num_operator_calls``: ``matvec``/``matmat`` calls, i.e. data passes for a
+Hessian), the wall time in seconds and the settings used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spectra.estimators.tridiagonal import tridiagonal_eigh
+from spectra.io.files import atomic_write_text, strict_json_text
+
+__all__ = [
+    "DensityCurve",
+    "DiagonalResult",
+    "EigenResult",
+    "FrobeniusResult",
+    "LanczosResult",
+    "Result",
+    "SpectralDensity",
+    "SpectralMass",
+    "SpectralMoments",
+    "TraceResult",
+]
+
+# Fields holding length-n vectors (eigenvectors, Lanczos basis) are marked so that
+# ``to_dict(include_vectors=False)`` can leave them out of large reports.
+_VECTOR_FIELD = {"vector": True}
+
+
+def _to_jsonable(value: Any, include_vectors: bool) -> Any:
+    if isinstance(value, Result):
+        return value.to_dict(include_vectors=include_vectors)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(key): _to_jsonable(item, include_vectors) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(item, include_vectors) for item in value]
+    return value
+
+
+@dataclass
+class Result:
+    """Common base: conversion to plain Python objects and JSON."""
+
+    def to_dict(self, include_vectors: bool = True) -> dict[str, Any]:
+        """Plain-Python dictionary of all fields (arrays as nested lists).
+
+        ``include_vectors=False`` omits length-n vector fields (eigenvectors,
+        Lanczos basis), which can be large for a Hessian.
+        """
+        out: dict[str, Any] = {"type": type(self).__name__}
+        for spec in dataclasses.fields(self):
+            if not include_vectors and spec.metadata.get("vector", False):
+                continue
+            out[spec.name] = _to_jsonable(getattr(self, spec.name), include_vectors)
+        return out
+
+    def to_json(self, path: str | os.PathLike | None = None, include_vectors: bool = True) -> str:
+        """Serialize to strict JSON; when ``path`` is given also write it atomically.
+
+        Strict (RFC 8259): a non-finite number (the NaN standard error of a single
+        probe, say) is written as ``null`` and listed with its reason under
+        ``"null_values"``, so every JSON parser reads the file. The file is written to a
+        temporary file in the same directory and moved into place with ``os.replace``,
+        so readers never see a partial file. Returns the JSON text.
+        """
+        text = strict_json_text(self.to_dict(include_vectors=include_vectors))
+        if path is not None:
+            atomic_write_text(path, text)
+        return text.rstrip("\n")
+
+
+@dataclass
+class EigenResult(Result):
+    """Extreme eigenvalues of a symmetric operator.
+
+    ``eigenvalues`` are ordered by ``which``: largest first ("largest"),
+    smallest first ("smallest"), by decreasing magnitude ("magnitude").
+
+    What each number means (see :func:`spectra.eigenvalues`):
+
+    * ``error_bounds[i]``: an eigenvalue of A lies within this distance of
+      ``eigenvalues[i]`` (from the residual, or Kato–Temple with a gap read off the
+      Ritz values), and, with probability at least ``1 − failure_probability`` over
+      the random start, the true i-th eigenvalue in ``which`` order does (for
+      "magnitude": its magnitude). Never below 10·eps·‖A‖, the operator's rounding
+      with a margin (about 1.2e-6·λ₁ for float32 Hessian products).
+    * ``failure_probability``: the probability bound of that statement. Whether the
+      Krylov space has found the *extreme* eigenvalues cannot be certified from
+      products; for "lanczos" it rests on the random start (a polynomial bound in the
+      spirit of Kuczyński & Woźniakowski 1992) and is at most the requested value when
+      converged; "power" reports its bound at the requested probability (the larger of
+      its residual and the bound from ‖A^m q‖); "lobpcg" gets it from a Lanczos run
+      that verifies its pairs.
+    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)`` and
+      ``failure_probability`` at most the requested one (``settings["failure_probability"]``),
+      for every method; otherwise ``settings["not_converged_reason"]`` says why in one
+      line (None when all converged).
+    * ``residual_norms[i]``: ``‖A v − λ v‖`` of the returned vector from the method's
+      own products (the Lanczos relation β|e_mᵀs| for "lanczos"), exact up to the
+      operator's rounding; no extra product is spent on them.
+    """
+
+    eigenvalues: np.ndarray
+    residual_norms: np.ndarray
+    error_bounds: np.ndarray
+    converged: np.ndarray
+    which: str
+    method: str
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    failure_probability: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    eigenvectors: np.ndarray | None = field(default=None, metadata=_VECTOR_FIELD)
+
+    @property
+    def all_converged(self) -> bool:
+        """True when every requested eigenpair converged."""
+        return bool(np.all(self.converged))
+
+
+@dataclass
+class LanczosResult(Result):
+    """Lanczos tridiagonalization ``Qᵀ A Q = T``.
+
+    ``alpha`` (length m) is the diagonal and ``beta`` (length m − 1) the
+    off-diagonal of T; ``residual_norm`` is the norm of the next, unnormalized
+    Lanczos vector (``A Q = Q T + residual_norm · q_{m+1} e_mᵀ``), zero or tiny on
+    breakdown. ``breakdown`` is True when an invariant subspace was found before
+    ``num_steps`` steps; then m < num_steps. ``basis`` (n × m, orthonormal
+    columns) is present when requested.
+    """
+
+    alpha: np.ndarray
+    beta: np.ndarray
+    residual_norm: float
+    breakdown: bool
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    basis: np.ndarray | None = field(default=None, metadata=_VECTOR_FIELD)
+
+    @property
+    def num_steps_taken(self) -> int:
+        """Size m of the tridiagonal matrix."""
+        return int(self.alpha.shape[0])
+
+    def tridiagonal(self) -> np.ndarray:
+        """The dense m × m tridiagonal matrix T."""
+        return (np.diag(self.alpha) + np.diag(self.beta, 1) + np.diag(self.beta, -1)).astype(
+            np.float64
+        )
+
+    def ritz_values(self) -> np.ndarray:
+        """Eigenvalues of T in ascending order."""
+        return tridiagonal_eigh(self.alpha, self.beta, eigenvectors=False)[0]
+
+
+@dataclass
+class TraceResult(Result):
+    """Stochastic trace estimate with its standard error.
+
+    ``stopped`` is "rtol" when the relative-error target was met and "budget"
+    when the product budget ran out (or no target was set).
+    """
+
+    estimate: float
+    stderr: float
+    method: str
+    stopped: str
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FrobeniusResult(Result):
+    """Frobenius norm ``‖A‖_F`` and ``‖A‖_F²`` with standard errors."""
+
+    estimate: float
+    stderr: float
+    squared_estimate: float
+    squared_stderr: float
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DiagonalResult(Result):
+    """Stochastic estimate of ``diag(A)`` with a per-entry standard error."""
+
+    estimate: np.ndarray
+    stderr: np.ndarray
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DensityCurve(Result):
+    """A smoothed spectral density on a grid with a confidence band.
+
+    ``values`` is the mean over probes; ``lower``/``upper`` are mean ∓ 2
+    standard errors across probes (lower clipped at 0). ``sigma`` is the
+    Gaussian kernel width used.
+    """
+
+    grid: np.ndarray
+    values: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    sigma: float
+
+
+@dataclass
+class SpectralMoments(Result):
+    """Quadrature estimates of ``trace(A^p)/n`` for ``p = orders``."""
+
+    orders: np.ndarray
+    estimate: np.ndarray
+    stderr: np.ndarray
+
+
+def _gaussian_kernel_sums(
+    grid: np.ndarray, nodes: np.ndarray, weights: np.ndarray, sigma: float
+) -> np.ndarray:
+    """Σ_i w_i N(x; θ_i, σ²) for each probe row: returns (num_probes, len(grid))."""
+    out = np.empty((nodes.shape[0], grid.shape[0]))
+    norm = 1.0 / (sigma * math.sqrt(2.0 * math.pi))
+    for probe in range(nodes.shape[0]):
+        keep = weights[probe] > 0
+        z = (grid[:, None] - nodes[probe, keep][None, :]) / sigma
+        out[probe] = norm * (np.exp(-0.5 * z * z) @ weights[probe, keep])
+    return out
+
+
+@dataclass
+class SpectralDensity(Result):
+    """Stochastic Lanczos quadrature of the spectral density.
+
+    Row p of ``nodes``/``weights`` is the Gauss quadrature rule of probe p: the
+    Ritz values of its Lanczos tridiagonal and the squared first components of
+    the Ritz vectors (each row sums to 1). It approximates the spectral measure
+    ``(1/n) Σ_i δ(t − λ_i)``. Probes that broke down early (``steps_taken`` <
+    ``num_steps``) are padded with zero-weight copies of their last node.
+    """
+
+    nodes: np.ndarray
+    weights: np.ndarray
+    steps_taken: np.ndarray
+    dimension: int
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_probes(self) -> int:
+        return int(self.nodes.shape[0])
+
+    def default_sigma(self) -> float:
+        """Default kernel width: (max node − min node) / 100.
+
+        With the default 80 Lanczos steps a probe's Ritz values in the bulk are
+        spaced roughly range/80 apart, so a width of about one such spacing
+        hides the discreteness of the quadrature while keeping any feature wider
+        than 1 % of the spectral range. If the spectrum is dominated by a few
+        far outliers the bulk gets smoothed too: pass a smaller ``sigma``.
+        A zero range (e.g. the zero matrix) falls back to 1e-3·max(1, |node|).
+        """
+        used = self.nodes[self.weights > 0]
+        spread = float(used.max() - used.min())
+        if spread > 0:
+            return spread / 100.0
+        return 1e-3 * max(1.0, float(np.abs(used).max()))
+
+    def density(self, grid: np.ndarray | None = None, sigma: float | None = None) -> DensityCurve:
+        """Gaussian-smoothed density ``φ_σ(x) = Σ_i w_i N(x; θ_i, σ²)`` (mean over probes).
+
+        Integrates to 1 over the real line. The default grid covers
+        [min node − 5σ, max node + 5σ] with at least 1000 points and at least 5
+        points per σ (capped at 200 000). The band is mean ∓ 2 standard errors
+        of the per-probe densities (a single probe gives a zero-width band).
+        """
+        if sigma is None:
+            sigma = self.default_sigma()
+        sigma = float(sigma)
+        if not sigma > 0:
+            raise ValueError(f"sigma must be positive, got {sigma}")
+        if grid is None:
+            used = self.nodes[self.weights > 0]
+            low, high = float(used.min()) - 5 * sigma, float(used.max()) + 5 * sigma
+            points = int(min(200_000, max(1000, math.ceil(5 * (high - low) / sigma))))
+            grid = np.linspace(low, high, points)
+        grid = np.asarray(grid, dtype=np.float64).ravel()
+        per_probe = _gaussian_kernel_sums(grid, self.nodes, self.weights, sigma)
+        values = per_probe.mean(axis=0)
+        if per_probe.shape[0] > 1:
+            stderr = per_probe.std(axis=0, ddof=1) / math.sqrt(per_probe.shape[0])
+        else:
+            stderr = np.zeros_like(values)
+        return DensityCurve(
+            grid=grid,
+            values=values,
+            lower=np.maximum(values - 2 * stderr, 0.0),
+            upper=values + 2 * stderr,
+            sigma=sigma,
+        )
+
+    def moments(self, max_order: int = 4) -> SpectralMoments:
+        """Estimates of ``trace(A^p)/n`` for p = 0..max_order with stderr across probes.
+
+        Probe p gives ``Σ_i w_i θ_i^p = q₁ᵀ A^p q₁`` exactly for p < 2m (Gauss
+        quadrature), an unbiased estimate of trace(A^p)/n for a normalized
+        Rademacher or uniform-on-sphere probe.
+        """
+        if int(max_order) != max_order or max_order < 0:
+            raise ValueError(f"max_order must be a non-negative integer, got {max_order}")
+        orders = np.arange(int(max_order) + 1)
+        per_probe = np.stack([(self.weights * self.nodes**p).sum(axis=1) for p in orders], axis=1)
+        estimate = per_probe.mean(axis=0)
+        if per_probe.shape[0] > 1:
+            stderr = per_probe.std(axis=0, ddof=1) / math.sqrt(per_probe.shape[0])
+        else:
+            stderr = np.full(orders.shape, np.nan)
+        return SpectralMoments(orders=orders, estimate=estimate, stderr=stderr)
+
+    def _exact_rows(self) -> np.ndarray:
+        """Probes whose quadrature is exact: their Krylov space is invariant (breakdown
+        before the requested steps) or the whole space."""
+        planned = min(int(self.settings.get("num_steps", self.nodes.shape[1])), self.dimension)
+        return (self.steps_taken < planned) | (self.steps_taken >= self.dimension)
+
+    def mass_below(self, threshold: float) -> SpectralMass:
+        """Spectral mass below ``threshold``: ``(1/n)·#{i: λ_i < threshold}``, with an
+        error bar for both of its errors.
+
+        Probe p's Gauss rule brackets the mass of its own spectral measure μ_p: by the
+        Chebyshev–Markov–Stieltjes inequalities, with k nodes below the threshold,
+        ``Σ_{i<k} w_i <= μ_p((−∞, t)) <= Σ_{i<=k+1} w_i`` (Golub & Meurant 2010,
+        §6.3; Szegő 1939, §3.41). m nodes cannot resolve mass closer to the
+        threshold than the node spacing: the bracket's width (the two weights next to
+        the threshold) says how much. The estimate is the mean over probes of the
+        bracket midpoints; ``resolution`` is the mean half-width (a deterministic
+        bound on the quadrature error of the probe average), ``stderr`` the standard
+        error across probes (the sampling error of E[μ_p] = the spectral mass), and
+        ``error = resolution + 2·stderr``. A probe whose Krylov space is invariant
+        has an exact rule (zero width).
+        """
+        threshold = float(threshold)
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be finite, got {threshold}")
+        below = self.nodes < threshold
+        cumulative = np.cumsum(self.weights, axis=1)
+        counts = below.sum(axis=1)
+        rows = np.arange(self.num_probes)
+        padded = np.concatenate([np.zeros((self.num_probes, 1)), cumulative], axis=1)
+        width = self.nodes.shape[1]
+        lower = padded[rows, np.maximum(counts - 1, 0)]
+        upper = np.where(counts >= width, 1.0, padded[rows, np.minimum(counts + 1, width)])
+        exact = self._exact_rows()
+        quadrature = padded[rows, counts]
+        lower = np.where(exact, quadrature, lower)
+        upper = np.where(exact, quadrature, np.minimum(upper, 1.0))
+        midpoints = 0.5 * (lower + upper)
+        estimate = float(midpoints.mean())
+        resolution = float(0.5 * (upper - lower).mean())
+        if self.num_probes > 1:
+            stderr = float(midpoints.std(ddof=1) / math.sqrt(self.num_probes))
+        else:
+            stderr = float("nan")
+        error = resolution + 2.0 * (stderr if math.isfinite(stderr) else 0.0)
+        return SpectralMass(
+            threshold=threshold,
+            estimate=estimate,
+            stderr=stderr,
+            resolution=resolution,
+            error=error,
+            lower=max(0.0, estimate - error),
+            upper=min(1.0, estimate + error),
+            num_probes=self.num_probes,
+            num_steps=int(self.steps_taken.max()),
+        )
+
+
+@dataclass
+class SpectralMass(Result):
+    """Fraction of the spectrum below ``threshold`` from SLQ, with its error bar.
+
+    ``estimate`` ± ``error`` where ``error = resolution + 2·stderr``: ``resolution``
+    bounds the Gauss-quadrature error (what m Lanczos nodes cannot resolve near the
+    threshold), ``stderr`` is the standard error across probes (NaN for one probe,
+    which then has no sampling error bar). ``lower``/``upper`` are the error bar's
+    ends clipped to [0, 1]. ``tau`` and ``lambda_max`` are set when the threshold is
+    −τ·λ_max (see :func:`spectra.estimators.density.spectral_mass_below`).
+    """
+
+    threshold: float
+    estimate: float
+    stderr: float
+    resolution: float
+    error: float
+    lower: float
+    upper: float
+    num_probes: int
+    num_steps: int
+    tau: float | None = None
+    lambda_max: float | None = None

@@ -1,0 +1,545 @@
+"""Stochastic trace and Frobenius-norm estimation from operator products.
+
+* Hutchinson (1989): ``tr(A) ≈ (1/m) Σ z_iᵀ A z_i`` with Rademacher z_i;
+  variance ``2(‖A‖_F² − Σ a_ii²)/m``, so the error falls like 1/sqrt(m).
+* Hutch++ (Meyer, Musco, Musco & Woodruff, SOSA 2021): spend a third of the
+  products on a sketch Q = orth(A S), take ``tr(QᵀAQ)`` exactly and apply
+  Hutchinson to the deflated ``(I − QQᵀ) A (I − QQᵀ)``; error O(1/m) for
+  matrices with decaying spectra (e.g. Hessians).
+* XTrace (Epperly, Tropp & Webber, SIMAX 2024): an exchangeable estimator that
+  uses every test vector both for the low-rank sketch and for the residual
+  trace, by leaving each vector out in turn.
+
+Every ``stderr`` is calibrated. Over 1000 seeds at 100 products on 200 × 200 matrices
+with flat, decaying (1/i) and low-rank-plus-noise spectra, (estimate − tr A)/stderr fell
+within ±1 in 66–68% (Hutchinson), 66–68% (Hutch++), 67–68% (XTrace) of the runs and
+within ±2 in 95–96%, 93–95%, 93–95%; the Frobenius norm's in 68–70% and 95–96%
+(tests/truths/test_calibration.py checks the bands 60–76% and 90–98%). Fewer probes widen the
+tails (a Student t with m − 1 degrees of freedom for Hutchinson).
+
+The estimators work on products scaled by a power of two when they are far from 1
+(exact; see ``spectra.estimators._products._ProductCounter``) and scale their results back,
+so an operator scaled by s from 1e-300 to 1e300 gives s times the estimate and the
+standard error at scale 1 (same seed), and a result float64 cannot hold is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from scipy.linalg import qr, solve_triangular
+
+from spectra.estimators._products import (
+    SeedLike,
+    _as_symmetric_operator,
+    _check_choice,
+    _check_int,
+    _check_positive,
+    _one_blas_thread,
+    _ProductCounter,
+    _Progress,
+    _rademacher,
+    _rng,
+    _RunningMoments,
+    _seed_setting,
+)
+from spectra.estimators.results import FrobeniusResult, TraceResult
+
+__all__ = ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"]
+
+_METHODS = ("hutchinson", "hutch++", "xtrace")
+_DEFAULT_BLOCK_SIZE = 16
+# With rtol, the stopping rule is checked only after this many blocks (and at
+# least this many samples), so that the sample standard error is not itself
+# too noisy to trust.
+_MIN_BLOCKS = 3
+_MIN_SAMPLES = 10
+
+
+def _check_rtol(rtol: Any) -> float | None:
+    return None if rtol is None else _check_positive("rtol", rtol)
+
+
+def _block_size(block_size: int | None, budget: int) -> int:
+    if block_size is None:
+        return min(_DEFAULT_BLOCK_SIZE, budget)
+    return _check_int("block_size", block_size)
+
+
+def _adaptive_mean(
+    draw_block: Callable[[int], np.ndarray],
+    budget: int,
+    block_size: int,
+    rtol: float | None,
+    offset: float,
+    bar: _Progress,
+) -> tuple[_RunningMoments, str]:
+    """Average samples from ``draw_block(width)`` until ``budget`` samples are drawn
+    or, with ``rtol``, until ``stderr <= rtol·|offset + mean|`` (after a few blocks).
+    Returns the running moments and why it stopped ("rtol" or "budget")."""
+    moments = _RunningMoments()
+    blocks = 0
+    while moments.count < budget:
+        width = min(block_size, budget - moments.count)
+        moments.update(draw_block(width))
+        blocks += 1
+        bar.update()
+        if (
+            rtol is not None
+            and blocks >= _MIN_BLOCKS
+            and moments.count >= _MIN_SAMPLES
+            and float(moments.stderr()) <= rtol * abs(offset + float(moments.mean))
+        ):
+            return moments, "rtol"
+    return moments, "budget"
+
+
+def _trace_result(
+    method: str,
+    estimate: float,
+    stderr: float,
+    stopped: str,
+    counter: _ProductCounter,
+    started: float,
+    seed: SeedLike,
+    check_symmetry: bool,
+    **settings: Any,
+) -> TraceResult:
+    """A :class:`TraceResult` with the counts and timing every trace method reports."""
+    return TraceResult(
+        estimate=float(estimate),
+        stderr=float(stderr),
+        method=method,
+        stopped=stopped,
+        num_products=counter.num_products,
+        num_operator_calls=counter.num_operator_calls,
+        wall_time=time.perf_counter() - started,
+        settings={
+            **settings,
+            "seed": _seed_setting(seed),
+            "check_symmetry": bool(check_symmetry),
+        },
+    )
+
+
+def hutchinson_trace(
+    op: Any,
+    num_products: int = 100,
+    rtol: float | None = None,
+    block_size: int | None = None,
+    seed: SeedLike = 0,
+    progress: bool | None = None,
+    check_symmetry: bool = True,
+) -> TraceResult:
+    """Hutchinson's estimator ``tr(A) ≈ mean_i z_iᵀ A z_i`` with Rademacher z_i.
+
+    Probes are drawn in blocks of ``block_size`` (default min(16, num_products))
+    and multiplied with one ``matmat`` per block. ``stderr`` is the sample
+    standard deviation of ``z_iᵀ A z_i`` (divisor m − 1) over sqrt(m): the
+    estimate is a mean of m independent samples, so its standardized error is close
+    to a Student t with m − 1 degrees of freedom (calibration: see the module
+    docstring). With ``rtol``, blocks are drawn until ``stderr <= rtol·|estimate|``
+    (checked from the third block on, with at least 10 samples) or the budget of
+    ``num_products`` ends; ``stopped`` records which (a data-dependent stop makes
+    the error bar slightly optimistic). Cost: at most num_products products in
+    ceil(num_products / block_size) calls; the symmetry check uses them (no extra
+    product). Reference: Hutchinson, Comm. Stat. Simul. Comput. 18 (1989).
+    """
+    started = time.perf_counter()
+    num_products = _check_int("num_products", num_products, minimum=2)
+    rtol = _check_rtol(rtol)
+    block_size = _block_size(block_size, num_products)
+    rng = _rng(seed)
+    counter = _as_symmetric_operator(op, "trace (hutchinson)", check_symmetry)
+
+    def draw(width: int) -> np.ndarray:
+        probes = _rademacher(rng, (counter.n, width))
+        return np.einsum("ij,ij->j", probes, counter.matmat(probes))
+
+    with _Progress(counter, num_products, "trace (hutchinson)", progress) as bar:
+        moments, stopped = _adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
+        counter.finish()
+    return _trace_result(
+        "hutchinson",
+        counter.unscale(float(moments.mean), "the trace estimate"),
+        counter.unscale(float(moments.stderr()), "the trace's standard error"),
+        stopped,
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        rtol=rtol,
+        block_size=block_size,
+        num_probes=moments.count,
+    )
+
+
+def hutchpp_trace(
+    op: Any,
+    num_products: int = 100,
+    rtol: float | None = None,
+    block_size: int | None = None,
+    seed: SeedLike = 0,
+    progress: bool | None = None,
+    check_symmetry: bool = True,
+) -> TraceResult:
+    """Hutch++: exact trace on a sketched range plus Hutchinson on the rest.
+
+    With s = min(num_products // 3, n) Rademacher columns S: Q = orth(A S) (s products,
+    one call), then ``tr(A) ≈ tr(QᵀAQ) + mean_i g_iᵀ(I−QQᵀ)A(I−QQᵀ)g_i`` with the
+    remaining num_products − 2s Rademacher probes g_i. The products A Q and the
+    first block of deflated probes share one ``matmat``. Given Q the sketched part is
+    exact and the probes g_i are independent of Q, so the estimate is unbiased and
+    ``stderr`` — the standard error of the Hutchinson part over its independent
+    probes — is its honest error bar (calibrated as stated in the module docstring).
+    With ``rtol``, the Hutchinson part stops early once ``stderr <= rtol·|estimate|``.
+    Needs num_products >= 4. Reference: Meyer, Musco, Musco & Woodruff, "Hutch++:
+    Optimal stochastic trace estimation", SOSA 2021.
+    """
+    started = time.perf_counter()
+    num_products = _check_int("num_products", num_products, minimum=4)
+    rtol = _check_rtol(rtol)
+    if block_size is not None:
+        block_size = _check_int("block_size", block_size)
+    rng = _rng(seed)
+    counter = _as_symmetric_operator(op, "trace (hutch++)", check_symmetry)
+    n = counter.n
+    sketch_size = min(num_products // 3, n)
+    remaining = num_products - 2 * sketch_size
+    block_size = _block_size(block_size, remaining)
+
+    with _one_blas_thread(), _Progress(counter, num_products, "trace (hutch++)", progress) as bar:
+        sketch = counter.matmat(_rademacher(rng, (n, sketch_size)))
+        bar.update()
+        basis, _ = np.linalg.qr(sketch)
+        rank = basis.shape[1]
+        first_width = min(block_size, remaining)
+        first_probes = _rademacher(rng, (n, first_width))
+        first_probes -= basis @ (basis.T @ first_probes)
+        images = counter.matmat(np.hstack([basis, first_probes]))
+        bar.update()
+        exact_part = float(np.einsum("ij,ij->", basis, images[:, :rank]))
+        pending = [np.einsum("ij,ij->j", first_probes, images[:, rank:])]
+
+        def draw(width: int) -> np.ndarray:
+            if pending:
+                return pending.pop()
+            probes = _rademacher(rng, (n, width))
+            probes -= basis @ (basis.T @ probes)
+            return np.einsum("ij,ij->j", probes, counter.matmat(probes))
+
+        moments, stopped = _adaptive_mean(draw, remaining, first_width, rtol, exact_part, bar)
+        counter.finish()
+    return _trace_result(
+        "hutch++",
+        counter.unscale(exact_part + float(moments.mean), "the trace estimate"),
+        counter.unscale(float(moments.stderr()), "the trace's standard error"),
+        stopped,
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        rtol=rtol,
+        block_size=first_width,
+        sketch_size=sketch_size,
+        num_probes=moments.count,
+    )
+
+
+def _xtrace_estimates(
+    test: np.ndarray, image: np.ndarray, counter: _ProductCounter
+) -> tuple[np.ndarray, float]:
+    """The s leave-one-out XTrace estimates t_i and the interaction sum for their variance.
+
+    Y = AΩ = QR. Leaving the columns K out of Y, span(Y₋K) has the projector
+    ``Q(I − U Uᵀ)Qᵀ`` with U an orthonormal basis of the columns K of R⁻ᵀ. With
+    W = QᵀΩ, H = QᵀAQ, v = (I − UUᵀ)wᵢ (so (I − P)ωᵢ = ωᵢ − Qv) and A symmetric:
+
+        t = tr H − tr(UᵀHU) + γ (ωᵢᵀyᵢ − 2 rᵢᵀv + vᵀHv),
+
+    using Qᵀyᵢ = rᵢ (column i of R). The deflated probe is rescaled to the dimension
+    of the space it lives in (the paper's "improved" estimator):
+    γ = (n − s + |K|)/‖(I − P)ωᵢ‖², ‖(I − P)ωᵢ‖² = ‖ωᵢ‖² − ‖v‖². For sphere test
+    vectors that keeps each t exactly unbiased (the deflated direction is uniform in
+    the complement); for Rademacher vectors it is not exact, but over 1000 seeds on
+    flat, decaying, low-rank and diagonally dominant matrices its bias stayed below
+    the resolution (1.5 standard errors of the mean) while its error was up to 3x
+    smaller than with γ = 1.
+
+    K = {i} gives the XTrace estimates tᵢ; K = {i, j} the leave-two-out estimates
+    tᵢ⁽⁻ʲ⁾, whose differences Δᵢⱼ = tᵢ − tᵢ⁽⁻ʲ⁾ measure how tᵢ depends on ωⱼ
+    through the sketch. Returns (t, Σ_{i≠j} ΔᵢⱼΔⱼᵢ): see :func:`xtrace` for the
+    variance. Costs one more ``matmat`` (A Q, s products) and O(n s² + s³) host flops.
+
+    If Y is numerically rank deficient (rank A < s), span(Y) already contains
+    range(A) and removing one column does not change it: all estimates reduce
+    to tr(QᵀAQ) plus the (numerically zero) residual term, with no interaction.
+    """
+    n, s = test.shape
+    basis, triangular = qr(image, mode="economic")
+    singular = np.linalg.svd(triangular, compute_uv=False)
+    threshold = 10.0 * max(s, 10) * counter.eps * (singular[0] if singular.size else 0.0)
+    rank = int(np.sum(singular > threshold))
+    if rank < s:
+        left, _, _ = np.linalg.svd(triangular)
+        basis = basis @ left[:, :rank]
+        projected_image = counter.matmat(basis)
+        projected = basis.T @ projected_image
+        coordinates = basis.T @ test
+        deflated = test - basis @ coordinates
+        # A(I − QQᵀ)Ω = Y − (AQ)(QᵀΩ): no further products needed.
+        residual_terms = np.einsum("ij,ij->j", deflated, image - projected_image @ coordinates)
+        return np.trace(projected) + residual_terms, 0.0
+    projected = basis.T @ counter.matmat(basis)  # H
+    projected = 0.5 * (projected + projected.T)
+    coordinates = basis.T @ test  # W
+    inverse_transpose = solve_triangular(triangular, np.eye(s), trans="T")
+    directions = inverse_transpose / np.linalg.norm(inverse_transpose, axis=0)  # S
+    cosines = directions.T @ directions
+    np.fill_diagonal(cosines, 0.0)
+    h_directions = projected @ directions
+    m = directions.T @ h_directions  # SᵀHS
+    w_h_s = coordinates.T @ h_directions  # [i, j] = wᵢᵀ H s_j
+    r_s = triangular.T @ directions  # [i, j] = rᵢᵀ s_j
+    w_s = coordinates.T @ directions  # [i, j] = wᵢᵀ s_j
+    diagonal = np.arange(s)
+    overlap, m_ii = w_s[diagonal, diagonal], m[diagonal, diagonal]
+    r_si, w_h_si = r_s[diagonal, diagonal], w_h_s[diagonal, diagonal]
+    w_h_w = np.einsum("ij,ij->j", coordinates, projected @ coordinates)
+    w_w = np.einsum("ij,ij->j", coordinates, coordinates)
+    test_norms = np.einsum("ij,ij->j", test, test)
+    quadratic = np.einsum("ij,ij->j", test, image)  # ωᵢᵀ yᵢ
+    r_w = np.einsum("ij,ij->j", triangular, coordinates)
+    trace_h = float(np.trace(projected))
+    tiny = np.finfo(float).tiny
+
+    def residual_term(removed, test_norms, quadratic, v_norms, r_v, v_h_v):
+        deflated_norms = test_norms - v_norms
+        scale = (n - s + removed) / np.maximum(deflated_norms, tiny)
+        return scale * (quadratic - 2.0 * r_v + v_h_v)
+
+    # Leave one out: U = s_i.
+    v_norms = w_w - overlap**2
+    estimates = (
+        trace_h
+        - m_ii
+        + residual_term(
+            1,
+            test_norms,
+            quadratic,
+            v_norms,
+            r_w - overlap * r_si,
+            w_h_w - 2 * overlap * w_h_si + overlap**2 * m_ii,
+        )
+    )
+    # Leave two out (row i, column j): U = [s_i, u], u = (s_j − c s_i)/sqrt(1 − c²).
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        sine = np.sqrt(np.maximum(1.0 - cosines**2, tiny))
+        beta = (w_s - cosines * overlap[:, None]) / sine  # uᵀwᵢ
+        u_h_u = (m_ii[None, :] - 2 * cosines * m + cosines**2 * m_ii[:, None]) / sine**2
+        r_u = (r_s - cosines * r_si[:, None]) / sine
+        w_h_u = (w_h_s - cosines * w_h_si[:, None]) / sine
+        s_h_u = (m - cosines * m_ii[:, None]) / sine
+        v_h_v = (
+            w_h_w[:, None]
+            + overlap[:, None] ** 2 * m_ii[:, None]
+            + beta**2 * u_h_u
+            - 2 * overlap[:, None] * w_h_si[:, None]
+            - 2 * beta * w_h_u
+            + 2 * overlap[:, None] * beta * s_h_u
+        )
+        left_two_out = (
+            trace_h
+            - m_ii[:, None]
+            - u_h_u
+            + residual_term(
+                2,
+                test_norms[:, None],
+                quadratic[:, None],
+                v_norms[:, None] - beta**2,
+                (r_w - overlap * r_si)[:, None] - beta * r_u,
+                v_h_v,
+            )
+        )
+        differences = estimates[:, None] - left_two_out
+    differences[diagonal, diagonal] = 0.0
+    interaction = float(np.sum(differences * differences.T))
+    if not math.isfinite(interaction):
+        interaction = 0.0
+    return estimates, interaction
+
+
+def xtrace(
+    op: Any,
+    num_products: int = 100,
+    seed: SeedLike = 0,
+    progress: bool | None = None,
+    check_symmetry: bool = True,
+    distribution: str = "sphere",
+) -> TraceResult:
+    """XTrace: exchangeable leave-one-out trace estimator with a calibrated error bar.
+
+    Draws s = num_products // 2 test vectors ω_i (uniform on the sphere of
+    radius sqrt(n) by default, or Rademacher), forms Y = AΩ = QR (one call, s
+    products) and A Q (one call, s products). For each i, the low-rank
+    approximation from the other s − 1 vectors gives an exact trace on their
+    range, and ω_i, independent of it, estimates the trace of the deflated
+    remainder (see ``_xtrace_estimates``). The estimate is the mean t̄ of the s
+    leave-one-out estimates t_i (Epperly, Tropp & Webber, "XTrace: Making the most
+    of every sample in stochastic trace estimation", SIAM J. Matrix Anal. Appl. 45,
+    2024).
+
+    Error bar. The t_i share their sketches, so they are correlated and the spread
+    of the t_i alone (std/sqrt(s)) underestimates the error, by a factor of up to
+    1.5 in our tests. With e_i = t_i − tr A, E[e_i | the other vectors] = 0, so the
+    cross terms E[e_i e_j] reduce to the products of the parts of e_i and e_j that
+    depend on both ω_i and ω_j, which the leave-two-out differences Δ_ij = t_i −
+    t_i⁽⁻ʲ⁾ estimate without bias: E[e_i e_j] = E[Δ_ij Δ_ji]. Hence
+
+        stderr² = (Σ_i (t_i − t̄)² + Σ_{i≠j} Δ_ij Δ_ji) / (s (s − 1)),
+
+    an unbiased estimate of the variance of t̄ (if it comes out negative, which is
+    rare, the first sum alone is used). Calibrated as the module docstring states
+    for s = 50; with fewer test vectors (s < 20) heavy tails make it less reliable.
+
+    Extra host work is O(n s² + s³), never n × n. Needs num_products >= 4. The
+    second call multiplies only rank(AΩ) columns when A has rank < s.
+    """
+    started = time.perf_counter()
+    num_products = _check_int("num_products", num_products, minimum=4)
+    distribution = _check_choice("distribution", distribution, ("sphere", "rademacher"))
+    rng = _rng(seed)
+    counter = _as_symmetric_operator(op, "trace (xtrace)", check_symmetry)
+    n = counter.n
+    s = min(num_products // 2, n)
+    if distribution == "sphere":
+        test = rng.standard_normal((n, s))
+        test *= math.sqrt(n) / np.linalg.norm(test, axis=0)
+    else:
+        test = _rademacher(rng, (n, s))
+    with _one_blas_thread(), _Progress(counter, 2 * s, "trace (xtrace)", progress) as bar:
+        image = counter.matmat(test)
+        bar.update()
+        estimates, interaction = _xtrace_estimates(test, image, counter)
+        counter.finish()
+    if s > 1:
+        spread = float(np.sum((estimates - estimates.mean()) ** 2))
+        variance = (spread + interaction) / (s * (s - 1))
+        if not variance > 0:
+            variance = spread / (s * (s - 1))
+        stderr = math.sqrt(variance)
+    else:
+        stderr = float("nan")
+    return _trace_result(
+        "xtrace",
+        counter.unscale(float(estimates.mean()), "the trace estimate"),
+        counter.unscale(stderr, "the trace's standard error"),
+        "budget",
+        counter,
+        started,
+        seed,
+        check_symmetry,
+        num_products=num_products,
+        num_test_vectors=s,
+        distribution=distribution,
+    )
+
+
+def trace(
+    op: Any,
+    method: str = "hutchinson",
+    num_products: int = 100,
+    rtol: float | None = None,
+    block_size: int | None = None,
+    seed: SeedLike = 0,
+    progress: bool | None = None,
+    check_symmetry: bool = True,
+) -> TraceResult:
+    """Estimate tr(A) with ``method`` in "hutchinson", "hutch++", "xtrace".
+
+    Dispatches to :func:`hutchinson_trace`, :func:`hutchpp_trace` or
+    :func:`xtrace`. ``rtol`` (early stopping on the standard error) is supported
+    by "hutchinson" and "hutch++"; "xtrace" uses its budget in two calls and
+    rejects ``rtol``. ``num_products`` is the estimator's budget; the symmetry
+    check costs no extra product.
+    """
+    method = _check_choice("method", method, _METHODS)
+    if method == "hutchinson":
+        return hutchinson_trace(op, num_products, rtol, block_size, seed, progress, check_symmetry)
+    if method == "hutch++":
+        return hutchpp_trace(op, num_products, rtol, block_size, seed, progress, check_symmetry)
+    if rtol is not None:
+        raise ValueError("rtol is supported by method='hutchinson' and 'hutch++', not 'xtrace'")
+    return xtrace(op, num_products, seed, progress, check_symmetry)
+
+
+def frobenius_norm(
+    op: Any,
+    num_products: int = 100,
+    block_size: int | None = None,
+    seed: SeedLike = 0,
+    progress: bool | None = None,
+    check_symmetry: bool = True,
+) -> FrobeniusResult:
+    """‖A‖_F = sqrt(tr(AᵀA)) from ``E‖Az‖² = ‖A‖_F²`` with Rademacher z.
+
+    ``squared_estimate`` is the mean of ‖Az_i‖² with its standard error (divisor
+    m − 1); ``estimate = sqrt(squared_estimate)`` with stderr by the delta method,
+    ``stderr(F²)/(2F)``. Both are calibrated like the trace estimators (module
+    docstring). Cost: num_products products in blocks of ``block_size`` (default 16)
+    per call; the symmetry check uses them. Products far from 1 are scaled by a power of
+    two (exact), so ‖A‖_F is right from 1e-300 to 1e300; a ``squared_estimate`` that
+    overflows float64 (‖A‖_F above about 1.3e154) is refused with a ``ValueError``, one
+    that underflows (‖A‖_F below about 1e-154) is 0 or subnormal while ``estimate`` and
+    ``stderr`` stay accurate.
+    """
+    started = time.perf_counter()
+    num_products = _check_int("num_products", num_products, minimum=2)
+    block_size = _block_size(block_size, num_products)
+    rng = _rng(seed)
+    counter = _as_symmetric_operator(op, "frobenius_norm", check_symmetry)
+
+    def draw(width: int) -> np.ndarray:
+        images = counter.matmat(_rademacher(rng, (counter.n, width)))
+        return np.einsum("ij,ij->j", images, images)
+
+    with _Progress(counter, num_products, "frobenius norm", progress) as bar:
+        moments, _ = _adaptive_mean(draw, num_products, block_size, None, 0.0, bar)
+        counter.finish()
+    squared = max(float(moments.mean), 0.0)
+    squared_stderr = float(moments.stderr())
+    norm = math.sqrt(squared)
+    stderr = squared_stderr / (2.0 * norm) if norm > 0 else 0.0
+    # Back from the counter's scaled products (A / 2^e: norms times 2^e, squares 4^e).
+    estimate = counter.unscale(norm, "the Frobenius norm")
+    try:
+        squared_estimate = counter.unscale(squared, "‖A‖_F²", power=2)
+    except ValueError:
+        raise ValueError(
+            f"frobenius_norm: ‖A‖_F² overflows float64 (‖A‖_F ≈ {estimate:.6g}): the result "
+            "cannot hold its squared_estimate; scale the operator down by a power of two "
+            "(e.g. 2**-600) and the norm up by it"
+        ) from None
+    return FrobeniusResult(
+        estimate=estimate,
+        stderr=counter.unscale(stderr, "the Frobenius norm's standard error"),
+        squared_estimate=squared_estimate,
+        squared_stderr=counter.unscale(
+            squared_stderr, "the squared Frobenius norm's standard error", power=2
+        ),
+        num_products=counter.num_products,
+        num_operator_calls=counter.num_operator_calls,
+        wall_time=time.perf_counter() - started,
+        settings={
+            "num_products": num_products,
+            "block_size": block_size,
+            "seed": _seed_setting(seed),
+            "check_symmetry": bool(check_symmetry),
+        },
+    )

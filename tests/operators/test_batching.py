@@ -1,0 +1,571 @@
+"""spectra.operators.batching.Batches: weights, argument types, finite datasets, the reshuffle
+guard, and sample weights inside a tf.data pipeline against a dense float64 Hessian."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from _dense import batch_weighted, dense_hessian, relative_error
+
+import spectra.operators.batching
+from spectra.operators import HessianOperator
+from spectra.operators.batching import Batches
+
+SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def arrays(rng, n=12, features=4, classes=3):
+    return rng.standard_normal((n, features)), rng.integers(0, classes, n).astype("int32")
+
+
+def generator_dataset(batches_per_pass, produced=None):
+    """A tf.data pipeline of unknown cardinality; ``batches_per_pass()`` gives each pass."""
+
+    def generate():
+        for x, y in batches_per_pass():
+            if produced is not None:
+                produced.append(len(y))
+            yield x, y
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(tf.TensorSpec([None, 4], tf.float64), tf.TensorSpec([None], tf.int32)),
+    )
+
+
+def small_mlp():
+    return keras.Sequential(
+        [
+            keras.Input((4,), dtype="float64"),
+            keras.layers.Dense(5, activation="tanh", dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+# -- weights and batch sizes ----------------------------------------------------------
+def test_array_batches_and_weights(rng):
+    x, y = arrays(rng, n=11)
+    batches = Batches((x, y), np.int64(4))  # numpy integers are integers
+    sizes = [int(b[1].shape[0]) for b, _ in batches]
+    weights = [w for _, w in batches]
+    assert sizes == [4, 4, 3] and batches.num_batches == 3 and batches.num_examples == 11
+    np.testing.assert_allclose(weights, [4 / 11, 4 / 11, 3 / 11], rtol=1e-15)
+    joined = np.concatenate([b[0].numpy() for b, _ in batches])
+    np.testing.assert_array_equal(joined, x)
+
+
+def test_dataset_batches_and_weights(rng):
+    x, y = arrays(rng, n=11)
+    batches = Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    assert [w for _, w in batches] == [4 / 11, 4 / 11, 3 / 11]
+    assert batches.num_examples == 11 and batches.dataset is not None and batches.arrays is None
+    # The number of batches, asked first, counts the dataset too.
+    assert Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(4)).num_batches == 3
+
+
+# -- type-strict arguments --------------------------------------------------------------
+@pytest.mark.parametrize("bad", [True, False, np.bool_(True), 2.0, "4"])
+def test_batch_size_must_be_an_integer(bad, rng):
+    with pytest.raises(TypeError, match=r"batch_size must be an integer or None; got"):
+        Batches(arrays(rng), bad)
+
+
+@pytest.mark.parametrize("bad", [0, -3, np.int32(0)])
+def test_batch_size_must_be_positive(bad, rng):
+    with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1; got"):
+        Batches(arrays(rng), bad)
+
+
+def test_max_batches_must_be_an_integer(rng):
+    dataset = tf.data.Dataset.from_tensor_slices(arrays(rng)).batch(4)
+    with pytest.raises(TypeError, match=r"max_batches must be an integer or None; got True"):
+        Batches(dataset, max_batches=True)
+
+
+# -- finite datasets ----------------------------------------------------------------------
+def test_infinite_dataset_is_refused_at_construction(rng):
+    # Regression (issue 10): a .repeat() pipeline made the operator count examples forever.
+    dataset = tf.data.Dataset.from_tensor_slices(arrays(rng)).batch(4).repeat()
+    with pytest.raises(ValueError, match=r"infinite tf.data.Dataset.*dataset.take\(num_batches\)"):
+        Batches(dataset)
+    with pytest.raises(ValueError, match=r"infinite tf.data.Dataset"):
+        HessianOperator.from_keras(small_mlp(), SCE, dataset)
+    finite = tf.data.Dataset.from_tensor_slices(arrays(rng)).batch(4).repeat(2)
+    assert Batches(finite).num_examples == 24
+
+
+def test_max_batches_stops_an_endless_generator(rng):
+    x, y = arrays(rng, n=4)
+
+    def forever():
+        while True:
+            yield x, y
+
+    batches = Batches(generator_dataset(forever), max_batches=50)
+    with pytest.raises(ValueError, match=r"more than max_batches=50 batches.*dataset.take"):
+        _ = batches.num_examples
+
+
+def test_max_batches_with_a_known_cardinality(rng):
+    dataset = tf.data.Dataset.from_tensor_slices(arrays(rng, n=12)).batch(4)
+    with pytest.raises(ValueError, match=r"has 3 batches, more than max_batches=2"):
+        Batches(dataset, max_batches=2)
+    assert Batches(dataset, max_batches=3).num_examples == 12
+
+
+def test_slow_count_of_unknown_cardinality_warns_once(rng, monkeypatch):
+    x, y = arrays(rng, n=4)
+    monkeypatch.setattr(spectra.operators.batching, "_SLOW_COUNT_SECONDS", 0.0)
+    batches = Batches(generator_dataset(lambda: [(x, y)] * 3))
+    with pytest.warns(RuntimeWarning, match=r"unknown cardinality: 1 batches") as w:
+        assert batches.num_examples == 12
+    assert len(w) == 1
+    assert str(w[0].message).endswith(
+        "The loss is the mean over the whole dataset; if it never ends, cut it with "
+        "dataset.take(num_batches) (or pass max_batches to make this an error)."
+    )
+    # Counted well within the minute: no warning.
+    monkeypatch.undo()
+    quick = Batches(generator_dataset(lambda: [(x, y)] * 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert quick.num_examples == 12
+    # A dataset of known cardinality is finite: no warning however long it takes.
+    known = Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert known.num_examples == 4
+
+
+# -- the reshuffle guard ------------------------------------------------------------------
+def passes(batches, count=3):
+    return [[b[1].numpy().tolist() for b, _ in batches] for _ in range(count)]
+
+
+def test_deterministic_pipeline_passes_the_guard(rng):
+    x, y = arrays(rng, n=12)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(12, seed=3, reshuffle_each_iteration=False)
+        .map(lambda a, b: (2.0 * a, b))
+        .batch(4)
+    )
+    seen = passes(Batches(dataset))
+    assert seen[0] == seen[1] == seen[2]
+    assert sorted(label for batch in seen[0] for label in batch) == sorted(y.tolist())
+
+
+def reshuffled_examples(dataset):
+    return dataset.shuffle(12, seed=3, reshuffle_each_iteration=True).batch(4)
+
+
+def reshuffled_batches(dataset):
+    return dataset.batch(3).shuffle(4, seed=5, reshuffle_each_iteration=True)
+
+
+def randomly_augmented(dataset):
+    noise = tf.random.Generator.from_seed(7)  # its state advances from pass to pass
+    return dataset.batch(4).map(lambda a, b: (a + noise.normal(tf.shape(a), dtype=a.dtype), b))
+
+
+@pytest.mark.parametrize(
+    "pipeline, message",
+    [
+        # Regression (issue 13): the guard compared only batch sizes, so reshuffling every
+        # pass (same sizes 4, 4, 4, other examples in each batch) went unnoticed.
+        (
+            reshuffled_examples,
+            r"batch 0 has the same size \(4\) but different contents.*"
+            r"reshuffle_each_iteration=False",
+        ),
+        (reshuffled_batches, r"same size \(3\) but different contents"),
+        (randomly_augmented, r"batch 0 has the same size \(4\) but different contents"),
+    ],
+    ids=["reshuffled-examples", "reshuffled-batches", "random-augmentation"],
+)
+def test_pipelines_that_change_between_passes_are_detected(pipeline, message, rng):
+    x, y = arrays(rng, n=12)
+    batches = Batches(pipeline(tf.data.Dataset.from_tensor_slices((x, y))))
+    assert batches.num_examples == 12  # the first pass records sizes and fingerprints
+    with pytest.raises(ValueError, match=message):
+        list(batches)
+
+
+def test_augmentation_that_replays_its_seed_is_deterministic(rng):
+    # Stateless noise with a fixed seed: the same augmentation on every pass.
+    x, y = arrays(rng, n=8)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(4)
+        .map(lambda a, b: (a + tf.random.stateless_normal(tf.shape(a), [1, 2], dtype=a.dtype), b))
+    )
+    batches = Batches(dataset)
+    firsts = [[b[0].numpy() for b, _ in batches] for _ in range(2)]
+    np.testing.assert_array_equal(firsts[0][0], firsts[1][0])
+    assert not np.allclose(firsts[0][0], x[:4])
+
+
+def test_changed_batch_sizes_and_counts_are_detected(rng):
+    x, y = arrays(rng, n=8)
+    plans = iter([[4, 4], [2, 6], [4, 4, 1], [4]])
+
+    def batches_per_pass():
+        sizes = next(plans)
+        start = 0
+        for size in sizes:
+            yield x[start : start + size], y[start : start + size]
+            start = (start + size) % 8
+
+    batches = Batches(generator_dataset(batches_per_pass))
+    assert batches.num_examples == 8
+    with pytest.raises(ValueError, match=r"batch 0 has 2 examples, on the first pass 4"):
+        list(batches)
+    with pytest.raises(ValueError, match=r"more than the 2 batches of the first pass"):
+        list(batches)
+    with pytest.raises(ValueError, match=r"1 batches, on the first pass 2"):
+        list(batches)
+
+
+def test_reshuffled_dataset_is_refused_by_the_operator(rng):
+    x, y = arrays(rng, n=12)
+    model = small_mlp()
+    reshuffled = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(12, seed=3, reshuffle_each_iteration=True)
+        .batch(4)
+    )
+    # Cached: the pass that fills the cache is compared with the counting pass.
+    op = HessianOperator.from_keras(model, SCE, reshuffled)
+    with pytest.raises(ValueError, match="different contents"):
+        op.matvec(np.ones(op.shape[0]))
+    # A deterministic pipeline streams the same operator on every pass.
+    fixed = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(12, seed=3, reshuffle_each_iteration=False)
+        .batch(4)
+    )
+    streaming = HessianOperator.from_keras(model, SCE, fixed, cache=False)
+    reference = HessianOperator.from_keras(model, SCE, (x, y))
+    V = rng.standard_normal((streaming.shape[0], 3))
+    first = streaming.matmat(V)
+    np.testing.assert_allclose(streaming.matmat(V), first, rtol=0, atol=0)
+    np.testing.assert_allclose(first, reference.matmat(V), rtol=1e-12)
+
+
+def test_fingerprint_tells_apart_many_strings():
+    # Strings are hashed into 2**62 buckets first: distinct words, distinct fingerprints.
+    words = [f"word-{i}" for i in range(300)]
+    assert len({spectra.operators.batching._fingerprint(tf.constant([w])) for w in words}) == len(
+        words
+    )
+
+
+def test_fingerprint_reads_contents_of_every_dtype():
+    fingerprint = spectra.operators.batching._fingerprint
+    a = (tf.constant([[1.0, 2.0]]), tf.constant(["cat"]), tf.constant([True]))
+    same = (tf.constant([[1.0, 2.0]]), tf.constant(["cat"]), tf.constant([True]))
+    assert fingerprint(a) == fingerprint(same)
+    for changed in [
+        (tf.constant([[1.0, 2.5]]), a[1], a[2]),
+        (a[0], tf.constant(["dog"]), a[2]),
+        (a[0], a[1], tf.constant([False])),
+        (tf.constant([[1, 2]], tf.float64), a[1], a[2]),  # same values, other dtype
+        (tf.constant([[1.0], [2.0]]), a[1], a[2]),  # same bytes, other shape
+    ]:
+        assert fingerprint(changed) != fingerprint(a)
+
+
+# -- value checks during the counting pass --------------------------------------------------
+def test_value_checks_ride_on_the_counting_pass(rng):
+    x, y = arrays(rng, n=10)
+    produced = []
+    dataset = generator_dataset(lambda: [(x[:4], y[:4]), (x[4:], y[4:])], produced)
+    batches = Batches(dataset)
+    seen = []
+    batches.check_values(lambda batch, where: seen.append((len(batch[1]), where)))
+    assert seen == [] and produced == []  # nothing read yet
+    assert batches.num_examples == 10
+    assert seen == [(4, "batch 0 of the dataset"), (6, "batch 1 of the dataset")]
+    assert produced == [4, 6]  # one pass for counting and checking
+    list(batches)
+    assert len(seen) == 2  # checks run once, not on every pass
+    # After the count, a new check needs (and makes) a pass of its own.
+    late = []
+    batches.check_values(lambda batch, where: late.append(where))
+    assert late == ["batch 0 of the dataset", "batch 1 of the dataset"]
+    # Arrays are checked at once, as one batch of everything.
+    whole = []
+    Batches((x, y), 3).check_values(lambda batch, where: whole.append((len(batch[1]), where)))
+    assert whole == [(10, None)]
+
+
+def test_a_failing_check_stops_the_counting_pass(rng):
+    x, y = arrays(rng, n=8)
+    batches = Batches(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+
+    def refuse_second(batch, where):
+        if where.endswith("1 of the dataset"):
+            raise ValueError(f"bad labels in {where}")
+
+    batches.check_values(refuse_second)
+    with pytest.raises(ValueError, match="bad labels in batch 1 of the dataset"):
+        _ = batches.num_examples
+
+
+# -- sample weights inside a tf.data pipeline ----------------------------------------------
+def test_sample_weights_in_a_dataset_match_the_dense_hessian(rng):
+    # Keras' meaning of sample weights: the batch loss is Σ_i w_i l_i / n_b (the
+    # sum_over_batch_size reduction), and the dataset loss Σ_b (n_b/N) · that.
+    model = small_mlp()
+    n, batch_size = 11, 4
+    x, y = arrays(rng, n=n)
+    w = rng.uniform(0.1, 3.0, n)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(batch_size)
+    op = HessianOperator.from_keras(model, SCE, dataset)
+
+    variables = model.trainable_variables
+    terms = []
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+
+        def batch_loss(start=start, stop=stop):
+            logits = model(x[start:stop])
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y[start:stop], logits)
+            return tf.reduce_sum(w[start:stop] * per_example) / (stop - start)
+
+        terms.append((batch_loss, (stop - start) / n))
+    H = dense_hessian(batch_weighted(terms), variables)
+    V = rng.standard_normal((op.shape[0], 5))
+    assert relative_error(op.matmat(V), H @ V) < 1e-9
+    assert op.num_examples == n
+    # The same data as arrays gives the same operator, and the weights matter.
+    as_arrays = HessianOperator.from_keras(model, SCE, (x, y, w), batch_size=batch_size)
+    assert relative_error(as_arrays.matmat(V), H @ V) < 1e-9
+    unweighted = HessianOperator.from_keras(model, SCE, (x, y), batch_size=batch_size)
+    assert relative_error(unweighted.matmat(V), H @ V) > 1e-2
+
+
+# -- dataset functions and sharding across workers --------------------------------------
+def test_dataset_function_matches_the_dense_hessian(rng):
+    # data=lambda input_context: dataset, the convention of
+    # strategy.distribute_datasets_from_function; without a strategy, one pipeline.
+    model = small_mlp()
+    x, y = arrays(rng, n=11)
+    contexts = []
+
+    def data(context):
+        contexts.append(
+            (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync)
+        )
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+
+    op = HessianOperator.from_keras(model, SCE, data)
+    assert contexts == [(1, 0, 1)]  # called once, at construction
+
+    def loss():
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
+
+    H = dense_hessian(loss, model.trainable_variables)
+    V = rng.standard_normal((op.shape[0], 4))
+    assert relative_error(op.matmat(V), H @ V) < 1e-10
+    assert op.num_examples == 11
+    # The counting pass and the pass that fills the cache read the data; products do not.
+    op.matmat(V)
+    assert op.num_examples_read == 2 * 11
+    assert op.num_bytes_read == 2 * (x.nbytes + y.nbytes)
+
+
+def test_array_batches_count_what_they_slice(rng):
+    x, y = arrays(rng, n=11)
+    batches = Batches((x, y), 4)
+    assert batches.examples_read == 0 and batches.bytes_read == 0
+    list(batches)
+    assert batches.examples_read == 11 and batches.bytes_read == x.nbytes + y.nbytes
+
+
+def test_dataset_function_errors(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    with pytest.raises(TypeError, match=r"data is a function.*data\(input_context\).*cannot be"):
+        Batches(lambda: dataset)
+    with pytest.raises(TypeError, match=r"must return a tf.data.Dataset.*returned a tuple"):
+        Batches(lambda context: (x, y))
+    with pytest.raises(ValueError, match=r"batch_size cannot be used .* dataset function"):
+        Batches(lambda context: dataset, 4)
+    with pytest.raises(ValueError, match=r"infinite tf.data.Dataset"):
+        Batches(lambda context: dataset.repeat())
+
+
+def test_components_of_unknown_rank_are_refused(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    unknown = dataset.map(lambda a, b: (a, tf.py_function(lambda t: t, [b], tf.int32)))
+    with pytest.raises(ValueError, match=r"known rank.*tf.ensure_shape"):
+        Batches(unknown)
+    known = unknown.map(lambda a, b: (a, tf.ensure_shape(b, [None])))
+    assert Batches(known).num_examples == 12
+
+
+class _Workers:
+    """What sharding reads of a strategy: W workers, this one's index, R replicas."""
+
+    def __init__(self, num_workers, worker):
+        self.num_workers, self.worker, self.total = num_workers, worker, num_workers
+
+    def input_context(self):
+        return tf.distribute.InputContext(self.num_workers, self.worker, self.total)
+
+
+def _records(directory, num_files, per_file):
+    files = []
+    for f in range(num_files):
+        path = str(directory / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(per_file):
+                writer.write(tf.io.serialize_tensor(tf.constant(100 * f + i, tf.int64)).numpy())
+        files.append(path)
+    return files
+
+
+def _read_ids(dataset):
+    return [int(i) for batch in dataset for i in batch.numpy()]
+
+
+def _parsed(files):
+    return (
+        tf.data.Dataset.from_tensor_slices(files)
+        .interleave(tf.data.TFRecordDataset, cycle_length=1)
+        .map(lambda r: tf.io.parse_tensor(r, tf.int64))
+        .map(lambda t: tf.ensure_shape(t, []))
+        .batch(3)
+    )
+
+
+def test_file_datasets_are_sharded_by_file(tmp_path):
+    files = _records(tmp_path, num_files=4, per_file=2)
+    shards = [
+        _read_ids(spectra.operators.batching._shard_across_workers(_parsed(files), _Workers(2, w)))
+        for w in range(2)
+    ]
+    # Worker w opens files w and w + 2 only, and batches what it reads.
+    assert shards == [[0, 1, 200, 201], [100, 101, 300, 301]]
+
+
+def test_other_datasets_are_sharded_by_batch():
+    dataset = tf.data.Dataset.range(10).batch(3)
+    shards = [
+        _read_ids(spectra.operators.batching._shard_across_workers(dataset, _Workers(2, w)))
+        for w in (0, 1)
+    ]
+    assert shards == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9]]
+    # OFF would let every worker compute every batch (counted twice in the sum): by data.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    off = spectra.operators.batching._shard_across_workers(
+        dataset.with_options(options), _Workers(2, 1)
+    )
+    assert _read_ids(off) == [3, 4, 5, 9]
+    # FILE on a dataset that reads no files: refused, with what to do instead.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    with pytest.raises(ValueError, match=r"FILE but TensorFlow found no files.*dataset function"):
+        spectra.operators.batching._shard_across_workers(
+            dataset.with_options(options), _Workers(2, 0)
+        )
+
+
+def test_how_each_kind_of_data_is_split_across_workers(rng):
+    x, y = arrays(rng)
+    dataset = tf.data.Dataset.range(10).batch(3)
+    second_of_two = _Workers(2, 1)
+    assert [Batches(d).sharding for d in (None, (x, y), dataset)] == ["none"] * 3
+    # Arrays are held whole by every worker.
+    replicated = Batches((x, y), replicas=second_of_two)
+    assert replicated.sharding == "replicated" and replicated.arrays[0].shape[0] == 12
+    # A dataset is auto-sharded: worker 1 of 2 keeps every other batch.
+    sharded = Batches(dataset, replicas=second_of_two)
+    assert sharded.sharding == "auto-shard" and _read_ids(sharded.dataset) == [3, 4, 5, 9]
+    assert _read_ids(Batches(dataset, replicas=_Workers(1, 0)).dataset) == list(range(10))
+    # A dataset function returns this worker's shard, which is taken as it is.
+    contexts = []
+    function = Batches(lambda context: contexts.append(context) or dataset, replicas=second_of_two)
+    assert function.sharding == "function" and _read_ids(function.dataset) == list(range(10))
+    assert [(c.num_input_pipelines, c.input_pipeline_id) for c in contexts] == [(2, 1)]
+
+
+def test_no_data_is_one_batch_of_weight_one():
+    batches = Batches(None)
+    assert list(batches) == [((), 1.0)]
+    assert batches.num_examples == 1 and batches.num_batches == 1
+    batches.synchronize()
+    assert batches.num_examples == 1 and batches.num_batches == 1
+
+
+def test_one_array_and_one_example(rng):
+    x, y = arrays(rng)
+    assert Batches(x).num_examples == 12  # a single array: its leading dimension
+    one = Batches((x[:1], y[:1]))
+    assert one.num_examples == 1 and [w for _, w in one] == [1.0]
+
+
+def test_float_arrays_are_cast_and_labels_left_alone(rng):
+    x, y = arrays(rng)
+    batches = Batches((x, y), cast_floats_to="float32")
+    assert [t.dtype for t in batches.arrays] == [tf.float32, tf.int32]
+    np.testing.assert_array_equal(batches.arrays[0].numpy(), x.astype(np.float32))
+    assert Batches((x, y)).arrays[0].dtype == tf.float64
+
+
+@pytest.mark.parametrize(
+    "data, batch_size, message",
+    [
+        (None, 4, "batch_size was given but there is no data to batch."),
+        (
+            "dataset",
+            4,
+            "batch_size cannot be used with a tf.data.Dataset or a dataset function: their "
+            "elements are taken as batches as they are. Batch the dataset yourself, e.g. "
+            "dataset.batch(batch_size).",
+        ),
+        ((), None, "data is empty: it holds no arrays."),
+        (
+            "scalar",
+            None,
+            "every array in data needs a leading example dimension; got a scalar.",
+        ),
+        (
+            "uneven",
+            None,
+            "all arrays in data must have the same number of examples (leading dimension); "
+            "got [3, 4].",
+        ),
+        ("empty", None, "data is empty: it has 0 examples."),
+    ],
+    ids=[
+        "batch-size-without-data",
+        "batch-size-with-dataset",
+        "no-arrays",
+        "scalar",
+        "uneven",
+        "no-examples",
+    ],
+)
+def test_bad_data_is_refused_with_what_to_do(data, batch_size, message, rng):
+    x, y = arrays(rng)
+    data = (
+        {
+            "dataset": tf.data.Dataset.from_tensor_slices((x, y)).batch(4),
+            "scalar": (x, np.float64(1.0)),
+            "uneven": (x[:3], y[:4]),
+            "empty": (x[:0], y[:0]),
+        }.get(data, data)
+        if isinstance(data, str)
+        else data
+    )
+    with pytest.raises(ValueError) as raised:
+        Batches(data, batch_size)
+    assert str(raised.value) == message
