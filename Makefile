@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
-LINTED := spectra tests benchmarks data notebooks .ci
+LINTED := spectra tests benchmarks data notebooks docs .ci
 .PHONY: help venv install run test test-fast lint ruff-check format-check typecheck docs bench mutate clean
 
 help:
