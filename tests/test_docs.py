@@ -1,0 +1,66 @@
+"""The documentation site builds without a warning, and it shows what it says it shows.
+
+``make docs`` runs Sphinx with warnings as errors; this runs the same build into a
+temporary directory (about 10-20 s: autodoc imports TensorFlow). It needs the ``[docs]``
+extra, which ``make test`` installs; without it the build test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+DOCS_PACKAGES = ("sphinx", "myst_parser", "myst_nb", "furo")
+
+
+def test_every_notebook_is_in_the_gallery():
+    notebooks = sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb"))
+    gallery = sorted(path.name for path in (DOCS / "gallery").glob("*.ipynb"))
+    assert notebooks and gallery == notebooks
+    for name in gallery:
+        link = DOCS / "gallery" / name
+        # Links, not copies: the gallery shows the notebooks the suite executes.
+        assert link.is_symlink() and link.resolve() == (ROOT / "notebooks" / name).resolve()
+    toctree = (DOCS / "gallery" / "index.md").read_text()
+    assert all(Path(name).stem in toctree for name in notebooks)
+
+
+def test_every_page_is_in_the_table_of_contents():
+    index = (DOCS / "index.md").read_text()
+    pages = [path.relative_to(DOCS).with_suffix("").as_posix() for path in DOCS.rglob("*.md")]
+    missing = [page for page in pages if page != "index" and f"\n{page}\n" not in index]
+    assert not missing, missing
+
+
+@pytest.mark.slow
+def test_the_site_builds_without_warnings(tmp_path):
+    missing = [name for name in DOCS_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(
+            f"the [docs] extra is not installed (missing {', '.join(missing)}): "
+            "pip install -e '.[docs]' (make test installs it)"
+        )
+    out = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "WARNING" not in done.stderr and "ERROR" not in done.stderr, done.stderr[-4000:]
+    # The pages it promises: an API page with the estimators' docstrings, the CLI's help,
+    # a notebook with its figures, the benchmarks.
+    estimators = (out / "reference" / "estimators.html").read_text()
+    assert 'id="spectra.estimators.eigensolvers.eigenvalues"' in estimators
+    assert "spectra analyze" in (out / "reference" / "cli.html").read_text()
+    assert "--top-k" in (out / "reference" / "cli.html").read_text()
+    assert "<img" in (out / "gallery" / "01_quickstart.html").read_text()
+    assert "1 process × 2 threads" in (out / "benchmarks.html").read_text()
