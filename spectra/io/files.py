@@ -641,7 +641,8 @@ def claim_outputs(
       file is refused (:func:`check_outputs`).
     * Files listed by the manifest of a previous run that still exist are that run's: refused,
       unless ``resumes(manifest)`` says this run continues that one (``spectra sharpness``),
-      or ``restart``, which removes exactly them (and nothing else) first.
+      or ``restart``, which removes exactly them (and nothing else) first. The same command
+      line again (``make run`` twice) is a rerun of that run: it restarts it.
     * Files no manifest lists at the names in ``outputs`` (another program's, or a run of a
       spectra without manifests) are refused, ``restart`` or not: they are not spectra's to
       remove. Other files in the directory are left alone.
@@ -662,6 +663,12 @@ def claim_outputs(
         else [name for name in manifest["files"] if os.path.lexists(directory / name)]
     )
     own = manifest is not None and resumes is not None and resumes(manifest)
+    rerun = (
+        manifest is not None
+        and command_line is not None
+        and manifest.get("command_line") == command_line
+    )
+    restart = restart or (rerun and not own)
     if manifest is None and adopt:
         previous = [name for name in adopt if os.path.lexists(directory / name)]
         own = True

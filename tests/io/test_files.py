@@ -230,6 +230,21 @@ def test_a_second_run_is_refused_and_restart_removes_only_the_listed_files(out):
     assert read_manifest(out)["status"] == "running"
 
 
+def test_the_same_command_again_replaces_its_own_run(out):
+    """``make run`` twice: the same command line into the same directory restarts its run
+    (its files are removed, then written again); another command line is refused."""
+    line = "spectra analyze m.keras --density --out o"
+    claim, _ = claim_outputs(out, "analyze", ["results.json", "density.png"], command_line=line)
+    for name in ("results.json", "density.png"):
+        claim.attempt(name, lambda path: path.write_text("first"))
+    claim.finish()
+    with pytest.raises(OutputInUse, match="holds the files of another spectra run"):
+        claim_outputs(out, "analyze", ["results.json"], command_line=line + " --top-k 2")
+    claim, previous = claim_outputs(out, "analyze", ["results.json"], command_line=line)
+    assert previous["command_line"] == line
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_NAME]
+
+
 def test_unknown_files_at_the_names_written_are_refused_even_with_restart(out):
     (out / "results.json").write_text("someone else's")
     for restart in (False, True):
