@@ -16,6 +16,7 @@ Matplotlib is imported on first use (inside the functions), not with the module.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pathlib
@@ -50,6 +51,8 @@ _PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#
 _SERIES_GID = "spectra-series"
 _REFERENCE_COLOR = "0.35"
 _ZERO_LINE_COLOR = "0.75"
+# The loss's color when the trace is drawn too (then both are grey, the loss lighter).
+_SECOND_REFERENCE_COLOR = "0.45"
 # Lower end of the log-scale density axis, relative to the highest density.
 _LOG_FLOOR = 1e-6
 # More points than this are drawn without markers.
@@ -57,6 +60,10 @@ _MAX_MARKED_POINTS = 50
 _TRACE_LABEL = "Trace of H"
 _LOSS_LABEL = "Loss"
 _OVERLAP_LABEL = "Overlap with the previous top eigenvector(s)"
+# Overlaps are squared cosines in [0, 1]; computed ones may exceed 1 by rounding. Their
+# axis ends a little above 1 so that a line at 1 stays visible.
+_OVERLAP_ROUNDING = 1e-9
+_OVERLAP_TOP = 1.05
 # Error bars shorter than this fraction of the plotted range hide under the markers.
 _VISIBLE_ERROR_FRACTION = 0.01
 # A threshold more than this many times above the data is named, not drawn.
@@ -455,6 +462,205 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     return value, text
 
 
+@dataclasses.dataclass
+class _SharpnessSeries:
+    """The checked inputs of :func:`plot_sharpness`, one row per step."""
+
+    steps: np.ndarray
+    columns: np.ndarray  # (steps, k): one column per eigenvalue line
+    single: bool  # ``values`` was one series (shape (steps,))
+    errors: np.ndarray | None  # shape of ``columns``
+    threshold: tuple[float, str] | None
+    traces: np.ndarray | None
+    trace_errors: np.ndarray | None
+    losses: np.ndarray | None
+    overlaps: np.ndarray | None
+
+
+def _sharpness_series(
+    steps: Any,
+    values: Any,
+    lr: float | None,
+    threshold: Any,
+    errors: Any,
+    traces: Any,
+    trace_errors: Any,
+    losses: Any,
+    overlaps: Any,
+) -> _SharpnessSeries:
+    """Check :func:`plot_sharpness`'s arguments (a ``ValueError`` naming the first bad one)."""
+    step_array = _as_1d("steps", steps)
+    value_array = np.asarray(values, dtype=np.float64)
+    if value_array.ndim not in (1, 2):
+        raise ValueError(
+            f"values must have shape (steps,) or (steps, k), got shape {value_array.shape}"
+        )
+    if value_array.shape[0] != step_array.size:
+        raise ValueError(
+            f"steps and values must have the same length: {step_array.size} steps "
+            f"but {value_array.shape[0]} rows of values"
+        )
+    if step_array.size == 0:
+        raise ValueError("steps is empty")
+    line_threshold = _threshold_of(lr, threshold)
+    error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
+    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
+    trace_error_array = None
+    if trace_errors is not None:
+        if trace_array is None:
+            raise ValueError("trace_errors given without traces")
+        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
+    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
+    overlap_array = None
+    if overlaps is not None:
+        overlap_array = _per_step("overlaps", overlaps, step_array.size)
+        shown = overlap_array[np.isfinite(overlap_array)]
+        if np.any((shown < 0) | (shown > 1 + _OVERLAP_ROUNDING)):
+            raise ValueError("overlaps must lie in [0, 1] (NaN for steps without one)")
+    columns = value_array.reshape(step_array.size, -1)
+    return _SharpnessSeries(
+        steps=step_array,
+        columns=columns,
+        single=value_array.ndim == 1,
+        errors=None if error_array is None else error_array.reshape(columns.shape),
+        threshold=line_threshold,
+        traces=trace_array,
+        trace_errors=trace_error_array,
+        losses=loss_array,
+        overlaps=overlap_array,
+    )
+
+
+def _draw_eigenvalue_lines(
+    ax: Axes,
+    series: _SharpnessSeries,
+    quantity: str,
+    label: str | None,
+    log_scale: bool,
+    marker: str | None,
+) -> list[Any]:
+    """One line per column (λ₁, or λ₁ … λₖ), the first named with its error bars; returns
+    their colors."""
+    columns, column_errors = series.columns, series.errors
+    note = _hidden_bars_note(
+        columns.ravel(), None if column_errors is None else column_errors.ravel(), log_scale
+    )
+    colors = []
+    for column in range(columns.shape[1]):
+        color = _next_color(ax)
+        colors.append(color)
+        name = quantity if series.single else f"λ{_subscript(column + 1)}"
+        if label:
+            name = label if series.single else f"{label}, {name}"
+        if column_errors is not None and column == 0:
+            name += " ± error bound" + note
+        _line_with_errors(
+            ax,
+            series.steps,
+            columns[:, column],
+            None if column_errors is None else column_errors[:, column],
+            color=color,
+            marker=marker,
+            label=name,
+        ).set_gid(_SERIES_GID)
+    return colors
+
+
+def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray) -> None:
+    """The stability threshold as a dashed line, or only named in the legend when it is
+    more than ``_OFF_SCALE_FACTOR`` times above the data (drawn, it would squash them)."""
+    value, text = threshold
+    shown = columns[np.isfinite(columns)]
+    top = float(shown.max()) if shown.size else value
+    if top > 0 and value > _OFF_SCALE_FACTOR * top:
+        # A proxy entry: the line itself would squash the data to the bottom.
+        ax.plot(
+            [],
+            [],
+            color=_REFERENCE_COLOR,
+            linestyle="--",
+            linewidth=1.2,
+            label=f"{text}, above the plotted range",
+        )
+    else:
+        ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+
+
+def _draw_losses(ax: Axes, series: _SharpnessSeries, marker: str | None, label: str | None) -> Axes:
+    """The loss on its twin axis, on a log scale when it spans more than
+    ``_LOG_LOSS_SPAN``; returns the twin."""
+    assert series.losses is not None
+    loss_ax = _twin(ax, _LOSS_LABEL)
+    loss_color = _REFERENCE_COLOR if series.traces is None else _SECOND_REFERENCE_COLOR
+    loss_ax.plot(
+        series.steps,
+        series.losses,
+        color=loss_color,
+        linestyle=":",
+        linewidth=1.4,
+        marker="." if marker else None,
+        label=_LOSS_LABEL if not label else f"{label}, loss",
+    )
+    positive = series.losses[np.isfinite(series.losses) & (series.losses > 0)]
+    if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
+        from matplotlib.ticker import NullFormatter
+
+        loss_ax.set_yscale("log")
+        # Labelled decades only: a twin axis has no room for minor-tick labels.
+        loss_ax.yaxis.set_minor_formatter(NullFormatter())
+    _color_y_axis(loss_ax, loss_color)
+    return loss_ax
+
+
+def _draw_traces(
+    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+) -> Axes:
+    """The trace (± its standard errors) on its twin axis; returns the twin."""
+    assert series.traces is not None
+    trace_ax = _twin(ax, _TRACE_LABEL)
+    _line_with_errors(
+        trace_ax,
+        series.steps,
+        series.traces,
+        series.trace_errors,
+        color=color,
+        marker="s" if marker else None,
+        linestyle="-.",
+        label=(_TRACE_LABEL if not label else f"{label}, trace")
+        + ("" if series.trace_errors is None else " ± s.e."),
+    )
+    _color_y_axis(trace_ax, color)
+    return trace_ax
+
+
+def _draw_overlaps(
+    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+) -> Axes:
+    """The overlaps of consecutive top eigenvectors on their twin axis, from 0 to 1."""
+    assert series.overlaps is not None
+    overlap_ax = _twin(ax, _OVERLAP_LABEL)
+    overlap_ax.plot(
+        series.steps,
+        series.overlaps,
+        color=color,
+        linestyle="--",
+        linewidth=1.2,
+        marker="^" if marker else None,
+        markersize=4,
+        label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if series.columns.shape[1] == 1 else "Top-k subspace overlap")
+        if not label
+        else f"{label}, overlap",
+    )
+    overlap_ax.set_ylim(0.0, _OVERLAP_TOP)
+    _color_y_axis(overlap_ax, color)
+    return overlap_ax
+
+
+def _after(color: Any) -> Any:
+    """The palette color after ``color``."""
+    return _PALETTE[(_PALETTE.index(color) + 1) % len(_PALETTE)]
+
+
 def plot_sharpness(
     steps: Any,
     values: Any,
@@ -497,153 +703,38 @@ def plot_sharpness(
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. Returns the primary (sharpness) axes.
     """
-    step_array = _as_1d("steps", steps)
-    value_array = np.asarray(values, dtype=np.float64)
-    if value_array.ndim not in (1, 2):
-        raise ValueError(
-            f"values must have shape (steps,) or (steps, k), got shape {value_array.shape}"
-        )
-    if value_array.shape[0] != step_array.size:
-        raise ValueError(
-            f"steps and values must have the same length: {step_array.size} steps "
-            f"but {value_array.shape[0]} rows of values"
-        )
-    if step_array.size == 0:
-        raise ValueError("steps is empty")
-    line_threshold = _threshold_of(lr, threshold)
-    error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
-    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
-    trace_error_array = None
-    if trace_errors is not None:
-        if trace_array is None:
-            raise ValueError("trace_errors given without traces")
-        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
-    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
-    overlap_array = None
-    if overlaps is not None:
-        overlap_array = _per_step("overlaps", overlaps, step_array.size)
-        shown = overlap_array[np.isfinite(overlap_array)]
-        if np.any((shown < 0) | (shown > 1 + 1e-9)):
-            raise ValueError("overlaps must lie in [0, 1] (NaN for steps without one)")
+    series = _sharpness_series(
+        steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps
+    )
     quantity = ylabel or "Sharpness λ₁"
-
     if ax is None:
         ax = _new_axes()
-    columns = value_array.reshape(step_array.size, -1)
-    column_errors = None if error_array is None else error_array.reshape(columns.shape)
-    marker = "o" if step_array.size <= _MAX_MARKED_POINTS else None
-    note = _hidden_bars_note(
-        columns.ravel(), None if column_errors is None else column_errors.ravel(), log_scale
-    )
-    colors = []
-    for column in range(columns.shape[1]):
-        color = _next_color(ax)
-        colors.append(color)
-        name = quantity if value_array.ndim == 1 else f"λ{_subscript(column + 1)}"
-        if label:
-            name = label if value_array.ndim == 1 else f"{label}, {name}"
-        if column_errors is not None and column == 0:
-            name += " ± error bound" + note
-        _line_with_errors(
-            ax,
-            step_array,
-            columns[:, column],
-            None if column_errors is None else column_errors[:, column],
-            color=color,
-            marker=marker,
-            label=name,
-        ).set_gid(_SERIES_GID)
-
+    marker = "o" if series.steps.size <= _MAX_MARKED_POINTS else None
+    colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
     if log_scale:
         ax.set_yscale("log")
-    if line_threshold is not None:
-        value, text = line_threshold
-        shown = columns[np.isfinite(columns)]
-        top = float(shown.max()) if shown.size else value
-        if top > 0 and value > _OFF_SCALE_FACTOR * top:
-            # A proxy entry: the line itself would squash the data to the bottom.
-            ax.plot(
-                [],
-                [],
-                color=_REFERENCE_COLOR,
-                linestyle="--",
-                linewidth=1.2,
-                label=f"{text}, above the plotted range",
-            )
-        else:
-            ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+    if series.threshold is not None:
+        _draw_threshold(ax, series.threshold, series.columns)
     ax.set_xlabel(xlabel)
-    default_many = "Top Hessian eigenvalues"
-    ax.set_ylabel(quantity if value_array.ndim == 1 else (ylabel or default_many))
+    ax.set_ylabel(quantity if series.single else (ylabel or "Top Hessian eigenvalues"))
     _style_axes(ax)
 
+    # Twin axes: this call's, or those an earlier call on ``ax`` made (one legend for all).
     twins = []
-    next_color = _PALETTE[(_PALETTE.index(colors[-1]) + 1) % len(_PALETTE)]
-    if loss_array is not None:
-        loss_ax = _twin(ax, _LOSS_LABEL)
-        loss_color = _REFERENCE_COLOR if trace_array is None else "0.45"
-        loss_ax.plot(
-            step_array,
-            loss_array,
-            color=loss_color,
-            linestyle=":",
-            linewidth=1.4,
-            marker="." if marker else None,
-            label=_LOSS_LABEL if not label else f"{label}, loss",
-        )
-        positive = loss_array[np.isfinite(loss_array) & (loss_array > 0)]
-        if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
-            from matplotlib.ticker import NullFormatter
-
-            loss_ax.set_yscale("log")
-            # Labelled decades only: a twin axis has no room for minor-tick labels.
-            loss_ax.yaxis.set_minor_formatter(NullFormatter())
-        _color_y_axis(loss_ax, loss_color)
-        twins.append(loss_ax)
-    else:
-        existing = _find_twin(ax, _LOSS_LABEL)
-        if existing is not None:
-            twins.append(existing)
-    if trace_array is not None:
-        trace_ax = _twin(ax, _TRACE_LABEL)
-        _line_with_errors(
-            trace_ax,
-            step_array,
-            trace_array,
-            trace_error_array,
-            color=next_color,
-            marker="s" if marker else None,
-            linestyle="-.",
-            label=(_TRACE_LABEL if not label else f"{label}, trace")
-            + ("" if trace_error_array is None else " ± s.e."),
-        )
-        _color_y_axis(trace_ax, next_color)
-        twins.append(trace_ax)
-    else:
-        existing = _find_twin(ax, _TRACE_LABEL)
-        if existing is not None:
-            twins.append(existing)
-    if overlap_array is not None:
-        overlap_ax = _twin(ax, _OVERLAP_LABEL)
-        overlap_color = _PALETTE[(_PALETTE.index(next_color) + 1) % len(_PALETTE)]
-        overlap_ax.plot(
-            step_array,
-            overlap_array,
-            color=overlap_color,
-            linestyle="--",
-            linewidth=1.2,
-            marker="^" if marker else None,
-            markersize=4,
-            label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if columns.shape[1] == 1 else "Top-k subspace overlap")
-            if not label
-            else f"{label}, overlap",
-        )
-        overlap_ax.set_ylim(0.0, 1.05)
-        _color_y_axis(overlap_ax, overlap_color)
-        twins.append(overlap_ax)
-    if twins and value_array.ndim == 1 and len(colors) == 1:
+    trace_color = _after(colors[-1])
+    if series.losses is not None:
+        twins.append(_draw_losses(ax, series, marker, label))
+    elif (existing := _find_twin(ax, _LOSS_LABEL)) is not None:
+        twins.append(existing)
+    if series.traces is not None:
+        twins.append(_draw_traces(ax, series, trace_color, marker, label))
+    elif (existing := _find_twin(ax, _TRACE_LABEL)) is not None:
+        twins.append(existing)
+    if series.overlaps is not None:
+        twins.append(_draw_overlaps(ax, series, _after(trace_color), marker, label))
+    if twins and series.single and len(colors) == 1:
         _color_y_axis(ax, colors[0])
-    _refresh_legend(ax, *twins, always=column_errors is not None, outside=True)
+    _refresh_legend(ax, *twins, always=series.errors is not None, outside=True)
     return ax
 
 
