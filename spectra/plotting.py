@@ -21,7 +21,7 @@ import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -74,6 +74,11 @@ _CAPTION_FONTSIZE = 8
 _LOG_LOSS_SPAN = 100.0
 # Up to this many eigenvalues get their value written beside the marker.
 _MAX_ANNOTATED = 10
+# Up to this many groups get their value written at their bar (plot_layerwise), whose
+# x range then grows by these fractions of its width to hold the text.
+_MAX_ANNOTATED_GROUPS = 30
+_ANNOTATION_ROOM = 0.15
+_NEGATIVE_ANNOTATION_ROOM = 0.08
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
@@ -738,6 +743,107 @@ def plot_sharpness(
     return ax
 
 
+class _GroupBars(NamedTuple):
+    """What :func:`plot_layerwise` draws per group: bar lengths, error bars, which bars are
+    hatched, and the legend and axis texts."""
+
+    values: np.ndarray
+    errors: np.ndarray  # non-negative, 0 where not finite
+    unconverged: np.ndarray
+    legend: str
+    xlabel: str
+
+
+def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
+    """The top eigenvalue of each group with its bound, or its trace ± standard error."""
+    names = list(result.groups)
+    if quantity == "trace":
+        if result.traces is None or result.trace_stderr is None:
+            raise ValueError("result holds no traces: compute it with layerwise(..., trace=True)")
+        values = np.asarray(result.traces, dtype=np.float64)
+        errors = np.asarray(result.trace_stderr, dtype=np.float64)
+        unconverged = np.zeros(len(names), dtype=bool)
+        legend = f"trace of {symbol}ₗₗ ± standard error"
+        xlabel = "Trace of the diagonal block"
+    else:
+        values = np.array([float(v[0]) for v in result.eigenvalues])
+        errors = np.array([float(e[0]) for e in result.error_bounds])
+        unconverged = np.array([not bool(np.all(c)) for c in result.converged])
+        legend = f"λ₁ of {symbol}ₗₗ ± error bound"
+        xlabel = "Top eigenvalue of the diagonal block"
+    errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
+    return _GroupBars(values, errors, unconverged, legend, xlabel)
+
+
+def _hatch_unconverged(bars: Any, unconverged: np.ndarray, color: Any) -> list[Any]:
+    """Hatch the bars of unconverged groups; returns the legend patch naming them (or
+    nothing when all converged)."""
+    if not unconverged.any():
+        return []
+    for patch, flag in zip(bars.patches, unconverged):
+        if flag:
+            patch.set_hatch("//")
+            patch.set_facecolor("white")
+            patch.set_edgecolor(color)
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged")]
+
+
+def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: str) -> None:
+    """λ₂ … λₖ of each group as dots on its row."""
+    xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
+    ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
+    ax.plot(
+        xs,
+        ys,
+        linestyle="none",
+        marker="o",
+        markersize=4,
+        color="0.15",
+        label=f"λ₂ … λₖ of {symbol}ₗₗ",
+    )
+
+
+def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.ndarray) -> None:
+    """Each value written beyond the end of its error bar, and the x range widened by
+    ``_ANNOTATION_ROOM`` (and ``_NEGATIVE_ANNOTATION_ROOM`` on the left when bars go
+    negative) of its width to hold the text."""
+    for row, value, error in zip(rows, values, errors):
+        ax.annotate(
+            f"{value:.4g}",
+            (value + (error if value >= 0 else -error), row),
+            xytext=(4 if value >= 0 else -4, 0),
+            textcoords="offset points",
+            va="center",
+            ha="left" if value >= 0 else "right",
+            fontsize="small",
+        )
+    low, high = ax.get_xlim()
+    ax.set_xlim(
+        low - _NEGATIVE_ANNOTATION_ROOM * (high - low) * (low < 0),
+        high + _ANNOTATION_ROOM * (high - low),
+    )
+
+
+def _legend_under_bars(ax: Axes, extra: list[Any], rows: int) -> None:
+    """The legend under the axes, bars first (matplotlib lists lines before containers),
+    then ``extra`` handles; lower for fewer rows (the axes' fraction per row is larger)."""
+    handles, labels = ax.get_legend_handles_labels()
+    handles += extra
+    labels += [handle.get_label() for handle in extra]
+    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(rows, 3)),
+        fontsize="small",
+        frameon=False,
+        ncols=1,
+    )
+
+
 def plot_layerwise(
     result: Any,
     ax: Axes | None = None,
@@ -767,96 +873,39 @@ def plot_layerwise(
     if not names:
         raise ValueError("result holds no groups")
     rows = np.arange(len(names))
-    if quantity == "trace":
-        if result.traces is None or result.trace_stderr is None:
-            raise ValueError("result holds no traces: compute it with layerwise(..., trace=True)")
-        values = np.asarray(result.traces, dtype=np.float64)
-        errors = np.asarray(result.trace_stderr, dtype=np.float64)
-        unconverged = np.zeros(len(names), dtype=bool)
-        name = f"trace of {symbol}ₗₗ ± standard error"
-        xlabel = "Trace of the diagonal block"
-    else:
-        values = np.array([float(v[0]) for v in result.eigenvalues])
-        errors = np.array([float(e[0]) for e in result.error_bounds])
-        unconverged = np.array([not bool(np.all(c)) for c in result.converged])
-        name = f"λ₁ of {symbol}ₗₗ ± error bound"
-        xlabel = "Top eigenvalue of the diagonal block"
-    errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
+    data = _group_bars(result, quantity, symbol)
     if ax is None:
         ax = _new_axes()
     color = _next_color(ax, color)
-    note = _hidden_bars_note(values, errors, False).replace(
+    note = _hidden_bars_note(data.values, data.errors, False).replace(
         "bars smaller than the markers", "error bars too small to see"
     )
     bars = ax.barh(
         rows,
-        values,
-        xerr=errors,
+        data.values,
+        xerr=data.errors,
         height=0.6,
         color=color,
         alpha=0.85,
         error_kw={"ecolor": "0.2", "capsize": 3, "elinewidth": 1.0},
-        label=name + note,
+        label=data.legend + note,
     )
     bars.patches[0].set_gid(_SERIES_GID)
-    extra: list[Any] = []
-    if unconverged.any():
-        for patch, flag in zip(bars.patches, unconverged):
-            if flag:
-                patch.set_hatch("//")
-                patch.set_facecolor("white")
-                patch.set_edgecolor(color)
-        from matplotlib.patches import Patch
-
-        extra.append(Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged"))
+    extra = _hatch_unconverged(bars, data.unconverged, color)
     if quantity == "eigenvalue" and any(v.size > 1 for v in result.eigenvalues):
-        xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
-        ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
-        ax.plot(
-            xs,
-            ys,
-            linestyle="none",
-            marker="o",
-            markersize=4,
-            color="0.15",
-            label=f"λ₂ … λₖ of {symbol}ₗₗ",
-        )
+        _draw_further_eigenvalues(ax, result, rows, symbol)
     if annotate is None:
-        annotate = len(names) <= 30
+        annotate = len(names) <= _MAX_ANNOTATED_GROUPS
     if annotate:
-        for row, value, error in zip(rows, values, errors):
-            ax.annotate(
-                f"{value:.4g}",
-                (value + (error if value >= 0 else -error), row),
-                xytext=(4 if value >= 0 else -4, 0),
-                textcoords="offset points",
-                va="center",
-                ha="left" if value >= 0 else "right",
-                fontsize="small",
-            )
-        low, high = ax.get_xlim()
-        ax.set_xlim(low - 0.08 * (high - low) * (low < 0), high + 0.15 * (high - low))
+        _annotate_bars(ax, rows, data.values, data.errors)
     ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=0.8)
     ax.set_yticks(rows, names)
     ax.set_ylim(len(names) - 0.5, -0.5)
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(data.xlabel)
     ax.set_ylabel("Layer (parameter group)")
     _style_axes(ax)
     ax.grid(False, axis="y")
-    handles, labels = ax.get_legend_handles_labels()
-    handles += extra
-    labels += [handle.get_label() for handle in extra]
-    # Bars first (matplotlib lists lines before containers).
-    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
-    ax.legend(
-        [handles[i] for i in order],
-        [labels[i] for i in order],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(len(names), 3)),
-        fontsize="small",
-        frameon=False,
-        ncols=1,
-    )
+    _legend_under_bars(ax, extra, len(names))
     return ax
 
 
