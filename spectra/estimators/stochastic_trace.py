@@ -17,6 +17,15 @@ within ±2 in 95–96%, 93–95%, 93–95%; the Frobenius norm's in 68–70% and
 (tests/truths/test_calibration.py checks the bands 60–76% and 90–98%). Fewer probes widen the
 tails (a Student t with m − 1 degrees of freedom for Hutchinson).
 
+Cost, for a budget of m products: Hutchinson multiplies its probes in blocks of 16 per
+``matmat`` call (one data pass of a Hessian each; with ``rtol`` it stops early, never
+before 3 blocks); Hutch++ spends m/3 products on the sketch A S (one call), m/3 on A Q
+in one call with the first block of the remaining deflated probes, then blocks of the
+rest, with O(n m) host memory; XTrace
+spends m/2 on Y = AΩ and m/2 on A Q, two calls in all, with O(n m) host memory and
+O(n m² + m³) host flops (:func:`xtrace`). The Frobenius norm ‖A‖_F² = E‖Az‖² costs
+one product per probe, in blocks like Hutchinson's.
+
 The estimators work on products scaled by a power of two when they are far from 1
 (exact; see ``spectra.estimators._products._ProductCounter``) and scale their results back,
 so an operator scaled by s from 1e-300 to 1e300 gives s times the estimate and the
