@@ -66,6 +66,9 @@ _OVERLAP_ROUNDING = 1e-9
 _OVERLAP_TOP = 1.05
 # Error bars shorter than this fraction of the plotted range hide under the markers.
 _VISIBLE_ERROR_FRACTION = 0.01
+# On a log axis the bars' length is relative: below this relative error (a marker spans
+# about 5 % of a decade on a default figure) they hide under the markers.
+_VISIBLE_LOG_ERROR = 0.05
 # A threshold more than this many times above the data is named, not drawn.
 _OFF_SCALE_FACTOR = 3.0
 _CAPTION_FONTSIZE = 8
@@ -261,7 +264,7 @@ def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: 
     if log_scale:
         positive = finite & (values > 0)
         relative = errors[positive] / values[positive] if positive.any() else np.zeros(0)
-        hidden = relative.size == 0 or float(relative.max()) < 0.05
+        hidden = relative.size == 0 or float(relative.max()) < _VISIBLE_LOG_ERROR
     else:
         shown = values[finite]
         span = float(shown.max() - shown.min()) or float(np.abs(shown).max()) or 1.0
@@ -269,6 +272,75 @@ def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: 
     if not hidden:
         return ""
     return f" (bars smaller than the markers: at most ±{largest:.1e})"
+
+
+def _draw_eigenvalue_markers(
+    ax: Axes,
+    indices: np.ndarray,
+    values: np.ndarray,
+    errors: np.ndarray,
+    converged: np.ndarray,
+    color: Any,
+    name: str,
+    note: str,
+) -> None:
+    """Filled markers with error bars for converged eigenvalues, hollow ones for the rest
+    (named "not converged" in the legend); the note on hidden bars goes on the first."""
+    some_unconverged = not converged.all()
+    if converged.any():
+        filled_label = f"{name} (converged)" if some_unconverged else name
+        filled = ax.errorbar(
+            indices[converged],
+            values[converged],
+            yerr=errors[converged],
+            fmt="o",
+            color=color,
+            markersize=6,
+            capsize=4,
+            elinewidth=1.2,
+            label=filled_label + note,
+        )
+        filled.lines[0].set_gid(_SERIES_GID)
+    if some_unconverged:
+        hollow = ax.errorbar(
+            indices[~converged],
+            values[~converged],
+            yerr=errors[~converged],
+            fmt="o",
+            color=color,
+            markerfacecolor="none",
+            markeredgewidth=1.4,
+            markersize=6,
+            capsize=4,
+            elinewidth=1.2,
+            label=f"{name} (not converged)" + ("" if converged.any() else note),
+        )
+        if not converged.any():
+            hollow.lines[0].set_gid(_SERIES_GID)
+
+
+def _index_axis_and_scale(
+    ax: Axes,
+    values: np.ndarray,
+    reused: bool,
+    previous_limits: tuple[float, float],
+    log_scale: bool,
+) -> None:
+    """Integer ticks on the index axis, which covers earlier results drawn on ``ax``; a log
+    y scale (symmetric-log, linear below the smallest |λ| ≠ 0, when some λ <= 0)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left, right = 0.5, values.size + 0.5
+    if reused:
+        left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
+    ax.set_xlim(left, right)
+    if log_scale:
+        if np.all(values > 0):
+            ax.set_yscale("log")
+        else:
+            scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
+            ax.set_yscale("symlog", linthresh=scale)
 
 
 def plot_eigenvalues(
@@ -309,38 +381,7 @@ def plot_eigenvalues(
     name = f"{label}: λᵢ ± error bound" if label else "λᵢ ± error bound"
     note = _hidden_bars_note(values, errors, log_scale)
 
-    some_unconverged = not converged.all()
-    if converged.any():
-        filled_label = f"{name} (converged)" if some_unconverged else name
-        filled = ax.errorbar(
-            indices[converged],
-            values[converged],
-            yerr=errors[converged],
-            fmt="o",
-            color=color,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
-            label=filled_label + note,
-        )
-        filled.lines[0].set_gid(_SERIES_GID)
-    if some_unconverged:
-        hollow = ax.errorbar(
-            indices[~converged],
-            values[~converged],
-            yerr=errors[~converged],
-            fmt="o",
-            color=color,
-            markerfacecolor="none",
-            markeredgewidth=1.4,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
-            label=f"{name} (not converged)" + ("" if converged.any() else note),
-        )
-        if not converged.any():
-            hollow.lines[0].set_gid(_SERIES_GID)
-
+    _draw_eigenvalue_markers(ax, indices, values, errors, converged, color, name, note)
     if annotate is None:
         annotate = values.size <= _MAX_ANNOTATED
     if annotate:
@@ -355,19 +396,7 @@ def plot_eigenvalues(
                 color=color,
             )
 
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left, right = 0.5, values.size + 0.5
-    if reused:
-        left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
-    ax.set_xlim(left, right)
-    if log_scale:
-        if np.all(values > 0):
-            ax.set_yscale("log")
-        else:
-            scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
-            ax.set_yscale("symlog", linthresh=scale)
+    _index_axis_and_scale(ax, values, reused, previous_limits, log_scale)
     ax.set_xlabel("Index i")
     ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)
