@@ -145,6 +145,22 @@ _TINY_TARGET = 1e-300
 # Below this many blocks' worth of columns (n < 5·block), forming the dense matrix with
 # one n-column product costs little more than a LOBPCG round and is exact.
 _DENSE_BLOCKS = 5
+# Newton's method for the probabilistic bound (:func:`_polynomial_bound`), on y = log x:
+# a start is grown by this factor until it lies right of the root (no further than
+# 1e300); it stops when the equation holds to 1e-12 relative to max(1, |target|), when
+# a step is below 1e-14 in log x (a relative change of 1e-14 in x, near float64's
+# resolution), when x falls below e^−700 (near the smallest normal float64, e^−708), or
+# after 100 iterations (the convergence is monotone and usually takes a few).
+_NEWTON_START_GROWTH = 4.0
+_NEWTON_LARGEST_START = 1e300
+_NEWTON_RESIDUAL = 1e-12
+_NEWTON_STEP = 1e-14
+_NEWTON_SMALLEST_LOG = -700
+_NEWTON_MAX_ITERATIONS = 100
+# A Gaussian vector (norm about sqrt(n)) orthogonalized against the locked vectors that
+# keeps less than this fraction of sqrt(n) shows that they span the space (numerically):
+# no run is left to start.
+_EXHAUSTED_FRACTION = 1e-8
 
 
 class _Pairs(NamedTuple):
@@ -281,16 +297,16 @@ def _polynomial_bound(
         x = guess
     else:
         x = max(float(np.abs(nodes).max()), float(distances.max()), guess, np.finfo(float).tiny)
-        while excess(x)[0] < 0 and x < 1e300:
-            x *= 4.0
+        while excess(x)[0] < 0 and x < _NEWTON_LARGEST_START:
+            x *= _NEWTON_START_GROWTH
     y = math.log(x)
-    for _ in range(100):
+    for _ in range(_NEWTON_MAX_ITERATIONS):
         value, slope = excess(math.exp(y))
-        if value <= 1e-12 * max(1.0, abs(target)) or slope <= 0:
+        if value <= _NEWTON_RESIDUAL * max(1.0, abs(target)) or slope <= 0:
             break
         step = value / slope
         y -= step
-        if step < 1e-14 or y < -700:
+        if step < _NEWTON_STEP or y < _NEWTON_SMALLEST_LOG:
             break
     return extreme + side * math.exp(y)
 
@@ -486,7 +502,7 @@ class _KrylovSchur:
             return False
         vector, _ = _orthogonalize(self.rng.standard_normal(self.n), self.locked)
         norm = float(np.linalg.norm(vector))
-        if not norm > 1e-8 * math.sqrt(self.n):
+        if not norm > _EXHAUSTED_FRACTION * math.sqrt(self.n):
             return False
         self._begin_segment(vector / norm, warm=False)
         return True
