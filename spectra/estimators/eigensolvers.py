@@ -50,8 +50,8 @@ improbable at the requested ``failure_probability``. It costs steps beyond stopp
 the certified bound alone (on the trained digits MLP, λ₁ to 1e-6 in float32: 15 products
 instead of 7; the bound is a theorem about the polynomial the run has built, and its
 growth beyond the top Ritz value, by a factor of about 10 per step there, sets the
-count), and it is what turned the issue's λ₁ = 6.81 ± 0.53 "converged" after 5 products
-(truth 10.47) into an answer that holds.
+count); stopping on the certified bound alone once reported λ₁ = 6.81 ± 0.53 as
+"converged" after 5 products on that model, truth 10.47.
 
 What ``converged`` means, for every method: the pair's error bound is at most
 ``max(tol·|λ|, 10·eps·‖A‖)`` *and* that bound holds for the true i-th eigenvalue with
@@ -65,8 +65,9 @@ of the residual and the probabilistic one at the requested failure probability, 
 iterates until that meets ``tol``. The probabilistic part shrinks only like
 |λ|·log(1/failure_probability)/products, so power iteration converges at loose
 tolerances (0.1: about 150 products) and reports ``converged=False`` at tight ones
-(before this rule, the issue's ``--method power --tol 0.1`` printed λ₁ = 9.52 ± 0.84
-"converged" after a few products, truth 10.47, with failure probability 1).
+(without this rule, ``spectra analyze --method power --tol 0.1`` on the digits MLP
+printed λ₁ = 9.52 ± 0.84 "converged" after a few products, truth 10.47, with failure
+probability 1).
 
 "lobpcg" finds the pairs with scipy's LOBPCG, whose iterates carry no usable
 probabilistic statement of their own; its wanted pairs are then locked and verified by
