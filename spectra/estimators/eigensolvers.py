@@ -347,6 +347,23 @@ class _Segment:
         return bound
 
 
+class _Evaluation(NamedTuple):
+    """Where a :class:`_KrylovSchur` state stands after a step: the candidates (locked
+    values first, then the active Ritz values), which are wanted, and their bounds."""
+
+    values: np.ndarray  # candidates: locked values, then active Ritz values
+    residuals: np.ndarray  # their residual norms
+    certified: np.ndarray  # bounds from the candidates' residual intervals alone
+    wanted: np.ndarray  # indices of the k best candidates, best first
+    targets: np.ndarray  # max(tol·|θ|, floor) per wanted value
+    bounds: np.ndarray  # reported bounds per wanted value (certified and probabilistic)
+    active_wanted: np.ndarray  # wanted indices among the active Ritz values
+    all_certified: bool  # every wanted certified bound meets its target
+    lockable: bool  # every wanted residual is below _LOCK_RESIDUAL_FRACTION of its target
+    done: bool  # k candidates and every bound meets its target
+    ratio: float  # max bound/target: the progress measure
+
+
 class _KrylovSchur:
     """Krylov–Schur restarted Lanczos with locking, stopping on certified and
     probabilistic bounds (see the module docstring), fed one product at a time.
@@ -422,7 +439,7 @@ class _KrylovSchur:
         self.ritz_vectors = np.zeros((0, 0))
         self.ritz_residuals = np.zeros(0)
         self.segments: list[_Segment] = []
-        self.state: dict[str, Any] | None = None
+        self.state: _Evaluation | None = None
         self.history: list[float] = []
         self.residual_direction = np.empty(self.n)
         self._work = np.empty(self.n)
@@ -439,19 +456,19 @@ class _KrylovSchur:
         bounds, then lock, start a new run or finish as the bounds say."""
         capacity = min(self.ncv, self.n - self.locked.shape[0])
         if self.size >= capacity:
-            self._restart(int(self.state["active_wanted"].size) if self.state else 0)
+            self._restart(int(self.state.active_wanted.size) if self.state else 0)
         self._extend(image)
         self._rayleigh_ritz()
         self.state = state = self._evaluate()
-        self.history.append(math.log(max(state["ratio"], 1e-300)))
-        if state["done"]:
+        self.history.append(math.log(max(state.ratio, 1e-300)))
+        if state.done:
             self.finished = True
             return
         if self.segments[-1].exact:
             # An invariant subspace: its Ritz pairs are exact eigenpairs.
             self._lock(np.arange(self.size))
-        elif state["all_certified"] and state["lockable"] and self._must_lock(state):
-            self._lock(state["active_wanted"])
+        elif state.all_certified and state.lockable and self._must_lock(state):
+            self._lock(state.active_wanted)
         else:
             self.finished = self.spent >= self.budget
             return
@@ -625,7 +642,7 @@ class _KrylovSchur:
         return _FLOOR_FACTOR * self.eps * self.anorm
 
     # -- decisions -----------------------------------------------------------------
-    def _evaluate(self) -> dict[str, Any]:
+    def _evaluate(self) -> _Evaluation:
         """Candidates (locked first, then active), the wanted ones and their bounds.
 
         ``certified`` (used to decide when to lock) reads Kato–Temple gaps off the
@@ -658,34 +675,34 @@ class _KrylovSchur:
         bounds = np.maximum(rigorous, np.maximum(probable, 0.0))
         active_wanted = wanted[wanted >= num_locked] - num_locked
         ratio = float(np.max(bounds / np.maximum(targets, np.finfo(float).tiny)))
-        return {
-            "values": values,
-            "residuals": residuals,
-            "certified": certified,
-            "wanted": wanted,
-            "targets": targets,
-            "bounds": bounds,
-            "active_wanted": active_wanted,
-            "all_certified": bool(np.all(certified[wanted] <= targets)),
-            "lockable": bool(np.all(residuals[wanted] <= _LOCK_RESIDUAL_FRACTION * targets)),
-            "done": values.size >= self.k and bool(np.all(bounds <= targets)),
-            "ratio": ratio,
-        }
+        return _Evaluation(
+            values=values,
+            residuals=residuals,
+            certified=certified,
+            wanted=wanted,
+            targets=targets,
+            bounds=bounds,
+            active_wanted=active_wanted,
+            all_certified=bool(np.all(certified[wanted] <= targets)),
+            lockable=bool(np.all(residuals[wanted] <= _LOCK_RESIDUAL_FRACTION * targets)),
+            done=values.size >= self.k and bool(np.all(bounds <= targets)),
+            ratio=ratio,
+        )
 
-    def _must_lock(self, state: dict[str, Any]) -> bool:
+    def _must_lock(self, state: _Evaluation) -> bool:
         """Whether this run cannot verify the wanted values: its bound lies above its
         best Ritz value, so it can meet the k-th wanted value only if that is the one
         wanted active value. Otherwise the certified active wanted values are locked and
         a new run verifies the rest of the spectrum."""
-        active = state["active_wanted"]
+        active = state.active_wanted
         if active.size == 0:
             return False
-        return active.size >= 2 or state["wanted"][-1] != self.locked.shape[0] + active[0]
+        return active.size >= 2 or state.wanted[-1] != self.locked.shape[0] + active[0]
 
     def result(self) -> _Pairs:
         """The k best pairs: values, vectors as n × k columns, bounds, residuals, converged."""
         state = self.state if self.state is not None else self._evaluate()
-        wanted = state["wanted"]
+        wanted = state.wanted
         num_locked = self.locked.shape[0]
         vectors = np.empty((self.n, wanted.size))
         for column, index in enumerate(wanted):
@@ -695,12 +712,12 @@ class _KrylovSchur:
                 vectors[:, column] = (
                     self.ritz_vectors[:, index - num_locked] @ self.basis[: self.size]
                 )
-        converged = state["bounds"] <= state["targets"]
+        converged = state.bounds <= state.targets
         return _Pairs(
-            state["values"][wanted],
+            state.values[wanted],
             vectors,
-            state["bounds"],
-            state["residuals"][wanted],
+            state.bounds,
+            state.residuals[wanted],
             converged,
         )
 
