@@ -1315,15 +1315,7 @@ def eigenvalues(
     reported = _report(output, counter, tol, failure_probability)
     probability, info = output.probability, output.info
     reason = _not_converged_reason(
-        method,
-        reported.values,
-        reported.error_bounds,
-        reported.targets,
-        reported.converged,
-        probability,
-        failure_probability,
-        counter.num_products,
-        max_products,
+        method, reported, probability, failure_probability, counter.num_products, max_products
     )
     return EigenResult(
         eigenvalues=reported.values,
@@ -1354,10 +1346,7 @@ def eigenvalues(
 
 def _not_converged_reason(
     method: str,
-    values: np.ndarray,
-    bounds: np.ndarray,
-    targets: np.ndarray,
-    converged: np.ndarray,
+    reported: _Reported,
     probability: float | None,
     requested: float,
     spent: int,
@@ -1365,6 +1354,8 @@ def _not_converged_reason(
 ) -> str | None:
     """One line saying why pairs are not converged (None when all are): the first
     unconverged pair's bound against its target, and what would help."""
+    values, bounds, targets = reported.values, reported.error_bounds, reported.targets
+    converged = reported.converged
     if converged.all():
         return None
     index = int(np.flatnonzero(~converged)[0])
