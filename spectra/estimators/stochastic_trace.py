@@ -264,11 +264,13 @@ def hutchpp_trace(
 class _XTraceSketch(NamedTuple):
     """The inner products XTrace reads its leave-one-out and leave-two-out estimates from.
 
-    Notation of Epperly, Tropp & Webber (2024, §2 and their Algorithm 2): Ω = [ω₁ … ω_s]
-    the test vectors, Y = AΩ = QR (thin QR), H = QᵀAQ, W = QᵀΩ = [w₁ … w_s] the test
-    vectors' coordinates in the sketch, S = [s₁ … s_s] the columns of R⁻ᵀ scaled to
-    unit norm (s_i spans what leaving ω_i out removes from span(Y)), r_i and y_i the
-    columns of R and Y (Qᵀy_i = r_i). Matrices are indexed [i, j], vectors by i.
+    The letters are those of Epperly, Tropp & Webber (2024) and their reference code:
+    Ω = [ω₁ … ω_s] the test vectors, Y = AΩ = QR (thin QR), H = QᵀAQ, W = QᵀΩ =
+    [w₁ … w_s] the test vectors' coordinates in the sketch, S = [s₁ … s_s] the columns
+    of R⁻ᵀ scaled to unit norm (s_i spans what leaving ω_i out removes from span(Y));
+    r_i and y_i are the columns of R and Y (Qᵀy_i = r_i). The fields hold the products
+    among them, named by their letters (``WtHS`` = WᵀHS); matrices are indexed [i, j],
+    vectors by i.
     """
 
     n: int  # dimension of A
