@@ -53,8 +53,12 @@ _REFERENCE_COLOR = "0.35"
 _ZERO_LINE_COLOR = "0.75"
 # The loss's color when the trace is drawn too (then both are grey, the loss lighter).
 _SECOND_REFERENCE_COLOR = "0.45"
-# Lower end of the log-scale density axis, relative to the highest density.
+# Lower end of the log-scale density axis, relative to the highest density; its upper
+# end leaves a factor 2 (a third of a decade) above the band's peak; values under the
+# floor are drawn at a tenth of it, just below the visible range.
 _LOG_FLOOR = 1e-6
+_LOG_HEADROOM = 2.0
+_BELOW_FLOOR = 0.1
 # More points than this are drawn without markers.
 _MAX_MARKED_POINTS = 50
 _TRACE_LABEL = "Trace of H"
@@ -197,12 +201,12 @@ def plot_spectral_density(
         raise ValueError("the smoothed density is zero everywhere on the grid")
     reused_log_axes = ax.has_data() and ax.get_yscale() == "log"
     previous_limits = ax.get_ylim()
-    bottom, top = _LOG_FLOOR * peak, 2.0 * peak
+    bottom, top = _LOG_FLOOR * peak, _LOG_HEADROOM * peak
     if reused_log_axes:
         bottom, top = min(bottom, previous_limits[0]), max(top, previous_limits[1])
     # Values under the axis floor are drawn just below the visible range, so
     # that the log axis neither masks them (gaps) nor stretches down to them.
-    shown_floor = 0.1 * bottom if log_scale else 0.0
+    shown_floor = _BELOW_FLOOR * bottom if log_scale else 0.0
     values = np.maximum(curve.values, shown_floor)
 
     name = label if label else "SLQ density"
