@@ -488,7 +488,8 @@ class _LockstepPasses:
         running = [not state.finished for state in self.states]
         if not any(running) and self.final is None:
             self.final = [state.result() for state in self.states]
-        check_residuals = self.final is not None and not self.residual_norms
+        final = self.final if not self.residual_norms else None  # pairs to check now
+        check_residuals = final is not None
         width = min(self.probes_left, 1 if any(running) else _TRACE_BLOCK)
         if not (any(running) or check_residuals or width):
             return False
@@ -497,8 +498,8 @@ class _LockstepPasses:
             for state, active in zip(self.states, running)
         ]
         probes = [_rademacher(self.probe_rng, (part.size, width)) for part in self.parts]
-        if check_residuals:
-            ritz = [pairs.vectors for pairs in self.final]
+        if final is not None:
+            ritz = [pairs.vectors for pairs in final]
         else:
             ritz = [np.zeros((part.size, 0)) for part in self.parts]
         own_lanczos, own_probes, own_ritz = self._multiply([lanczos, probes, ritz])
@@ -508,8 +509,8 @@ class _LockstepPasses:
         for samples, probe, own in zip(self.samples, probes, own_probes):
             samples.extend(np.einsum("ij,ij->j", probe, own).tolist())
         self.probes_left -= width
-        if check_residuals:
-            for pairs, own in zip(self.final, own_ritz):
+        if final is not None:
+            for pairs, own in zip(final, own_ritz):
                 self.residual_norms.append(
                     np.linalg.norm(own - pairs.vectors * pairs.values, axis=0)
                 )
