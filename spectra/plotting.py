@@ -16,11 +16,12 @@ Matplotlib is imported on first use (inside the functions), not with the module.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -50,15 +51,28 @@ _PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#
 _SERIES_GID = "spectra-series"
 _REFERENCE_COLOR = "0.35"
 _ZERO_LINE_COLOR = "0.75"
-# Lower end of the log-scale density axis, relative to the highest density.
+# The loss's color when the trace is drawn too (then both are grey, the loss lighter).
+_SECOND_REFERENCE_COLOR = "0.45"
+# Lower end of the log-scale density axis, relative to the highest density; its upper
+# end leaves a factor 2 (a third of a decade) above the band's peak; values under the
+# floor are drawn at a tenth of it, just below the visible range.
 _LOG_FLOOR = 1e-6
+_LOG_HEADROOM = 2.0
+_BELOW_FLOOR = 0.1
 # More points than this are drawn without markers.
 _MAX_MARKED_POINTS = 50
 _TRACE_LABEL = "Trace of H"
 _LOSS_LABEL = "Loss"
 _OVERLAP_LABEL = "Overlap with the previous top eigenvector(s)"
+# Overlaps are squared cosines in [0, 1]; computed ones may exceed 1 by rounding. Their
+# axis ends a little above 1 so that a line at 1 stays visible.
+_OVERLAP_ROUNDING = 1e-9
+_OVERLAP_TOP = 1.05
 # Error bars shorter than this fraction of the plotted range hide under the markers.
 _VISIBLE_ERROR_FRACTION = 0.01
+# On a log axis the bars' length is relative: below this relative error (a marker spans
+# about 5 % of a decade on a default figure) they hide under the markers.
+_VISIBLE_LOG_ERROR = 0.05
 # A threshold more than this many times above the data is named, not drawn.
 _OFF_SCALE_FACTOR = 3.0
 _CAPTION_FONTSIZE = 8
@@ -67,6 +81,11 @@ _CAPTION_FONTSIZE = 8
 _LOG_LOSS_SPAN = 100.0
 # Up to this many eigenvalues get their value written beside the marker.
 _MAX_ANNOTATED = 10
+# Up to this many groups get their value written at their bar (plot_layerwise), whose
+# x range then grows by these fractions of its width to hold the text.
+_MAX_ANNOTATED_GROUPS = 30
+_ANNOTATION_ROOM = 0.15
+_NEGATIVE_ANNOTATION_ROOM = 0.08
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
@@ -182,12 +201,12 @@ def plot_spectral_density(
         raise ValueError("the smoothed density is zero everywhere on the grid")
     reused_log_axes = ax.has_data() and ax.get_yscale() == "log"
     previous_limits = ax.get_ylim()
-    bottom, top = _LOG_FLOOR * peak, 2.0 * peak
+    bottom, top = _LOG_FLOOR * peak, _LOG_HEADROOM * peak
     if reused_log_axes:
         bottom, top = min(bottom, previous_limits[0]), max(top, previous_limits[1])
     # Values under the axis floor are drawn just below the visible range, so
     # that the log axis neither masks them (gaps) nor stretches down to them.
-    shown_floor = 0.1 * bottom if log_scale else 0.0
+    shown_floor = _BELOW_FLOOR * bottom if log_scale else 0.0
     values = np.maximum(curve.values, shown_floor)
 
     name = label if label else "SLQ density"
@@ -249,7 +268,7 @@ def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: 
     if log_scale:
         positive = finite & (values > 0)
         relative = errors[positive] / values[positive] if positive.any() else np.zeros(0)
-        hidden = relative.size == 0 or float(relative.max()) < 0.05
+        hidden = relative.size == 0 or float(relative.max()) < _VISIBLE_LOG_ERROR
     else:
         shown = values[finite]
         span = float(shown.max() - shown.min()) or float(np.abs(shown).max()) or 1.0
@@ -257,6 +276,75 @@ def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: 
     if not hidden:
         return ""
     return f" (bars smaller than the markers: at most ±{largest:.1e})"
+
+
+def _draw_eigenvalue_markers(
+    ax: Axes,
+    indices: np.ndarray,
+    values: np.ndarray,
+    errors: np.ndarray,
+    converged: np.ndarray,
+    color: Any,
+    name: str,
+    note: str,
+) -> None:
+    """Filled markers with error bars for converged eigenvalues, hollow ones for the rest
+    (named "not converged" in the legend); the note on hidden bars goes on the first."""
+    some_unconverged = not converged.all()
+    if converged.any():
+        filled_label = f"{name} (converged)" if some_unconverged else name
+        filled = ax.errorbar(
+            indices[converged],
+            values[converged],
+            yerr=errors[converged],
+            fmt="o",
+            color=color,
+            markersize=6,
+            capsize=4,
+            elinewidth=1.2,
+            label=filled_label + note,
+        )
+        filled.lines[0].set_gid(_SERIES_GID)
+    if some_unconverged:
+        hollow = ax.errorbar(
+            indices[~converged],
+            values[~converged],
+            yerr=errors[~converged],
+            fmt="o",
+            color=color,
+            markerfacecolor="none",
+            markeredgewidth=1.4,
+            markersize=6,
+            capsize=4,
+            elinewidth=1.2,
+            label=f"{name} (not converged)" + ("" if converged.any() else note),
+        )
+        if not converged.any():
+            hollow.lines[0].set_gid(_SERIES_GID)
+
+
+def _index_axis_and_scale(
+    ax: Axes,
+    values: np.ndarray,
+    reused: bool,
+    previous_limits: tuple[float, float],
+    log_scale: bool,
+) -> None:
+    """Integer ticks on the index axis, which covers earlier results drawn on ``ax``; a log
+    y scale (symmetric-log, linear below the smallest |λ| ≠ 0, when some λ <= 0)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left, right = 0.5, values.size + 0.5
+    if reused:
+        left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
+    ax.set_xlim(left, right)
+    if log_scale:
+        if np.all(values > 0):
+            ax.set_yscale("log")
+        else:
+            scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
+            ax.set_yscale("symlog", linthresh=scale)
 
 
 def plot_eigenvalues(
@@ -297,38 +385,7 @@ def plot_eigenvalues(
     name = f"{label}: λᵢ ± error bound" if label else "λᵢ ± error bound"
     note = _hidden_bars_note(values, errors, log_scale)
 
-    some_unconverged = not converged.all()
-    if converged.any():
-        filled_label = f"{name} (converged)" if some_unconverged else name
-        filled = ax.errorbar(
-            indices[converged],
-            values[converged],
-            yerr=errors[converged],
-            fmt="o",
-            color=color,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
-            label=filled_label + note,
-        )
-        filled.lines[0].set_gid(_SERIES_GID)
-    if some_unconverged:
-        hollow = ax.errorbar(
-            indices[~converged],
-            values[~converged],
-            yerr=errors[~converged],
-            fmt="o",
-            color=color,
-            markerfacecolor="none",
-            markeredgewidth=1.4,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
-            label=f"{name} (not converged)" + ("" if converged.any() else note),
-        )
-        if not converged.any():
-            hollow.lines[0].set_gid(_SERIES_GID)
-
+    _draw_eigenvalue_markers(ax, indices, values, errors, converged, color, name, note)
     if annotate is None:
         annotate = values.size <= _MAX_ANNOTATED
     if annotate:
@@ -343,19 +400,7 @@ def plot_eigenvalues(
                 color=color,
             )
 
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left, right = 0.5, values.size + 0.5
-    if reused:
-        left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
-    ax.set_xlim(left, right)
-    if log_scale:
-        if np.all(values > 0):
-            ax.set_yscale("log")
-        else:
-            scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
-            ax.set_yscale("symlog", linthresh=scale)
+    _index_axis_and_scale(ax, values, reused, previous_limits, log_scale)
     ax.set_xlabel("Index i")
     ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)
@@ -455,6 +500,205 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     return value, text
 
 
+@dataclasses.dataclass
+class _SharpnessSeries:
+    """The checked inputs of :func:`plot_sharpness`, one row per step."""
+
+    steps: np.ndarray
+    columns: np.ndarray  # (steps, k): one column per eigenvalue line
+    single: bool  # ``values`` was one series (shape (steps,))
+    errors: np.ndarray | None  # shape of ``columns``
+    threshold: tuple[float, str] | None
+    traces: np.ndarray | None
+    trace_errors: np.ndarray | None
+    losses: np.ndarray | None
+    overlaps: np.ndarray | None
+
+
+def _sharpness_series(
+    steps: Any,
+    values: Any,
+    lr: float | None,
+    threshold: Any,
+    errors: Any,
+    traces: Any,
+    trace_errors: Any,
+    losses: Any,
+    overlaps: Any,
+) -> _SharpnessSeries:
+    """Check :func:`plot_sharpness`'s arguments (a ``ValueError`` naming the first bad one)."""
+    step_array = _as_1d("steps", steps)
+    value_array = np.asarray(values, dtype=np.float64)
+    if value_array.ndim not in (1, 2):
+        raise ValueError(
+            f"values must have shape (steps,) or (steps, k), got shape {value_array.shape}"
+        )
+    if value_array.shape[0] != step_array.size:
+        raise ValueError(
+            f"steps and values must have the same length: {step_array.size} steps "
+            f"but {value_array.shape[0]} rows of values"
+        )
+    if step_array.size == 0:
+        raise ValueError("steps is empty")
+    line_threshold = _threshold_of(lr, threshold)
+    error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
+    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
+    trace_error_array = None
+    if trace_errors is not None:
+        if trace_array is None:
+            raise ValueError("trace_errors given without traces")
+        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
+    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
+    overlap_array = None
+    if overlaps is not None:
+        overlap_array = _per_step("overlaps", overlaps, step_array.size)
+        shown = overlap_array[np.isfinite(overlap_array)]
+        if np.any((shown < 0) | (shown > 1 + _OVERLAP_ROUNDING)):
+            raise ValueError("overlaps must lie in [0, 1] (NaN for steps without one)")
+    columns = value_array.reshape(step_array.size, -1)
+    return _SharpnessSeries(
+        steps=step_array,
+        columns=columns,
+        single=value_array.ndim == 1,
+        errors=None if error_array is None else error_array.reshape(columns.shape),
+        threshold=line_threshold,
+        traces=trace_array,
+        trace_errors=trace_error_array,
+        losses=loss_array,
+        overlaps=overlap_array,
+    )
+
+
+def _draw_eigenvalue_lines(
+    ax: Axes,
+    series: _SharpnessSeries,
+    quantity: str,
+    label: str | None,
+    log_scale: bool,
+    marker: str | None,
+) -> list[Any]:
+    """One line per column (λ₁, or λ₁ … λₖ), the first named with its error bars; returns
+    their colors."""
+    columns, column_errors = series.columns, series.errors
+    note = _hidden_bars_note(
+        columns.ravel(), None if column_errors is None else column_errors.ravel(), log_scale
+    )
+    colors = []
+    for column in range(columns.shape[1]):
+        color = _next_color(ax)
+        colors.append(color)
+        name = quantity if series.single else f"λ{_subscript(column + 1)}"
+        if label:
+            name = label if series.single else f"{label}, {name}"
+        if column_errors is not None and column == 0:
+            name += " ± error bound" + note
+        _line_with_errors(
+            ax,
+            series.steps,
+            columns[:, column],
+            None if column_errors is None else column_errors[:, column],
+            color=color,
+            marker=marker,
+            label=name,
+        ).set_gid(_SERIES_GID)
+    return colors
+
+
+def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray) -> None:
+    """The stability threshold as a dashed line, or only named in the legend when it is
+    more than ``_OFF_SCALE_FACTOR`` times above the data (drawn, it would squash them)."""
+    value, text = threshold
+    shown = columns[np.isfinite(columns)]
+    top = float(shown.max()) if shown.size else value
+    if top > 0 and value > _OFF_SCALE_FACTOR * top:
+        # A proxy entry: the line itself would squash the data to the bottom.
+        ax.plot(
+            [],
+            [],
+            color=_REFERENCE_COLOR,
+            linestyle="--",
+            linewidth=1.2,
+            label=f"{text}, above the plotted range",
+        )
+    else:
+        ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+
+
+def _draw_losses(ax: Axes, series: _SharpnessSeries, marker: str | None, label: str | None) -> Axes:
+    """The loss on its twin axis, on a log scale when it spans more than
+    ``_LOG_LOSS_SPAN``; returns the twin."""
+    assert series.losses is not None
+    loss_ax = _twin(ax, _LOSS_LABEL)
+    loss_color = _REFERENCE_COLOR if series.traces is None else _SECOND_REFERENCE_COLOR
+    loss_ax.plot(
+        series.steps,
+        series.losses,
+        color=loss_color,
+        linestyle=":",
+        linewidth=1.4,
+        marker="." if marker else None,
+        label=_LOSS_LABEL if not label else f"{label}, loss",
+    )
+    positive = series.losses[np.isfinite(series.losses) & (series.losses > 0)]
+    if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
+        from matplotlib.ticker import NullFormatter
+
+        loss_ax.set_yscale("log")
+        # Labelled decades only: a twin axis has no room for minor-tick labels.
+        loss_ax.yaxis.set_minor_formatter(NullFormatter())
+    _color_y_axis(loss_ax, loss_color)
+    return loss_ax
+
+
+def _draw_traces(
+    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+) -> Axes:
+    """The trace (± its standard errors) on its twin axis; returns the twin."""
+    assert series.traces is not None
+    trace_ax = _twin(ax, _TRACE_LABEL)
+    _line_with_errors(
+        trace_ax,
+        series.steps,
+        series.traces,
+        series.trace_errors,
+        color=color,
+        marker="s" if marker else None,
+        linestyle="-.",
+        label=(_TRACE_LABEL if not label else f"{label}, trace")
+        + ("" if series.trace_errors is None else " ± s.e."),
+    )
+    _color_y_axis(trace_ax, color)
+    return trace_ax
+
+
+def _draw_overlaps(
+    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+) -> Axes:
+    """The overlaps of consecutive top eigenvectors on their twin axis, from 0 to 1."""
+    assert series.overlaps is not None
+    overlap_ax = _twin(ax, _OVERLAP_LABEL)
+    overlap_ax.plot(
+        series.steps,
+        series.overlaps,
+        color=color,
+        linestyle="--",
+        linewidth=1.2,
+        marker="^" if marker else None,
+        markersize=4,
+        label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if series.columns.shape[1] == 1 else "Top-k subspace overlap")
+        if not label
+        else f"{label}, overlap",
+    )
+    overlap_ax.set_ylim(0.0, _OVERLAP_TOP)
+    _color_y_axis(overlap_ax, color)
+    return overlap_ax
+
+
+def _after(color: Any) -> Any:
+    """The palette color after ``color``."""
+    return _PALETTE[(_PALETTE.index(color) + 1) % len(_PALETTE)]
+
+
 def plot_sharpness(
     steps: Any,
     values: Any,
@@ -497,154 +741,140 @@ def plot_sharpness(
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. Returns the primary (sharpness) axes.
     """
-    step_array = _as_1d("steps", steps)
-    value_array = np.asarray(values, dtype=np.float64)
-    if value_array.ndim not in (1, 2):
-        raise ValueError(
-            f"values must have shape (steps,) or (steps, k), got shape {value_array.shape}"
-        )
-    if value_array.shape[0] != step_array.size:
-        raise ValueError(
-            f"steps and values must have the same length: {step_array.size} steps "
-            f"but {value_array.shape[0]} rows of values"
-        )
-    if step_array.size == 0:
-        raise ValueError("steps is empty")
-    line_threshold = _threshold_of(lr, threshold)
-    error_array = None if errors is None else _check_errors("errors", errors, value_array.shape)
-    trace_array = None if traces is None else _per_step("traces", traces, step_array.size)
-    trace_error_array = None
-    if trace_errors is not None:
-        if trace_array is None:
-            raise ValueError("trace_errors given without traces")
-        trace_error_array = _check_errors("trace_errors", trace_errors, trace_array.shape)
-    loss_array = None if losses is None else _per_step("losses", losses, step_array.size)
-    overlap_array = None
-    if overlaps is not None:
-        overlap_array = _per_step("overlaps", overlaps, step_array.size)
-        shown = overlap_array[np.isfinite(overlap_array)]
-        if np.any((shown < 0) | (shown > 1 + 1e-9)):
-            raise ValueError("overlaps must lie in [0, 1] (NaN for steps without one)")
+    series = _sharpness_series(
+        steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps
+    )
     quantity = ylabel or "Sharpness λ₁"
-
     if ax is None:
         ax = _new_axes()
-    columns = value_array.reshape(step_array.size, -1)
-    column_errors = None if error_array is None else error_array.reshape(columns.shape)
-    marker = "o" if step_array.size <= _MAX_MARKED_POINTS else None
-    note = _hidden_bars_note(
-        columns.ravel(), None if column_errors is None else column_errors.ravel(), log_scale
-    )
-    colors = []
-    for column in range(columns.shape[1]):
-        color = _next_color(ax)
-        colors.append(color)
-        name = quantity if value_array.ndim == 1 else f"λ{_subscript(column + 1)}"
-        if label:
-            name = label if value_array.ndim == 1 else f"{label}, {name}"
-        if column_errors is not None and column == 0:
-            name += " ± error bound" + note
-        _line_with_errors(
-            ax,
-            step_array,
-            columns[:, column],
-            None if column_errors is None else column_errors[:, column],
-            color=color,
-            marker=marker,
-            label=name,
-        ).set_gid(_SERIES_GID)
-
+    marker = "o" if series.steps.size <= _MAX_MARKED_POINTS else None
+    colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
     if log_scale:
         ax.set_yscale("log")
-    if line_threshold is not None:
-        value, text = line_threshold
-        shown = columns[np.isfinite(columns)]
-        top = float(shown.max()) if shown.size else value
-        if top > 0 and value > _OFF_SCALE_FACTOR * top:
-            # A proxy entry: the line itself would squash the data to the bottom.
-            ax.plot(
-                [],
-                [],
-                color=_REFERENCE_COLOR,
-                linestyle="--",
-                linewidth=1.2,
-                label=f"{text}, above the plotted range",
-            )
-        else:
-            ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+    if series.threshold is not None:
+        _draw_threshold(ax, series.threshold, series.columns)
     ax.set_xlabel(xlabel)
-    default_many = "Top Hessian eigenvalues"
-    ax.set_ylabel(quantity if value_array.ndim == 1 else (ylabel or default_many))
+    ax.set_ylabel(quantity if series.single else (ylabel or "Top Hessian eigenvalues"))
     _style_axes(ax)
 
+    # Twin axes: this call's, or those an earlier call on ``ax`` made (one legend for all).
     twins = []
-    next_color = _PALETTE[(_PALETTE.index(colors[-1]) + 1) % len(_PALETTE)]
-    if loss_array is not None:
-        loss_ax = _twin(ax, _LOSS_LABEL)
-        loss_color = _REFERENCE_COLOR if trace_array is None else "0.45"
-        loss_ax.plot(
-            step_array,
-            loss_array,
-            color=loss_color,
-            linestyle=":",
-            linewidth=1.4,
-            marker="." if marker else None,
-            label=_LOSS_LABEL if not label else f"{label}, loss",
-        )
-        positive = loss_array[np.isfinite(loss_array) & (loss_array > 0)]
-        if positive.size and positive.max() / positive.min() > _LOG_LOSS_SPAN:
-            from matplotlib.ticker import NullFormatter
-
-            loss_ax.set_yscale("log")
-            # Labelled decades only: a twin axis has no room for minor-tick labels.
-            loss_ax.yaxis.set_minor_formatter(NullFormatter())
-        _color_y_axis(loss_ax, loss_color)
-        twins.append(loss_ax)
-    else:
-        existing = _find_twin(ax, _LOSS_LABEL)
-        if existing is not None:
-            twins.append(existing)
-    if trace_array is not None:
-        trace_ax = _twin(ax, _TRACE_LABEL)
-        _line_with_errors(
-            trace_ax,
-            step_array,
-            trace_array,
-            trace_error_array,
-            color=next_color,
-            marker="s" if marker else None,
-            linestyle="-.",
-            label=(_TRACE_LABEL if not label else f"{label}, trace")
-            + ("" if trace_error_array is None else " ± s.e."),
-        )
-        _color_y_axis(trace_ax, next_color)
-        twins.append(trace_ax)
-    else:
-        existing = _find_twin(ax, _TRACE_LABEL)
-        if existing is not None:
-            twins.append(existing)
-    if overlap_array is not None:
-        overlap_ax = _twin(ax, _OVERLAP_LABEL)
-        overlap_color = _PALETTE[(_PALETTE.index(next_color) + 1) % len(_PALETTE)]
-        overlap_ax.plot(
-            step_array,
-            overlap_array,
-            color=overlap_color,
-            linestyle="--",
-            linewidth=1.2,
-            marker="^" if marker else None,
-            markersize=4,
-            label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if columns.shape[1] == 1 else "Top-k subspace overlap")
-            if not label
-            else f"{label}, overlap",
-        )
-        overlap_ax.set_ylim(0.0, 1.05)
-        _color_y_axis(overlap_ax, overlap_color)
-        twins.append(overlap_ax)
-    if twins and value_array.ndim == 1 and len(colors) == 1:
+    trace_color = _after(colors[-1])
+    if series.losses is not None:
+        twins.append(_draw_losses(ax, series, marker, label))
+    elif (existing := _find_twin(ax, _LOSS_LABEL)) is not None:
+        twins.append(existing)
+    if series.traces is not None:
+        twins.append(_draw_traces(ax, series, trace_color, marker, label))
+    elif (existing := _find_twin(ax, _TRACE_LABEL)) is not None:
+        twins.append(existing)
+    if series.overlaps is not None:
+        twins.append(_draw_overlaps(ax, series, _after(trace_color), marker, label))
+    if twins and series.single and len(colors) == 1:
         _color_y_axis(ax, colors[0])
-    _refresh_legend(ax, *twins, always=column_errors is not None, outside=True)
+    _refresh_legend(ax, *twins, always=series.errors is not None, outside=True)
     return ax
+
+
+class _GroupBars(NamedTuple):
+    """What :func:`plot_layerwise` draws per group: bar lengths, error bars, which bars are
+    hatched, and the legend and axis texts."""
+
+    values: np.ndarray
+    errors: np.ndarray  # non-negative, 0 where not finite
+    unconverged: np.ndarray
+    legend: str
+    xlabel: str
+
+
+def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
+    """The top eigenvalue of each group with its bound, or its trace ± standard error."""
+    names = list(result.groups)
+    if quantity == "trace":
+        if result.traces is None or result.trace_stderr is None:
+            raise ValueError("result holds no traces: compute it with layerwise(..., trace=True)")
+        values = np.asarray(result.traces, dtype=np.float64)
+        errors = np.asarray(result.trace_stderr, dtype=np.float64)
+        unconverged = np.zeros(len(names), dtype=bool)
+        legend = f"trace of {symbol}ₗₗ ± standard error"
+        xlabel = "Trace of the diagonal block"
+    else:
+        values = np.array([float(v[0]) for v in result.eigenvalues])
+        errors = np.array([float(e[0]) for e in result.error_bounds])
+        unconverged = np.array([not bool(np.all(c)) for c in result.converged])
+        legend = f"λ₁ of {symbol}ₗₗ ± error bound"
+        xlabel = "Top eigenvalue of the diagonal block"
+    errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
+    return _GroupBars(values, errors, unconverged, legend, xlabel)
+
+
+def _hatch_unconverged(bars: Any, unconverged: np.ndarray, color: Any) -> list[Any]:
+    """Hatch the bars of unconverged groups; returns the legend patch naming them (or
+    nothing when all converged)."""
+    if not unconverged.any():
+        return []
+    for patch, flag in zip(bars.patches, unconverged):
+        if flag:
+            patch.set_hatch("//")
+            patch.set_facecolor("white")
+            patch.set_edgecolor(color)
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged")]
+
+
+def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: str) -> None:
+    """λ₂ … λₖ of each group as dots on its row."""
+    xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
+    ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
+    ax.plot(
+        xs,
+        ys,
+        linestyle="none",
+        marker="o",
+        markersize=4,
+        color="0.15",
+        label=f"λ₂ … λₖ of {symbol}ₗₗ",
+    )
+
+
+def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.ndarray) -> None:
+    """Each value written beyond the end of its error bar, and the x range widened by
+    ``_ANNOTATION_ROOM`` (and ``_NEGATIVE_ANNOTATION_ROOM`` on the left when bars go
+    negative) of its width to hold the text."""
+    for row, value, error in zip(rows, values, errors):
+        ax.annotate(
+            f"{value:.4g}",
+            (value + (error if value >= 0 else -error), row),
+            xytext=(4 if value >= 0 else -4, 0),
+            textcoords="offset points",
+            va="center",
+            ha="left" if value >= 0 else "right",
+            fontsize="small",
+        )
+    low, high = ax.get_xlim()
+    ax.set_xlim(
+        low - _NEGATIVE_ANNOTATION_ROOM * (high - low) * (low < 0),
+        high + _ANNOTATION_ROOM * (high - low),
+    )
+
+
+def _legend_under_bars(ax: Axes, extra: list[Any], rows: int) -> None:
+    """The legend under the axes, bars first (matplotlib lists lines before containers),
+    then ``extra`` handles; lower for fewer rows (the axes' fraction per row is larger)."""
+    handles, labels = ax.get_legend_handles_labels()
+    handles += extra
+    labels += [handle.get_label() for handle in extra]
+    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(rows, 3)),
+        fontsize="small",
+        frameon=False,
+        ncols=1,
+    )
 
 
 def plot_layerwise(
@@ -676,96 +906,39 @@ def plot_layerwise(
     if not names:
         raise ValueError("result holds no groups")
     rows = np.arange(len(names))
-    if quantity == "trace":
-        if result.traces is None or result.trace_stderr is None:
-            raise ValueError("result holds no traces: compute it with layerwise(..., trace=True)")
-        values = np.asarray(result.traces, dtype=np.float64)
-        errors = np.asarray(result.trace_stderr, dtype=np.float64)
-        unconverged = np.zeros(len(names), dtype=bool)
-        name = f"trace of {symbol}ₗₗ ± standard error"
-        xlabel = "Trace of the diagonal block"
-    else:
-        values = np.array([float(v[0]) for v in result.eigenvalues])
-        errors = np.array([float(e[0]) for e in result.error_bounds])
-        unconverged = np.array([not bool(np.all(c)) for c in result.converged])
-        name = f"λ₁ of {symbol}ₗₗ ± error bound"
-        xlabel = "Top eigenvalue of the diagonal block"
-    errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
+    data = _group_bars(result, quantity, symbol)
     if ax is None:
         ax = _new_axes()
     color = _next_color(ax, color)
-    note = _hidden_bars_note(values, errors, False).replace(
+    note = _hidden_bars_note(data.values, data.errors, False).replace(
         "bars smaller than the markers", "error bars too small to see"
     )
     bars = ax.barh(
         rows,
-        values,
-        xerr=errors,
+        data.values,
+        xerr=data.errors,
         height=0.6,
         color=color,
         alpha=0.85,
         error_kw={"ecolor": "0.2", "capsize": 3, "elinewidth": 1.0},
-        label=name + note,
+        label=data.legend + note,
     )
     bars.patches[0].set_gid(_SERIES_GID)
-    extra: list[Any] = []
-    if unconverged.any():
-        for patch, flag in zip(bars.patches, unconverged):
-            if flag:
-                patch.set_hatch("//")
-                patch.set_facecolor("white")
-                patch.set_edgecolor(color)
-        from matplotlib.patches import Patch
-
-        extra.append(Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged"))
+    extra = _hatch_unconverged(bars, data.unconverged, color)
     if quantity == "eigenvalue" and any(v.size > 1 for v in result.eigenvalues):
-        xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
-        ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
-        ax.plot(
-            xs,
-            ys,
-            linestyle="none",
-            marker="o",
-            markersize=4,
-            color="0.15",
-            label=f"λ₂ … λₖ of {symbol}ₗₗ",
-        )
+        _draw_further_eigenvalues(ax, result, rows, symbol)
     if annotate is None:
-        annotate = len(names) <= 30
+        annotate = len(names) <= _MAX_ANNOTATED_GROUPS
     if annotate:
-        for row, value, error in zip(rows, values, errors):
-            ax.annotate(
-                f"{value:.4g}",
-                (value + (error if value >= 0 else -error), row),
-                xytext=(4 if value >= 0 else -4, 0),
-                textcoords="offset points",
-                va="center",
-                ha="left" if value >= 0 else "right",
-                fontsize="small",
-            )
-        low, high = ax.get_xlim()
-        ax.set_xlim(low - 0.08 * (high - low) * (low < 0), high + 0.15 * (high - low))
+        _annotate_bars(ax, rows, data.values, data.errors)
     ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=0.8)
     ax.set_yticks(rows, names)
     ax.set_ylim(len(names) - 0.5, -0.5)
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(data.xlabel)
     ax.set_ylabel("Layer (parameter group)")
     _style_axes(ax)
     ax.grid(False, axis="y")
-    handles, labels = ax.get_legend_handles_labels()
-    handles += extra
-    labels += [handle.get_label() for handle in extra]
-    # Bars first (matplotlib lists lines before containers).
-    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
-    ax.legend(
-        [handles[i] for i in order],
-        [labels[i] for i in order],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(len(names), 3)),
-        fontsize="small",
-        frameon=False,
-        ncols=1,
-    )
+    _legend_under_bars(ax, extra, len(names))
     return ax
 
 

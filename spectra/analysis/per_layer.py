@@ -56,7 +56,7 @@ from spectra.estimators._products import (
     _rng,
     _seed_setting,
 )
-from spectra.estimators.eigensolvers import _DEFAULT_FAILURE_PROBABILITY, _KrylovSchur
+from spectra.estimators.eigensolvers import _DEFAULT_FAILURE_PROBABILITY, _KrylovSchur, _Pairs
 from spectra.estimators.results import Result
 
 __all__ = ["LayerwiseResult", "layerwise"]
@@ -367,99 +367,19 @@ def layerwise(
     # Separate streams: the eigenvalues do not depend on whether traces are estimated.
     lanczos_rng, probe_rng = rng.spawn(2)
     share = failure_probability / len(parts)
-    states = []
-    for part in parts:
-        size = int(part.size)
-        wanted = min(k, size)
-        start = lanczos_rng.standard_normal(size)
-        states.append(
-            _KrylovSchur(
-                size,
-                wanted,
-                "largest",
-                tol,
-                counter.eps,
-                num_products,
-                start,
-                False,
-                lanczos_rng,
-                min(size, max(2 * wanted + 1, _MIN_BASIS)),
-                share,
-            )
-        )
-    probes_left = num_probes if trace else 0
-    samples: list[list[float]] = [[] for _ in parts]
-    final: list[tuple[np.ndarray, ...]] | None = None
-    residual_norms: list[np.ndarray] = []
-    symmetry_probes = np.zeros((n, 0))
-    if counter.symmetry_pending:
-        # The counter tests symmetry on the first two vectors it multiplies: two random
-        # unit vectors over all parameters, in the first pass.
-        symmetry_probes = np.random.default_rng(_SYMMETRY_SEED).standard_normal((n, 2))
-        symmetry_probes /= np.linalg.norm(symmetry_probes, axis=0)
-
-    with _one_blas_thread():
-        while True:
-            running = [not state.finished for state in states]
-            if not any(running) and final is None:
-                final = [state.result() for state in states]
-            check_residuals = final is not None and not residual_norms
-            width = min(probes_left, 1 if any(running) else _TRACE_BLOCK)
-            if not (any(running) or check_residuals or width):
-                break  # all groups stopped, residuals checked, probes done
-            # One block: symmetry probes | Lanczos vectors | trace probes | Ritz vectors.
-            lanczos = [
-                state.next_vector()[:, None] if active else np.zeros((state.n, 0))
-                for state, active in zip(states, running)
-            ]
-            probes = [_rademacher(probe_rng, (part.size, width)) for part in parts]
-            if check_residuals:
-                ritz = [vectors for _, vectors, *_ in final]
-            else:
-                ritz = [np.zeros((part.size, 0)) for part in parts]
-            sections = [lanczos, probes, ritz]
-            block = np.concatenate(
-                [symmetry_probes] + [_embed(n, parts, pieces) for pieces in sections], axis=1
-            )
-            image = counter.matmat(block)
-            own_lanczos, own_probes, own_ritz = _restrict(
-                image[:, symmetry_probes.shape[1] :], parts, sections
-            )
-            symmetry_probes = np.zeros((n, 0))
-            for state, active, own in zip(states, running, own_lanczos):
-                if active:
-                    state.absorb(own[:, 0])
-            for i, (probe, own) in enumerate(zip(probes, own_probes)):
-                samples[i].extend(np.einsum("ij,ij->j", probe, own).tolist())
-            probes_left -= width
-            if check_residuals:
-                for (values, vectors, *_), own in zip(final, own_ritz):
-                    residual_norms.append(np.linalg.norm(own - vectors * values, axis=0))
-        counter.finish()
-
-    assert final is not None
-    # Everything is in the units of the counter's scaled products (A / 2^e): back (exact).
-    eigenvalues, error_bounds, converged = [], [], []
-    for state, (values, _, bounds, _, flags) in zip(states, final):
-        scale = max(float(np.max(np.abs(values), initial=0.0)), state.anorm)
-        bounds = np.maximum(bounds, counter.eps * scale)
-        eigenvalues.append(counter.unscale(np.asarray(values, dtype=np.float64), "an eigenvalue"))
-        error_bounds.append(bounds * counter.scale)
-        converged.append(np.asarray(flags, dtype=bool) & np.isfinite(error_bounds[-1]))
-    residual_norms = [norms * counter.scale for norms in residual_norms]
+    states = _start_states(parts, k, tol, counter.eps, num_products, lanczos_rng, share)
+    passes = _LockstepPasses(counter, parts, states, num_probes if trace else 0, probe_rng)
+    final, residual_norms = passes.run()
+    eigenvalues, error_bounds, converged = _group_pairs(counter, states, final)
     traces = trace_stderr = None
     if trace:
-        table = np.array(samples)
-        traces = counter.unscale(table.mean(axis=1), "a block trace")
-        trace_stderr = counter.unscale(
-            table.std(axis=1, ddof=1) / math.sqrt(table.shape[1]), "a block trace's stderr"
-        )
+        traces, trace_stderr = _block_traces(counter, passes.samples)
     probability = sum(segment.probability for state in states for segment in state.segments)
     return LayerwiseResult(
         groups=names,
         group_sizes=[int(part.size) for part in parts],
         eigenvalues=eigenvalues,
-        residual_norms=residual_norms,
+        residual_norms=[norms * counter.scale for norms in residual_norms],
         error_bounds=error_bounds,
         converged=converged,
         num_steps=[state.spent for state in states],
@@ -482,6 +402,162 @@ def layerwise(
         },
         failure_probability=min(1.0, probability),
     )
+
+
+def _start_states(
+    parts: list[np.ndarray],
+    k: int,
+    tol: float,
+    eps: float,
+    num_products: int,
+    rng: np.random.Generator,
+    share: float,
+) -> list[_KrylovSchur]:
+    """One Krylov–Schur state per group, each from a Gaussian start of the group's size,
+    wanting min(k, size) values, failing with probability at most ``share``."""
+    states = []
+    for part in parts:
+        size = int(part.size)
+        wanted = min(k, size)
+        start = rng.standard_normal(size)
+        states.append(
+            _KrylovSchur(
+                size,
+                wanted,
+                "largest",
+                tol,
+                eps,
+                num_products,
+                start,
+                False,
+                rng,
+                min(size, max(2 * wanted + 1, _MIN_BASIS)),
+                share,
+            )
+        )
+    return states
+
+
+class _LockstepPasses:
+    """The data passes of :func:`layerwise`, each ONE ``matmat`` of the block
+
+        [symmetry probes | a Lanczos vector per running group | trace probes | Ritz vectors]
+
+    with every group's vectors embedded on its own entries (:func:`_embed`) and its
+    rows of the product read back (:func:`_restrict`). The symmetry probes ride in the
+    first pass, the trace probes one per group and pass while Lanczos runs (then
+    ``_TRACE_BLOCK``), and the Ritz vectors once every group has stopped, for their
+    residuals.
+    """
+
+    def __init__(
+        self,
+        counter: Any,
+        parts: list[np.ndarray],
+        states: list[_KrylovSchur],
+        num_probes: int,
+        probe_rng: np.random.Generator,
+    ):
+        self.counter = counter
+        self.parts = parts
+        self.states = states
+        self.probe_rng = probe_rng
+        self.probes_left = num_probes
+        self.samples: list[list[float]] = [[] for _ in parts]  # z_lᵀ H_ll z_l per group
+        self.final: list[_Pairs] | None = None
+        self.residual_norms: list[np.ndarray] = []
+        n = counter.n
+        self.symmetry_probes = np.zeros((n, 0))
+        if counter.symmetry_pending:
+            # The counter tests symmetry on the first two vectors it multiplies: two random
+            # unit vectors over all parameters, in the first pass.
+            self.symmetry_probes = np.random.default_rng(_SYMMETRY_SEED).standard_normal((n, 2))
+            self.symmetry_probes /= np.linalg.norm(self.symmetry_probes, axis=0)
+
+    def run(self) -> tuple[list[_Pairs], list[np.ndarray]]:
+        """All passes: each group's final pairs and their residual norms (scaled units)."""
+        with _one_blas_thread():
+            while self._next_pass():
+                pass
+            self.counter.finish()
+        assert self.final is not None
+        return self.final, self.residual_norms
+
+    def _next_pass(self) -> bool:
+        """One pass; False once all groups stopped, residuals are checked, probes done."""
+        running = [not state.finished for state in self.states]
+        if not any(running) and self.final is None:
+            self.final = [state.result() for state in self.states]
+        final = self.final if not self.residual_norms else None  # pairs to check now
+        check_residuals = final is not None
+        width = min(self.probes_left, 1 if any(running) else _TRACE_BLOCK)
+        if not (any(running) or check_residuals or width):
+            return False
+        lanczos = [
+            state.next_vector()[:, None] if active else np.zeros((state.n, 0))
+            for state, active in zip(self.states, running)
+        ]
+        probes = [_rademacher(self.probe_rng, (part.size, width)) for part in self.parts]
+        if final is not None:
+            ritz = [pairs.vectors for pairs in final]
+        else:
+            ritz = [np.zeros((part.size, 0)) for part in self.parts]
+        own_lanczos, own_probes, own_ritz = self._multiply([lanczos, probes, ritz])
+        for state, active, own in zip(self.states, running, own_lanczos):
+            if active:
+                state.absorb(own[:, 0])
+        for samples, probe, own in zip(self.samples, probes, own_probes):
+            samples.extend(np.einsum("ij,ij->j", probe, own).tolist())
+        self.probes_left -= width
+        if final is not None:
+            for pairs, own in zip(final, own_ritz):
+                self.residual_norms.append(
+                    np.linalg.norm(own - pairs.vectors * pairs.values, axis=0)
+                )
+        return True
+
+    def _multiply(self, sections: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """H times the block of the symmetry probes and the embedded sections; each
+        group's own rows of each section's columns."""
+        n = self.counter.n
+        block = np.concatenate(
+            [self.symmetry_probes] + [_embed(n, self.parts, pieces) for pieces in sections],
+            axis=1,
+        )
+        image = self.counter.matmat(block)
+        own = _restrict(image[:, self.symmetry_probes.shape[1] :], self.parts, sections)
+        self.symmetry_probes = np.zeros((n, 0))
+        return own
+
+
+def _group_pairs(
+    counter: Any, states: list[_KrylovSchur], final: list[_Pairs]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Each group's eigenvalues, error bounds (never below eps·‖H_ll‖, ‖H_ll‖ estimated by
+    the largest |θ| and product norm seen) and convergence flags, in the operator's units:
+    everything before is in those of the counter's scaled products (A / 2^e), exact to
+    multiply back."""
+    eigenvalues, error_bounds, converged = [], [], []
+    for state, pairs in zip(states, final):
+        scale = max(float(np.max(np.abs(pairs.values), initial=0.0)), state.anorm)
+        bounds = np.maximum(pairs.bounds, counter.eps * scale)
+        eigenvalues.append(
+            counter.unscale(np.asarray(pairs.values, dtype=np.float64), "an eigenvalue")
+        )
+        error_bounds.append(bounds * counter.scale)
+        converged.append(np.asarray(pairs.converged, dtype=bool) & np.isfinite(error_bounds[-1]))
+    return eigenvalues, error_bounds, converged
+
+
+def _block_traces(counter: Any, samples: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Hutchinson's estimate of each tr(H_ll), the mean of its samples, and its standard
+    error std/sqrt(m), in the operator's units."""
+    table = np.array(samples)
+    traces = counter.unscale(table.mean(axis=1), "a block trace")
+    trace_stderr = counter.unscale(
+        table.std(axis=1, ddof=1) / math.sqrt(table.shape[1]), "a block trace's stderr"
+    )
+    return traces, trace_stderr
 
 
 def _embed(n: int, parts: list[np.ndarray], pieces: list[np.ndarray]) -> np.ndarray:

@@ -26,6 +26,10 @@ later training step does not change it (the operator is the matrix at the state 
 built with). Keras keeps that state in private attributes of its optimizers; reading it is
 :func:`spectra._tf_compat.optimizer_slots`, with a fallback through the public
 ``optimizer.variables``.
+
+Cost: a product of the preconditioned operator is one product of the wrapped one (one
+data pass of a Hessian) and 2n host multiplications by D; building it reads the
+optimizer's state once (no data pass).
 """
 
 from __future__ import annotations

@@ -266,21 +266,8 @@ def measure_sharpness(
             f"top_k = {settings.top_k} is more than the {size} parameters of the model."
         )
     passes_before = _data_passes(operator)
-    loss = None
-    if callable(getattr(operator, "loss", None)):
-        loss = float(operator.loss())
-        if not math.isfinite(loss):
-            raise ValueError(
-                f"the loss is {loss} at these weights (a diverged run, or NaN weights): there "
-                "is no Hessian to measure."
-            )
-    start = None
-    if settings.warm_start and v0 is not None:
-        start = np.asarray(v0, dtype=np.float64)
-        if start.ndim == 1:
-            start = start[:, None]
-        if start.shape[0] != size or not np.all(np.isfinite(start)):
-            start = None
+    loss = _finite_loss(operator)
+    start = _warm_start(v0, size) if settings.warm_start else None
     eig = eigenvalues(
         operator,
         k=settings.top_k,
@@ -334,6 +321,33 @@ def measure_sharpness(
         ),
         eigenvectors=eig.eigenvectors,
     )
+
+
+def _finite_loss(operator: Any) -> float | None:
+    """The operator's loss (None for an operator without ``loss()``); a loss that is not
+    finite is refused, since there is then no Hessian to measure."""
+    if not callable(getattr(operator, "loss", None)):
+        return None
+    loss = float(operator.loss())
+    if not math.isfinite(loss):
+        raise ValueError(
+            f"the loss is {loss} at these weights (a diverged run, or NaN weights): there "
+            "is no Hessian to measure."
+        )
+    return loss
+
+
+def _warm_start(v0: np.ndarray | None, size: int) -> np.ndarray | None:
+    """``v0`` as n × j start columns for the eigensolver, or None (a cold start) when there
+    is none, it has another length (another architecture) or it is not finite."""
+    if v0 is None:
+        return None
+    start = np.asarray(v0, dtype=np.float64)
+    if start.ndim == 1:
+        start = start[:, None]
+    if start.shape[0] != size or not np.all(np.isfinite(start)):
+        return None
+    return start
 
 
 def _data_passes(operator: Any) -> int | None:

@@ -50,8 +50,8 @@ improbable at the requested ``failure_probability``. It costs steps beyond stopp
 the certified bound alone (on the trained digits MLP, λ₁ to 1e-6 in float32: 15 products
 instead of 7; the bound is a theorem about the polynomial the run has built, and its
 growth beyond the top Ritz value, by a factor of about 10 per step there, sets the
-count), and it is what turned the issue's λ₁ = 6.81 ± 0.53 "converged" after 5 products
-(truth 10.47) into an answer that holds.
+count); stopping on the certified bound alone once reported λ₁ = 6.81 ± 0.53 as
+"converged" after 5 products on that model, truth 10.47.
 
 What ``converged`` means, for every method: the pair's error bound is at most
 ``max(tol·|λ|, 10·eps·‖A‖)`` *and* that bound holds for the true i-th eigenvalue with
@@ -65,23 +65,26 @@ of the residual and the probabilistic one at the requested failure probability, 
 iterates until that meets ``tol``. The probabilistic part shrinks only like
 |λ|·log(1/failure_probability)/products, so power iteration converges at loose
 tolerances (0.1: about 150 products) and reports ``converged=False`` at tight ones
-(before this rule, the issue's ``--method power --tol 0.1`` printed λ₁ = 9.52 ± 0.84
-"converged" after a few products, truth 10.47, with failure probability 1).
+(without this rule, ``spectra analyze --method power --tol 0.1`` on the digits MLP
+printed λ₁ = 9.52 ± 0.84 "converged" after a few products, truth 10.47, with failure
+probability 1).
 
 "lobpcg" finds the pairs with scipy's LOBPCG, whose iterates carry no usable
 probabilistic statement of their own; its wanted pairs are then locked and verified by
 a Lanczos run from a random start orthogonal to them (the verification run of the
 "lanczos" method: Courant–Fischer, at most k eigenvalues of A exceed the bound of the
 compressed operator), which gives the failure probability and the gaps of the bounds.
-It costs the products of that run (about 20–50 on the tests' 200 × 200 matrices).
+It costs the products of that run (6 to 66 on 200 × 200 matrices with decaying,
+clustered and flat spectra, k = 1 and 3: the flatter the spectrum, the more).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.linalg import blas as _blas
@@ -117,6 +120,69 @@ _LOCK_RESIDUAL_FRACTION = 0.5
 # A Gram–Schmidt pass that shrinks a vector below this fraction of its norm is repeated
 # (Daniel, Gragg, Kaufman & Stewart 1976).
 _REORTHOGONALIZATION_RATIO = 1.0 / math.sqrt(2.0)
+# A warm start q = v + g/sqrt(d) (v a unit vector, g Gaussian) has ‖q‖ <= 1 + ‖g‖/sqrt(d)
+# and ‖g‖ <= sqrt(d) + s except with probability e^{−s²/2} (Gaussian concentration of
+# the 1-Lipschitz norm), so ‖q‖ <= 2 + s/sqrt(d). :func:`_miss_probability` takes
+# s = 5.26 >= sqrt(2·ln(1e6)) = 5.2565, so that the norm exceeds its bound with
+# probability e^{−5.26²/2} = 9.8e-7 <= _WARM_NORM_TAIL = 1e-6, which it adds to the
+# probability of the projection being small.
+_WARM_NORM_SPREAD = 5.26
+_WARM_NORM_TAIL = 1e-6
+# A single Lanczos run plans for about this many products per wanted value (progress bar).
+_PLANNED_PRODUCTS_PER_VALUE = 20
+# The Krylov–Schur space keeps max(2k + 1, _MIN_KRYLOV_DIMENSION) vectors before a restart.
+_MIN_KRYLOV_DIMENSION = 20
+# The achieved failure probability may exceed the requested one by this relative amount
+# (the rounding of a sum of shares) and still count as meeting it.
+_PROBABILITY_ROUNDING = 1e-12
+# exp(709) is finite, exp(710) overflows (log of the largest float64 is 709.78): the
+# power method's bound U = exp(·) is capped there.
+_LOG_LARGEST_FLOAT = 709.0
+# LOBPCG: restart at most this many times, each with the residual tolerance tightened
+# to this fraction of the smallest target not met; targets are guarded by a tiny
+# positive number before they divide (a zero operator has zero targets).
+_LOBPCG_MAX_ROUNDS = 10
+_LOBPCG_TIGHTENING = 0.1
+_TINY_TARGET = 1e-300
+# Below this many blocks' worth of columns (n < 5·block), forming the dense matrix with
+# one n-column product costs little more than a LOBPCG round and is exact.
+_DENSE_BLOCKS = 5
+# Newton's method for the probabilistic bound (:func:`_polynomial_bound`), on y = log x:
+# a start is grown by this factor until it lies right of the root (no further than
+# 1e300); it stops when the equation holds to 1e-12 relative to max(1, |target|), when
+# a step is below 1e-14 in log x (a relative change of 1e-14 in x, near float64's
+# resolution), when x falls below e^−700 (near the smallest normal float64, e^−708), or
+# after 100 iterations (the convergence is monotone and usually takes a few).
+_NEWTON_START_GROWTH = 4.0
+_NEWTON_LARGEST_START = 1e300
+_NEWTON_RESIDUAL = 1e-12
+_NEWTON_STEP = 1e-14
+_NEWTON_SMALLEST_LOG = -700
+_NEWTON_MAX_ITERATIONS = 100
+# A Gaussian vector (norm about sqrt(n)) orthogonalized against the locked vectors that
+# keeps less than this fraction of sqrt(n) shows that they span the space (numerically):
+# no run is left to start.
+_EXHAUSTED_FRACTION = 1e-8
+
+
+class _Pairs(NamedTuple):
+    """The k best eigenpairs of a run, best first, in the counter's scaled units."""
+
+    values: np.ndarray
+    vectors: np.ndarray  # n × k, unit columns
+    bounds: np.ndarray  # error bounds (certified part and probabilistic part)
+    residuals: np.ndarray  # ‖A y − θ y‖
+    converged: np.ndarray  # bool: bound <= target
+
+
+class _MethodOutput(NamedTuple):
+    """What a method (``_lanczos_method``, ...) hands to :func:`eigenvalues`."""
+
+    pairs: _Pairs
+    # P(some eigenvalue lies beyond the reported bounds) over the random starts; None
+    # when the method cannot say.
+    probability: float | None
+    info: dict[str, Any]  # method-specific settings for the result
 
 
 def _order(values: np.ndarray, which: str) -> np.ndarray:
@@ -203,9 +269,9 @@ def _miss_probability(log_delta: float, dimension: int, warm: bool) -> float:
     if not warm:
         factor = max(1.0, math.sqrt(2.0 * (dimension - 1) / math.pi))
         return math.exp(min(log_delta + math.log(factor), 0.0))
-    spread = 5.26  # e^{-spread²/2} = 1e-6
-    factor = (2.0 + spread / math.sqrt(dimension)) * math.sqrt(2.0 * dimension / math.pi)
-    return min(1.0, math.exp(min(log_delta + math.log(factor), 0.0)) + 1e-6)
+    # ‖q‖ <= 2 + spread/sqrt(d) except with probability _WARM_NORM_TAIL (see there).
+    factor = (2.0 + _WARM_NORM_SPREAD / math.sqrt(dimension)) * math.sqrt(2.0 * dimension / math.pi)
+    return min(1.0, math.exp(min(log_delta + math.log(factor), 0.0)) + _WARM_NORM_TAIL)
 
 
 def _polynomial_bound(
@@ -233,16 +299,16 @@ def _polynomial_bound(
         x = guess
     else:
         x = max(float(np.abs(nodes).max()), float(distances.max()), guess, np.finfo(float).tiny)
-        while excess(x)[0] < 0 and x < 1e300:
-            x *= 4.0
+        while excess(x)[0] < 0 and x < _NEWTON_LARGEST_START:
+            x *= _NEWTON_START_GROWTH
     y = math.log(x)
-    for _ in range(100):
+    for _ in range(_NEWTON_MAX_ITERATIONS):
         value, slope = excess(math.exp(y))
-        if value <= 1e-12 * max(1.0, abs(target)) or slope <= 0:
+        if value <= _NEWTON_RESIDUAL * max(1.0, abs(target)) or slope <= 0:
             break
         step = value / slope
         y -= step
-        if step < 1e-14 or y < -700:
+        if step < _NEWTON_STEP or y < _NEWTON_SMALLEST_LOG:
             break
     return extreme + side * math.exp(y)
 
@@ -280,6 +346,23 @@ class _Segment:
         extreme = float(nodes.max() if side > 0 else nodes.min())
         self._distance[side] = side * (bound - extreme)
         return bound
+
+
+class _Evaluation(NamedTuple):
+    """Where a :class:`_KrylovSchur` state stands after a step: the candidates (locked
+    values first, then the active Ritz values), which are wanted, and their bounds."""
+
+    values: np.ndarray  # candidates: locked values, then active Ritz values
+    residuals: np.ndarray  # their residual norms
+    certified: np.ndarray  # bounds from the candidates' residual intervals alone
+    wanted: np.ndarray  # indices of the k best candidates, best first
+    targets: np.ndarray  # max(tol·|θ|, floor) per wanted value
+    bounds: np.ndarray  # reported bounds per wanted value (certified and probabilistic)
+    active_wanted: np.ndarray  # wanted indices among the active Ritz values
+    all_certified: bool  # every wanted certified bound meets its target
+    lockable: bool  # every wanted residual is below _LOCK_RESIDUAL_FRACTION of its target
+    done: bool  # k candidates and every bound meets its target
+    ratio: float  # max bound/target: the progress measure
 
 
 class _KrylovSchur:
@@ -357,7 +440,7 @@ class _KrylovSchur:
         self.ritz_vectors = np.zeros((0, 0))
         self.ritz_residuals = np.zeros(0)
         self.segments: list[_Segment] = []
-        self.state: dict[str, Any] | None = None
+        self.state: _Evaluation | None = None
         self.history: list[float] = []
         self.residual_direction = np.empty(self.n)
         self._work = np.empty(self.n)
@@ -374,19 +457,19 @@ class _KrylovSchur:
         bounds, then lock, start a new run or finish as the bounds say."""
         capacity = min(self.ncv, self.n - self.locked.shape[0])
         if self.size >= capacity:
-            self._restart(int(self.state["active_wanted"].size) if self.state else 0)
+            self._restart(int(self.state.active_wanted.size) if self.state else 0)
         self._extend(image)
         self._rayleigh_ritz()
         self.state = state = self._evaluate()
-        self.history.append(math.log(max(state["ratio"], 1e-300)))
-        if state["done"]:
+        self.history.append(math.log(max(state.ratio, 1e-300)))
+        if state.done:
             self.finished = True
             return
         if self.segments[-1].exact:
             # An invariant subspace: its Ritz pairs are exact eigenpairs.
             self._lock(np.arange(self.size))
-        elif state["all_certified"] and state["lockable"] and self._must_lock(state):
-            self._lock(state["active_wanted"])
+        elif state.all_certified and state.lockable and self._must_lock(state):
+            self._lock(state.active_wanted)
         else:
             self.finished = self.spent >= self.budget
             return
@@ -438,7 +521,7 @@ class _KrylovSchur:
             return False
         vector, _ = _orthogonalize(self.rng.standard_normal(self.n), self.locked)
         norm = float(np.linalg.norm(vector))
-        if not norm > 1e-8 * math.sqrt(self.n):
+        if not norm > _EXHAUSTED_FRACTION * math.sqrt(self.n):
             return False
         self._begin_segment(vector / norm, warm=False)
         return True
@@ -560,7 +643,7 @@ class _KrylovSchur:
         return _FLOOR_FACTOR * self.eps * self.anorm
 
     # -- decisions -----------------------------------------------------------------
-    def _evaluate(self) -> dict[str, Any]:
+    def _evaluate(self) -> _Evaluation:
         """Candidates (locked first, then active), the wanted ones and their bounds.
 
         ``certified`` (used to decide when to lock) reads Kato–Temple gaps off the
@@ -593,34 +676,34 @@ class _KrylovSchur:
         bounds = np.maximum(rigorous, np.maximum(probable, 0.0))
         active_wanted = wanted[wanted >= num_locked] - num_locked
         ratio = float(np.max(bounds / np.maximum(targets, np.finfo(float).tiny)))
-        return {
-            "values": values,
-            "residuals": residuals,
-            "certified": certified,
-            "wanted": wanted,
-            "targets": targets,
-            "bounds": bounds,
-            "active_wanted": active_wanted,
-            "all_certified": bool(np.all(certified[wanted] <= targets)),
-            "lockable": bool(np.all(residuals[wanted] <= _LOCK_RESIDUAL_FRACTION * targets)),
-            "done": values.size >= self.k and bool(np.all(bounds <= targets)),
-            "ratio": ratio,
-        }
+        return _Evaluation(
+            values=values,
+            residuals=residuals,
+            certified=certified,
+            wanted=wanted,
+            targets=targets,
+            bounds=bounds,
+            active_wanted=active_wanted,
+            all_certified=bool(np.all(certified[wanted] <= targets)),
+            lockable=bool(np.all(residuals[wanted] <= _LOCK_RESIDUAL_FRACTION * targets)),
+            done=values.size >= self.k and bool(np.all(bounds <= targets)),
+            ratio=ratio,
+        )
 
-    def _must_lock(self, state: dict[str, Any]) -> bool:
+    def _must_lock(self, state: _Evaluation) -> bool:
         """Whether this run cannot verify the wanted values: its bound lies above its
         best Ritz value, so it can meet the k-th wanted value only if that is the one
         wanted active value. Otherwise the certified active wanted values are locked and
         a new run verifies the rest of the spectrum."""
-        active = state["active_wanted"]
+        active = state.active_wanted
         if active.size == 0:
             return False
-        return active.size >= 2 or state["wanted"][-1] != self.locked.shape[0] + active[0]
+        return active.size >= 2 or state.wanted[-1] != self.locked.shape[0] + active[0]
 
-    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(values, vectors as n × k columns, bounds, residuals, converged) for the k best."""
+    def result(self) -> _Pairs:
+        """The k best pairs: values, vectors as n × k columns, bounds, residuals, converged."""
         state = self.state if self.state is not None else self._evaluate()
-        wanted = state["wanted"]
+        wanted = state.wanted
         num_locked = self.locked.shape[0]
         vectors = np.empty((self.n, wanted.size))
         for column, index in enumerate(wanted):
@@ -630,12 +713,12 @@ class _KrylovSchur:
                 vectors[:, column] = (
                     self.ritz_vectors[:, index - num_locked] @ self.basis[: self.size]
                 )
-        converged = state["bounds"] <= state["targets"]
-        return (
-            state["values"][wanted],
+        converged = state.bounds <= state.targets
+        return _Pairs(
+            state.values[wanted],
             vectors,
-            state["bounds"],
-            state["residuals"][wanted],
+            state.bounds,
+            state.residuals[wanted],
             converged,
         )
 
@@ -653,17 +736,48 @@ def _unit_columns(v0: np.ndarray | None, columns: int, n: int, rng: np.random.Ge
     return starts / np.linalg.norm(starts, axis=0), warm
 
 
-def _lanczos_method(counter, k, which, tol, budget, rng, bar, v0, failure_probability):
-    n = counter.n
-    ncv = min(n, max(2 * k + 1, 20))
+def _krylov_dimension(n: int, k: int) -> int:
+    """Vectors a Krylov–Schur space holds before it restarts: 2k + 1, at least
+    ``_MIN_KRYLOV_DIMENSION``, at most n."""
+    return min(n, max(2 * k + 1, _MIN_KRYLOV_DIMENSION))
+
+
+def _lanczos_start(
+    v0: np.ndarray | None, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, bool]:
+    """One Krylov start and whether it is warm: Gaussian, or the normalized sum of the
+    given unit vectors (which contains each of them) plus a Gaussian vector of the same
+    norm (which keeps the probabilistic bound valid)."""
     if v0 is None:
-        start, warm = rng.standard_normal(n), False
-    else:
-        # One Krylov start: the sum of the given unit vectors contains each of them.
-        combined = v0.sum(axis=1)
-        norm = float(np.linalg.norm(combined))
-        combined = combined / norm if norm > 0 else v0[:, 0]
-        start, warm = combined + rng.standard_normal(n) / math.sqrt(n), True
+        return rng.standard_normal(n), False
+    combined = v0.sum(axis=1)
+    norm = float(np.linalg.norm(combined))
+    combined = combined / norm if norm > 0 else v0[:, 0]
+    return combined + rng.standard_normal(n) / math.sqrt(n), True
+
+
+def _drive(solver: _KrylovSchur, counter: Any, bar: _Progress, plan: bool) -> None:
+    """Feed ``solver`` one product at a time until it is finished (``plan``: update the
+    progress bar's expected total after each)."""
+    while not solver.finished:
+        solver.absorb(counter.matvec(solver.next_vector()))
+        bar.update()
+        if plan:
+            bar.plan(solver.expected_products())
+
+
+def _runs_probability(solver: _KrylovSchur) -> float:
+    """Failure probability of a Krylov–Schur state: the sum of its runs' shares."""
+    return min(1.0, sum(segment.probability for segment in solver.segments))
+
+
+def _lanczos_method(
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability
+) -> _MethodOutput:
+    """Krylov–Schur restarted Lanczos from one start (see :class:`_KrylovSchur`)."""
+    n = counter.n
+    ncv = _krylov_dimension(n, k)
+    start, warm = _lanczos_start(v0, n, rng)
     solver = _KrylovSchur(
         n,
         k,
@@ -678,14 +792,9 @@ def _lanczos_method(counter, k, which, tol, budget, rng, bar, v0, failure_probab
         failure_probability,
         counter.norm_estimate,
     )
-    while not solver.finished:
-        solver.absorb(counter.matvec(solver.next_vector()))
-        bar.update()
-        bar.plan(solver.expected_products())
-    values, vectors, bounds, residuals, converged = solver.result()
-    probability = min(1.0, sum(segment.probability for segment in solver.segments))
+    _drive(solver, counter, bar, plan=True)
     info = {"ncv": ncv, "runs": len(solver.segments), "norm_estimate": solver.anorm}
-    return values, vectors, bounds, residuals, converged, probability, info
+    return _MethodOutput(solver.result(), _runs_probability(solver), info)
 
 
 def _power_can_meet(
@@ -703,7 +812,90 @@ def _power_can_meet(
     return gain > 0 and log_total - iterations * goal <= left * gain
 
 
-def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probability):
+class _PowerPair(NamedTuple):
+    """One pair found by power iteration, in the units of sign·A."""
+
+    vector: np.ndarray
+    value: float
+    residual: float
+    bound: float  # max(residual, probabilistic bound)
+    converged: bool
+    products: int
+
+
+@dataclasses.dataclass
+class _PowerIteration:
+    """The state :func:`_power_method` carries from one pair to the next: the vectors
+    found (rows), the shift of the iterated operator B = sign·A + shift·I and the norm
+    estimate of A."""
+
+    counter: Any
+    which: str
+    tol: float
+    rng: np.random.Generator
+    bar: _Progress
+    sign: float
+    found: np.ndarray
+    anorm: float
+    shift: float = 0.0
+
+    def pair(self, start: np.ndarray, warm: bool, share: float, allowance: int) -> _PowerPair:
+        """Iterate B on the complement of the vectors found, from ``start``, until the
+        pair's bound meets its target, it cannot within ``allowance`` products, or they
+        are spent (see :func:`_power_method`)."""
+        counter, n = self.counter, self.counter.n
+        use_shift = self.which in ("largest", "smallest")
+        dimension = n - self.found.shape[0]
+        log_inverse = _log_inverse_delta(dimension, share, warm)
+        vector = self._unit_in_complement(start)
+        value, residual, bound, done = 0.0, np.inf, np.inf, False
+        log_norms, iterations, used = 0.0, 0, 0
+        while used < allowance:
+            image = self.sign * counter.matvec(vector)
+            used += 1
+            self.bar.update()
+            self.anorm = max(self.anorm, float(np.linalg.norm(image)))
+            image, _ = _orthogonalize(image + self.shift * vector, self.found)
+            shifted_value = float(vector @ image)
+            residual = float(np.linalg.norm(image - shifted_value * vector))
+            value = shifted_value - self.shift
+            target = max(self.tol * abs(value), _FLOOR_FACTOR * counter.eps * self.anorm)
+            if residual <= target and use_shift and self.shift == 0.0 and value < 0:
+                if self.found.shape[0] < n - 1:
+                    # The dominant value is negative: restart on B + |μ| I.
+                    self.shift = abs(value)
+                    vector = self._unit_in_complement(self.rng.standard_normal(n))
+                    log_norms, iterations = 0.0, 0
+                    log_inverse = _log_inverse_delta(dimension, share, False)
+                    continue
+            norm = float(np.linalg.norm(image))
+            log_norms += math.log(norm) if norm > 0 else -math.inf
+            iterations += 1
+            # ρ(B) <= U except with probability ``share``; an exact zero product (B = 0
+            # on the complement of the found vectors, or a start in its null space,
+            # which has probability 0) gives U = 0.
+            top = math.exp(min((log_norms + log_inverse) / iterations, _LOG_LARGEST_FLOAT))
+            level = abs(value) if self.which == "magnitude" else value + self.shift
+            bound = max(residual, top - level)
+            done = bound <= target
+            if done or norm == 0.0 or used >= allowance:
+                break
+            if residual <= target and not _power_can_meet(
+                log_norms + log_inverse, iterations, level, target, allowance - used
+            ):
+                break  # leave the products to the other pairs (converged=False)
+            vector = image / norm
+        return _PowerPair(vector, value, residual, bound, done, used)
+
+    def _unit_in_complement(self, vector: np.ndarray) -> np.ndarray:
+        vector, _ = _orthogonalize(vector, self.found)
+        vector /= np.linalg.norm(vector)
+        return vector
+
+
+def _power_method(
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability
+) -> _MethodOutput:
     """Power iteration with deflation; "smallest" runs on −A.
 
     For "largest" (and "smallest") an indefinite spectrum whose dominant
@@ -734,82 +926,194 @@ def _power_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabil
     """
     n = counter.n
     sign = -1.0 if which == "smallest" else 1.0
-    use_shift = which in ("largest", "smallest")
-    shift = 0.0
-    found = np.zeros((0, n))
-    values, bounds, residuals, converged = [], [], [], []
     share = failure_probability / k
-    spent = 0
-    anorm = counter.norm_estimate
-    starts, warm_starts = _unit_columns(v0, k, n, rng)
-    for index in range(k):
-        allowance = budget - spent - (k - index - 1)
-        warm = bool(warm_starts[index])
-        dimension = n - found.shape[0]
-        log_inverse = _log_inverse_delta(dimension, share, warm)
-        vector, _ = _orthogonalize(starts[:, index], found)
-        vector /= np.linalg.norm(vector)
-        value, residual, bound, done = 0.0, np.inf, np.inf, False
-        log_norms, iterations, used = 0.0, 0, 0
-        while used < allowance:
-            image = sign * counter.matvec(vector)
-            used += 1
-            bar.update()
-            anorm = max(anorm, float(np.linalg.norm(image)))
-            image, _ = _orthogonalize(image + shift * vector, found)
-            shifted_value = float(vector @ image)
-            residual = float(np.linalg.norm(image - shifted_value * vector))
-            value = shifted_value - shift
-            target = max(tol * abs(value), _FLOOR_FACTOR * counter.eps * anorm)
-            if (
-                residual <= target
-                and use_shift
-                and shift == 0.0
-                and value < 0
-                and found.shape[0] < n - 1
-            ):
-                shift = abs(value)
-                vector, _ = _orthogonalize(rng.standard_normal(n), found)
-                vector /= np.linalg.norm(vector)
-                warm, log_norms, iterations = False, 0.0, 0
-                log_inverse = _log_inverse_delta(dimension, share, warm)
-                continue
-            norm = float(np.linalg.norm(image))
-            log_norms += math.log(norm) if norm > 0 else -math.inf
-            iterations += 1
-            # ρ(B) <= U except with probability ``share``; an exact zero product (B = 0
-            # on the complement of the found vectors, or a start in its null space,
-            # which has probability 0) gives U = 0.
-            top = math.exp(min((log_norms + log_inverse) / iterations, 709.0))
-            level = abs(value) if which == "magnitude" else value + shift
-            probable = top - level
-            bound = max(residual, probable)
-            done = bound <= target
-            if done or norm == 0.0 or used >= allowance:
-                break
-            if residual <= target and not _power_can_meet(
-                log_norms + log_inverse, iterations, level, target, allowance - used
-            ):
-                break  # leave the products to the other pairs (converged=False)
-            vector = image / norm
-        spent += used
-        found = np.vstack([found, vector])
-        values.append(sign * value)
-        residuals.append(residual)
-        bounds.append(bound)
-        converged.append(done)
-    return (
-        np.array(values),
-        found.T.copy(),
-        np.array(bounds),
-        np.array(residuals),
-        np.array(converged, dtype=bool),
-        min(1.0, share * k),
-        {"shift": sign * shift},
+    iteration = _PowerIteration(
+        counter, which, tol, rng, bar, sign, np.zeros((0, n)), counter.norm_estimate
     )
+    starts, warm_starts = _unit_columns(v0, k, n, rng)
+    pairs: list[_PowerPair] = []
+    spent = 0
+    for index in range(k):
+        allowance = budget - spent - (k - index - 1)  # leave one product per later pair
+        pair = iteration.pair(starts[:, index], bool(warm_starts[index]), share, allowance)
+        spent += pair.products
+        iteration.found = np.vstack([iteration.found, pair.vector])
+        pairs.append(pair)
+    found = _Pairs(
+        np.array([sign * pair.value for pair in pairs]),
+        iteration.found.T.copy(),
+        np.array([pair.bound for pair in pairs]),
+        np.array([pair.residual for pair in pairs]),
+        np.array([pair.converged for pair in pairs], dtype=bool),
+    )
+    return _MethodOutput(found, min(1.0, share * k), {"shift": sign * iteration.shift})
 
 
-def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probability):
+def _dense_pairs(counter, k: int, which: str, bar: _Progress, info: dict) -> _MethodOutput:
+    """The exact k pairs of a small operator: one n-column ``matmat`` and ``eigh``."""
+    n = counter.n
+    dense = counter.matmat(np.eye(n))
+    bar.update()
+    theta, vectors = np.linalg.eigh(0.5 * (dense + dense.T))
+    order = _order(theta, which)[:k]
+    info["dense"] = True
+    zeros = np.zeros(k)
+    pairs = _Pairs(theta[order], vectors[:, order], zeros, zeros, np.ones(k, dtype=bool))
+    return _MethodOutput(pairs, 0.0, info)
+
+
+class _BlockFit(NamedTuple):
+    """LOBPCG's block after its last Rayleigh–Ritz step with A: A·x = image, and the
+    Ritz values theta, best first by ``which`` after :func:`_order`."""
+
+    x: np.ndarray
+    image: np.ndarray
+    theta: np.ndarray
+    anorm: float
+    rounds: int
+
+
+def _block_operator(counter, squared: bool, bar: _Progress) -> LinearOperator:
+    """A (or A², two products per column, for "magnitude") as LOBPCG's operator."""
+    n = counter.n
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        x = x.reshape(n, -1)
+        out = counter.matmat(x)
+        if squared:
+            out = counter.matmat(out)
+        bar.update()
+        return out
+
+    return LinearOperator((n, n), matvec=apply, matmat=apply, dtype=np.float64)
+
+
+def _first_residual_tol(
+    counter, x: np.ndarray, tol: float, anorm: float, squared: bool
+) -> tuple[float, float]:
+    """LOBPCG's first residual tolerance sqrt(tol)·‖A‖ (times ‖A‖ again on A²) and the
+    norm estimate, from one block product when there is none yet."""
+    if anorm == 0.0:
+        image = counter.matmat(x)
+        anorm = float(np.linalg.norm(image, axis=0).max())
+    residual_tol = math.sqrt(tol) * max(anorm, np.finfo(float).tiny)
+    if squared:
+        residual_tol *= anorm
+    return residual_tol, anorm
+
+
+def _run_lobpcg(
+    operator: LinearOperator, x: np.ndarray, residual_tol: float, iterations: int, which: str
+) -> np.ndarray:
+    """scipy's LOBPCG from the block ``x``; returns the new block."""
+    with warnings.catch_warnings():
+        # Non-convergence is reported through the ``converged`` flags of the caller.
+        warnings.filterwarnings("ignore", message=r"(?s).*not reaching the requested tol")
+        warnings.filterwarnings("ignore", message=r"(?s).*Exited")
+        _, x = lobpcg(
+            operator, x, tol=residual_tol, maxiter=iterations, largest=which != "smallest"
+        )
+    return x
+
+
+def _rayleigh_ritz(
+    counter, x: np.ndarray, bar: _Progress
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rayleigh–Ritz with A on the span of ``x`` (resolves ± pairs for "magnitude"):
+    the rotated orthonormal block, its image and the Ritz values. The residuals
+    ``image − x·theta`` are exact for the returned vectors, so no final product is
+    needed."""
+    x, _ = np.linalg.qr(x)
+    image = counter.matmat(x)
+    bar.update()
+    theta, rotation = np.linalg.eigh(0.5 * (x.T @ image + image.T @ x))
+    return x @ rotation, image @ rotation, theta
+
+
+def _lobpcg_rounds(counter, x, k, which, tol, budget, bar) -> _BlockFit:
+    """LOBPCG rounds, each followed by a Rayleigh–Ritz step, the residual tolerance
+    tightened to ``_LOBPCG_TIGHTENING`` of the smallest unmet target, until the block's
+    residual bounds meet ``tol``, the budget is spent, ``_LOBPCG_MAX_ROUNDS`` rounds
+    have run or a round no longer improves the worst bound/target ratio."""
+    block = x.shape[1]
+    squared = which == "magnitude"
+    operator = _block_operator(counter, squared, bar)
+    spent_before = counter.num_products
+    per_iteration = (2 if squared else 1) * block
+    anorm = counter.norm_estimate
+    residual_tol = None
+    rounds = 0
+    previous_worst = np.inf
+    while True:
+        if residual_tol is None:
+            residual_tol, anorm = _first_residual_tol(counter, x, tol, anorm, squared)
+        remaining = budget - (counter.num_products - spent_before)
+        # scipy's LOBPCG spends about (maxiter + 3) block products; our
+        # Rayleigh–Ritz check of the block comes on top
+        max_iterations = (remaining - 3 * per_iteration - block) // per_iteration
+        if max_iterations >= 1:
+            x = _run_lobpcg(operator, x, residual_tol, max_iterations, which)
+        elif rounds > 0:
+            break
+        rounds += 1
+        x, image, theta = _rayleigh_ritz(counter, x, bar)
+        anorm = max(anorm, float(np.abs(theta).max()))
+        # A block has too few Ritz values to certify a Kato–Temple gap: residual bounds
+        # (joint ones for overlapping residual intervals).
+        residuals = np.linalg.norm(image - x * theta, axis=0)
+        order = _order(theta, which)[:k]
+        bounds = _certified_bounds(theta, residuals, rest=(-np.inf, np.inf))[order]
+        floor = _FLOOR_FACTOR * counter.eps * anorm
+        targets = np.maximum(tol * np.abs(theta[order]), floor)
+        converged = bounds <= targets
+        ratios = np.where(converged, 0.0, bounds / np.maximum(targets, _TINY_TARGET))
+        worst = float(ratios.max())
+        if (
+            converged.all()
+            or max_iterations < 1
+            or rounds >= _LOBPCG_MAX_ROUNDS
+            or worst >= previous_worst
+        ):
+            break
+        previous_worst = worst
+        unmet = float(targets[~converged].min())
+        residual_tol = _LOBPCG_TIGHTENING * unmet * (anorm if squared else 1.0)
+    return _BlockFit(x, image, theta, anorm, rounds)
+
+
+def _verify_block(
+    counter, fit: _BlockFit, k, which, tol, budget, rng, bar, failure_probability, info
+) -> _MethodOutput:
+    """Lock the block's k wanted pairs in a :class:`_KrylovSchur` state and run Lanczos
+    from a random start orthogonal to them, within ``budget`` products: its
+    probabilistic bound covers the rest of the spectrum (Courant–Fischer)."""
+    n = counter.n
+    order = _order(fit.theta, which)[:k]
+    residual_vectors = (fit.image - fit.x * fit.theta)[:, order]
+    solver = _KrylovSchur(
+        n,
+        k,
+        which,
+        tol,
+        counter.eps,
+        budget,
+        rng.standard_normal(n),
+        False,
+        rng,
+        _krylov_dimension(n, k),
+        failure_probability,
+        fit.anorm,
+    )
+    solver.verify(fit.x[:, order], fit.theta[order], residual_vectors)
+    _drive(solver, counter, bar, plan=False)
+    info["verification_products"] = solver.spent
+    info["norm_estimate"] = solver.anorm
+    return _MethodOutput(solver.result(), _runs_probability(solver), info)
+
+
+def _lobpcg_method(
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability
+) -> _MethodOutput:
     """scipy LOBPCG on a block of k + extra vectors, restarted with a tighter
     residual tolerance until the eigenvalue bounds meet ``tol``.
 
@@ -828,116 +1132,91 @@ def _lobpcg_method(counter, k, which, tol, budget, rng, bar, v0, failure_probabi
     n = counter.n
     block = min(n, k + max(2, k // 2))
     info: dict[str, Any] = {"block_size": block}
-    if n < 5 * block:
-        dense = counter.matmat(np.eye(n))
-        bar.update()
-        theta, vectors = np.linalg.eigh(0.5 * (dense + dense.T))
-        order = _order(theta, which)[:k]
-        info["dense"] = True
-        zeros = np.zeros(k)
-        return theta[order], vectors[:, order], zeros, zeros, np.ones(k, dtype=bool), 0.0, info
-
-    squared = which == "magnitude"
-
-    def apply(x: np.ndarray) -> np.ndarray:
-        x = x.reshape(n, -1)
-        out = counter.matmat(x)
-        if squared:
-            out = counter.matmat(out)
-        bar.update()
-        return out
-
-    operator = LinearOperator((n, n), matvec=apply, matmat=apply, dtype=np.float64)
+    if n < _DENSE_BLOCKS * block:
+        return _dense_pairs(counter, k, which, bar, info)
     x, _ = _unit_columns(v0, block, n, rng)
     spent_before = counter.num_products
-    calls_per_apply = 2 if squared else 1
-    anorm = counter.norm_estimate
-    residual_tol = None
-    values = bounds = residuals = converged = np.zeros(0)
-    vectors = x
-    rounds = 0
-    previous_worst = np.inf
-    while True:
-        if residual_tol is None:
-            if anorm == 0.0:
-                image = counter.matmat(x)
-                anorm = float(np.linalg.norm(image, axis=0).max())
-            residual_tol = math.sqrt(tol) * max(anorm, np.finfo(float).tiny)
-            if squared:
-                residual_tol *= anorm
-        remaining = budget - (counter.num_products - spent_before)
-        per_iteration = calls_per_apply * block
-        # scipy's LOBPCG spends about (maxiter + 3) block products; our
-        # Rayleigh–Ritz check of the block comes on top
-        max_iterations = (remaining - 3 * per_iteration - block) // per_iteration
-        if max_iterations >= 1:
-            with warnings.catch_warnings():
-                # Non-convergence is reported through the ``converged`` flags below.
-                warnings.filterwarnings("ignore", message=r"(?s).*not reaching the requested tol")
-                warnings.filterwarnings("ignore", message=r"(?s).*Exited")
-                _, x = lobpcg(
-                    operator,
-                    x,
-                    tol=residual_tol,
-                    maxiter=max_iterations,
-                    largest=which != "smallest",
-                )
-        elif rounds > 0:
-            break
-        rounds += 1
-        # Rayleigh–Ritz with A on the block (resolves ± pairs for "magnitude"); its
-        # residuals are exact for the returned vectors, so no final product is needed.
-        x, _ = np.linalg.qr(x)
-        image = counter.matmat(x)
-        bar.update()
-        theta, rotation = np.linalg.eigh(0.5 * (x.T @ image + image.T @ x))
-        x, image = x @ rotation, image @ rotation
-        all_residuals = np.linalg.norm(image - x * theta, axis=0)
-        anorm = max(anorm, float(np.abs(theta).max()))
-        # A block has too few Ritz values to certify a Kato–Temple gap: residual bounds
-        # (joint ones for overlapping residual intervals).
-        all_bounds = _certified_bounds(theta, all_residuals, rest=(-np.inf, np.inf))
-        order = _order(theta, which)[:k]
-        floor = _FLOOR_FACTOR * counter.eps * anorm
-        values, vectors, bounds = theta[order], x[:, order], all_bounds[order]
-        residuals = all_residuals[order]
-        targets = np.maximum(tol * np.abs(values), floor)
-        converged = bounds <= targets
-        ratios = np.where(bounds <= targets, 0.0, bounds / np.maximum(targets, 1e-300))
-        worst = float(ratios.max())
-        if converged.all() or max_iterations < 1 or rounds >= 10 or worst >= previous_worst:
-            break
-        previous_worst = worst
-        residual_tol = 0.1 * float(targets[~converged].min()) * (anorm if squared else 1.0)
-    info["rounds"] = rounds
-    # Verification: LOBPCG's wanted pairs, locked, and a Lanczos run from a random start
-    # orthogonal to them, whose probabilistic bound covers the rest of the spectrum.
-    spent = counter.num_products - spent_before
-    order = _order(theta, which)[:k]
-    residual_vectors = (image - x * theta)[:, order]
-    solver = _KrylovSchur(
-        n,
-        k,
-        which,
-        tol,
-        counter.eps,
-        budget - spent,
-        rng.standard_normal(n),
-        False,
-        rng,
-        min(n, max(2 * k + 1, 20)),
-        failure_probability,
-        anorm,
+    fit = _lobpcg_rounds(counter, x, k, which, tol, budget, bar)
+    info["rounds"] = fit.rounds
+    left = budget - (counter.num_products - spent_before)
+    return _verify_block(counter, fit, k, which, tol, left, rng, bar, failure_probability, info)
+
+
+def _unit_starts(v0: Any, n: int) -> np.ndarray | None:
+    """``v0`` as an n × j array of unit columns (a vector is one column); None stays None."""
+    if v0 is None:
+        return None
+    v0 = np.asarray(v0, dtype=np.float64)
+    v0 = v0.reshape(-1, 1) if v0.ndim == 1 else v0
+    if v0.ndim != 2 or v0.shape[0] != n or v0.shape[1] < 1:
+        raise ValueError(f"v0 must have shape ({n},) or ({n}, j), got {v0.shape}")
+    norms = np.linalg.norm(v0, axis=0)
+    if not np.all(np.isfinite(v0)) or not np.all(norms > 0):
+        raise ValueError("v0 must hold finite, nonzero vectors")
+    return v0 / norms
+
+
+_SOLVERS = {"lanczos": _lanczos_method, "power": _power_method, "lobpcg": _lobpcg_method}
+
+
+class _Reported(NamedTuple):
+    """The pairs as :func:`eigenvalues` reports them, in the operator's units."""
+
+    values: np.ndarray
+    vectors: np.ndarray
+    error_bounds: np.ndarray
+    targets: np.ndarray
+    residuals: np.ndarray
+    converged: np.ndarray
+
+
+def _report(
+    output: _MethodOutput, counter: Any, tol: float, failure_probability: float
+) -> _Reported:
+    """Floor the method's bounds at the operator's rounding, decide convergence against
+    ``tol`` and the requested failure probability, and scale back to the operator's units.
+
+    The operator's own rounding limits every eigenvalue, however small the method's
+    bound: float32 Hessian products carry relative errors of about eps along the top
+    eigenvectors (eigenvalue errors of 0.6–1.0·eps·λ₁ measured on the digits MLPs), so
+    no bound goes below 10·eps·‖A‖ (‖A‖ estimated by the largest |Ritz value| and
+    product norm seen). Everything before is in the units of the counter's scaled
+    products (A / scale, scale a power of two): exact to multiply back.
+    """
+    pairs, probability, info = output
+    vectors = pairs.vectors / np.linalg.norm(pairs.vectors, axis=0)
+    norm = max(
+        float(np.max(np.abs(pairs.values), initial=0.0)),
+        counter.norm_estimate,
+        float(info.pop("norm_estimate", 0.0)),
     )
-    solver.verify(x[:, order], theta[order], residual_vectors)
-    while not solver.finished:
-        solver.absorb(counter.matvec(solver.next_vector()))
-        bar.update()
-    values, vectors, bounds, residuals, converged = solver.result()
-    probability = min(1.0, sum(segment.probability for segment in solver.segments))
-    info["verification_products"] = solver.spent
-    info["norm_estimate"] = solver.anorm
-    return values, vectors, bounds, residuals, converged, probability, info
+    floor = _FLOOR_FACTOR * counter.eps * norm
+    error_bounds = np.maximum(np.asarray(pairs.bounds, dtype=np.float64), floor)
+    values = np.asarray(pairs.values, dtype=np.float64)
+    targets = np.maximum(tol * np.abs(values), floor)
+    converged = np.asarray(pairs.converged, dtype=bool) & (error_bounds <= targets)
+    if not _meets(probability, failure_probability):
+        converged[:] = False
+    scale = counter.scale
+    try:
+        values = counter.unscale(values, "an eigenvalue")
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (the operator's products are finite, its spectrum is not)"
+        ) from None
+    with np.errstate(over="ignore"):  # a bound that overflows is inf: not converged
+        error_bounds, targets = error_bounds * scale, targets * scale
+        residuals = np.asarray(pairs.residuals, dtype=np.float64) * scale
+    if "shift" in info:
+        info["shift"] *= scale
+    converged &= np.isfinite(error_bounds)
+    return _Reported(values, vectors, error_bounds, targets, residuals, converged)
+
+
+def _meets(probability: float | None, requested: float) -> bool:
+    """Whether a failure probability is known and at most the requested one (up to the
+    rounding of a sum of shares)."""
+    return not (probability is None or probability > requested * (1.0 + _PROBABILITY_ROUNDING))
 
 
 def eigenvalues(
@@ -1022,74 +1301,28 @@ def eigenvalues(
         raise ValueError(f"k must be <= n = {n}, got k = {k}")
     if max_products < k:
         raise ValueError(f"max_products must be >= k = {k}, got {max_products}")
-    if v0 is not None:
-        v0 = np.asarray(v0, dtype=np.float64)
-        v0 = v0.reshape(-1, 1) if v0.ndim == 1 else v0
-        if v0.ndim != 2 or v0.shape[0] != n or v0.shape[1] < 1:
-            raise ValueError(f"v0 must have shape ({n},) or ({n}, j), got {v0.shape}")
-        norms = np.linalg.norm(v0, axis=0)
-        if not np.all(np.isfinite(v0)) or not np.all(norms > 0):
-            raise ValueError("v0 must hold finite, nonzero vectors")
-        v0 = v0 / norms
-    solvers = {"lanczos": _lanczos_method, "power": _power_method, "lobpcg": _lobpcg_method}
-    planned = min(max_products, 20 * k) if method == "lanczos" else max_products
+    v0 = _unit_starts(v0, n)
+    planned = (
+        min(max_products, _PLANNED_PRODUCTS_PER_VALUE * k) if method == "lanczos" else max_products
+    )
     with (
         _one_blas_thread(),
         _Progress(counter, planned, f"eigenvalues ({method})", progress) as bar,
     ):
-        values, vectors, bounds, residuals, converged, probability, info = solvers[method](
+        output = _SOLVERS[method](
             counter, k, which, tol, max_products, rng, bar, v0, failure_probability
         )
         counter.finish()
-    vectors = vectors / np.linalg.norm(vectors, axis=0)
-    # The operator's own rounding limits every eigenvalue, however small the method's
-    # bound: float32 Hessian products carry relative errors of about eps along the top
-    # eigenvectors (eigenvalue errors of 0.6–1.0·eps·λ₁ measured on the digits MLPs),
-    # so no bound goes below 10·eps·‖A‖ (‖A‖ estimated by the largest |Ritz value| and
-    # product norm seen).
-    # Everything so far is in the units of the counter's scaled products (A / scale,
-    # scale a power of two): exact to multiply back.
-    norm = max(
-        float(np.max(np.abs(values), initial=0.0)),
-        counter.norm_estimate,
-        float(info.pop("norm_estimate", 0.0)),
-    )
-    floor = _FLOOR_FACTOR * counter.eps * norm
-    error_bounds = np.maximum(np.asarray(bounds, dtype=np.float64), floor)
-    values = np.asarray(values, dtype=np.float64)
-    targets = np.maximum(tol * np.abs(values), floor)
-    converged = np.asarray(converged, dtype=bool) & (error_bounds <= targets)
-    if probability is None or probability > failure_probability * (1.0 + 1e-12):
-        converged[:] = False
-    scale = counter.scale
-    try:
-        values = counter.unscale(values, "an eigenvalue")
-    except ValueError as error:
-        raise ValueError(
-            f"{error} (the operator's products are finite, its spectrum is not)"
-        ) from None
-    with np.errstate(over="ignore"):  # a bound that overflows is inf: not converged
-        error_bounds, targets = error_bounds * scale, targets * scale
-        residuals = np.asarray(residuals, dtype=np.float64) * scale
-    if "shift" in info:
-        info["shift"] *= scale
-    converged &= np.isfinite(error_bounds)
+    reported = _report(output, counter, tol, failure_probability)
+    probability, info = output.probability, output.info
     reason = _not_converged_reason(
-        method,
-        values,
-        error_bounds,
-        targets,
-        converged,
-        probability,
-        failure_probability,
-        counter.num_products,
-        max_products,
+        method, reported, probability, failure_probability, counter.num_products, max_products
     )
     return EigenResult(
-        eigenvalues=values,
-        residual_norms=residuals,
-        error_bounds=error_bounds,
-        converged=converged,
+        eigenvalues=reported.values,
+        residual_norms=reported.residuals,
+        error_bounds=reported.error_bounds,
+        converged=reported.converged,
         which=which,
         method=method,
         num_products=counter.num_products,
@@ -1108,16 +1341,13 @@ def eigenvalues(
             **info,
             "not_converged_reason": reason,
         },
-        eigenvectors=vectors if return_eigenvectors else None,
+        eigenvectors=reported.vectors if return_eigenvectors else None,
     )
 
 
 def _not_converged_reason(
     method: str,
-    values: np.ndarray,
-    bounds: np.ndarray,
-    targets: np.ndarray,
-    converged: np.ndarray,
+    reported: _Reported,
     probability: float | None,
     requested: float,
     spent: int,
@@ -1125,12 +1355,14 @@ def _not_converged_reason(
 ) -> str | None:
     """One line saying why pairs are not converged (None when all are): the first
     unconverged pair's bound against its target, and what would help."""
+    values, bounds, targets = reported.values, reported.error_bounds, reported.targets
+    converged = reported.converged
     if converged.all():
         return None
     index = int(np.flatnonzero(~converged)[0])
     count = int((~converged).sum())
     head = f"{count} of {converged.size} eigenvalue(s) not converged"
-    if probability is None or probability > requested * (1.0 + 1e-12):
+    if not _meets(probability, requested):
         shown = "none" if probability is None else f"{probability:.3g}"
         return (
             f"{head}: {method}'s bounds hold with failure probability {shown}, above the "

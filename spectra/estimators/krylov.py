@@ -8,6 +8,13 @@ orthogonality as Ritz values converge (Paige 1971); full reorthogonalization
 working precision for O(n m) extra work per step and n m stored numbers.
 See Parlett, "The Symmetric Eigenvalue Problem" (1998), ch. 13, and
 Golub & Van Loan, "Matrix Computations", §10.1.
+
+Holds :func:`lanczos` (one start vector: m steps cost m products in m ``matvec`` calls,
+i.e. m data passes of a Hessian, O(n m²) host flops and n m stored numbers) and
+``_batched_lanczos`` (P start vectors in lock-step, as :func:`spectra.spectral_density`
+runs them: P products per step in ONE ``matmat`` call, so m data passes for P·m products,
+and P n m stored numbers). The tridiagonal T is turned into eigenvalues, Ritz vectors and
+quadrature nodes by :mod:`spectra.estimators.tridiagonal`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ __all__ = [
 # Fields holding length-n vectors (eigenvectors, Lanczos basis) are marked so that
 # ``to_dict(include_vectors=False)`` can leave them out of large reports.
 _VECTOR_FIELD = {"vector": True}
+# SpectralDensity's default kernel width: the nodes' range over this (about one spacing of
+# the Ritz values of an 80-step probe); for a zero range, this times max(1, |node|).
+_KERNEL_WIDTHS_PER_RANGE = 100.0
+_DEGENERATE_KERNEL_WIDTH = 1e-3
 
 
 def _to_jsonable(value: Any, include_vectors: bool) -> Any:
@@ -293,8 +297,8 @@ class SpectralDensity(Result):
         used = self.nodes[self.weights > 0]
         spread = float(used.max() - used.min())
         if spread > 0:
-            return spread / 100.0
-        return 1e-3 * max(1.0, float(np.abs(used).max()))
+            return spread / _KERNEL_WIDTHS_PER_RANGE
+        return _DEGENERATE_KERNEL_WIDTH * max(1.0, float(np.abs(used).max()))
 
     def density(self, grid: np.ndarray | None = None, sigma: float | None = None) -> DensityCurve:
         """Gaussian-smoothed density ``φ_σ(x) = Σ_i w_i N(x; θ_i, σ²)`` (mean over probes).

@@ -17,6 +17,15 @@ within ±2 in 95–96%, 93–95%, 93–95%; the Frobenius norm's in 68–70% and
 (tests/truths/test_calibration.py checks the bands 60–76% and 90–98%). Fewer probes widen the
 tails (a Student t with m − 1 degrees of freedom for Hutchinson).
 
+Cost, for a budget of m products: Hutchinson multiplies its probes in blocks of 16 per
+``matmat`` call (one data pass of a Hessian each; with ``rtol`` it stops early, never
+before 3 blocks); Hutch++ spends m/3 products on the sketch A S (one call), m/3 on A Q
+in one call with the first block of the remaining deflated probes, then blocks of the
+rest, with O(n m) host memory; XTrace
+spends m/2 on Y = AΩ and m/2 on A Q, two calls in all, with O(n m) host memory and
+O(n m² + m³) host flops (:func:`xtrace`). The Frobenius norm ‖A‖_F² = E‖Az‖² costs
+one product per probe, in blocks like Hutchinson's.
+
 The estimators work on products scaled by a power of two when they are far from 1
 (exact; see ``spectra.estimators._products._ProductCounter``) and scale their results back,
 so an operator scaled by s from 1e-300 to 1e300 gives s times the estimate and the
@@ -28,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.linalg import qr, solve_triangular
@@ -252,14 +261,183 @@ def hutchpp_trace(
     )
 
 
+class _XTraceSketch(NamedTuple):
+    """The inner products XTrace reads its leave-one-out and leave-two-out estimates from.
+
+    The letters are those of Epperly, Tropp & Webber (2024) and their reference code:
+    Ω = [ω₁ … ω_s] the test vectors, Y = AΩ = QR (thin QR), H = QᵀAQ, W = QᵀΩ =
+    [w₁ … w_s] the test vectors' coordinates in the sketch, S = [s₁ … s_s] the columns
+    of R⁻ᵀ scaled to unit norm (s_i spans what leaving ω_i out removes from span(Y));
+    r_i and y_i are the columns of R and Y (Qᵀy_i = r_i). The fields hold the products
+    among them, named by their letters (``WtHS`` = WᵀHS); matrices are indexed [i, j],
+    vectors by i.
+    """
+
+    n: int  # dimension of A
+    trace_H: float  # tr H, the trace of A on span(Y)
+    StHS: np.ndarray  # [i, j] = s_iᵀ H s_j
+    WtHS: np.ndarray  # [i, j] = w_iᵀ H s_j
+    RtS: np.ndarray  # [i, j] = r_iᵀ s_j
+    WtS: np.ndarray  # [i, j] = w_iᵀ s_j
+    StS: np.ndarray  # [i, j] = s_iᵀ s_j, the cosine between s_i and s_j; 0 on the diagonal
+    wHw: np.ndarray  # w_iᵀ H w_i
+    ww: np.ndarray  # ‖w_i‖²
+    omega_omega: np.ndarray  # ‖ω_i‖²
+    omega_y: np.ndarray  # ω_iᵀ y_i
+    rw: np.ndarray  # r_iᵀ w_i
+
+    @property
+    def s(self) -> int:
+        """The number of test vectors."""
+        return self.StHS.shape[0]
+
+    def diagonal(self, matrix: np.ndarray) -> np.ndarray:
+        """[i, i] of one of the matrices."""
+        indices = np.arange(self.s)
+        return matrix[indices, indices]
+
+
+def _numerical_rank(triangular: np.ndarray, eps: float) -> int:
+    """Numerical rank of R (hence of Y = QR): singular values above
+    10·max(s, 10)·eps·σ₁, with eps the products' precision."""
+    columns = triangular.shape[1]
+    singular = np.linalg.svd(triangular, compute_uv=False)
+    threshold = 10.0 * max(columns, 10) * eps * (singular[0] if singular.size else 0.0)
+    return int(np.sum(singular > threshold))
+
+
+def _xtrace_low_rank(
+    test: np.ndarray,
+    image: np.ndarray,
+    basis: np.ndarray,
+    triangular: np.ndarray,
+    rank: int,
+    counter: _ProductCounter,
+) -> tuple[np.ndarray, float]:
+    """XTrace when Y = AΩ has numerical rank r < s (so rank A < s): span(Y) already
+    contains range(A) and leaving one ω_i out does not change it, so every estimate is
+    tr(QᵀAQ) plus the (numerically zero) residual term ω_iᵀ A (I − QQᵀ) ω_i, on the
+    r-dimensional Q of the leading left singular vectors of R; no interaction."""
+    left, _, _ = np.linalg.svd(triangular)
+    basis = basis @ left[:, :rank]
+    projected_image = counter.matmat(basis)  # AQ, r products
+    projected = basis.T @ projected_image  # H
+    coordinates = basis.T @ test  # W
+    deflated = test - basis @ coordinates  # (I − QQᵀ)Ω
+    # A(I − QQᵀ)Ω = Y − (AQ)(QᵀΩ): no further products needed.
+    residual_terms = np.einsum("ij,ij->j", deflated, image - projected_image @ coordinates)
+    return np.trace(projected) + residual_terms, 0.0
+
+
+def _xtrace_sketch(
+    test: np.ndarray,
+    image: np.ndarray,
+    basis: np.ndarray,
+    triangular: np.ndarray,
+    counter: _ProductCounter,
+) -> _XTraceSketch:
+    """The products of :class:`_XTraceSketch` from Ω, Y = QR and one ``matmat`` A Q
+    (s products); O(n s² + s³) host flops."""
+    n, s = test.shape
+    H = basis.T @ counter.matmat(basis)
+    H = 0.5 * (H + H.T)
+    W = basis.T @ test
+    inverse_transpose = solve_triangular(triangular, np.eye(s), trans="T")  # R⁻ᵀ
+    S = inverse_transpose / np.linalg.norm(inverse_transpose, axis=0)
+    StS = S.T @ S
+    np.fill_diagonal(StS, 0.0)
+    HS = H @ S
+    return _XTraceSketch(
+        n=n,
+        trace_H=float(np.trace(H)),
+        StHS=S.T @ HS,
+        WtHS=W.T @ HS,
+        RtS=triangular.T @ S,
+        WtS=W.T @ S,
+        StS=StS,
+        wHw=np.einsum("ij,ij->j", W, H @ W),
+        ww=np.einsum("ij,ij->j", W, W),
+        omega_omega=np.einsum("ij,ij->j", test, test),
+        omega_y=np.einsum("ij,ij->j", test, image),
+        rw=np.einsum("ij,ij->j", triangular, W),
+    )
+
+
+def _residual_term(
+    sketch: _XTraceSketch,
+    removed: int,
+    omega_omega: np.ndarray,
+    omega_y: np.ndarray,
+    vv: np.ndarray,
+    rv: np.ndarray,
+    vHv: np.ndarray,
+) -> np.ndarray:
+    """γ (ω_iᵀy_i − 2 r_iᵀv + vᵀHv): the trace of the deflated remainder estimated with
+    ω_i, for v = (I − UUᵀ)w_i after leaving ``removed`` = |K| vectors out, with
+    γ = (n − s + |K|)/‖(I − P)ω_i‖² and ‖(I − P)ω_i‖² = ‖ω_i‖² − ‖v‖²."""
+    deflated_norms = omega_omega - vv
+    tiny = np.finfo(float).tiny
+    scale = (sketch.n - sketch.s + removed) / np.maximum(deflated_norms, tiny)
+    return scale * (omega_y - 2.0 * rv + vHv)
+
+
+def _leave_one_out(sketch: _XTraceSketch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The XTrace estimates t_i (K = {i}, U = s_i, v = w_i − (s_iᵀw_i) s_i), with the
+    ‖v‖² and r_iᵀv that the leave-two-out estimates start from."""
+    ws = sketch.diagonal(sketch.WtS)  # s_iᵀ w_i
+    sHs = sketch.diagonal(sketch.StHS)  # s_iᵀ H s_i
+    vv = sketch.ww - ws**2
+    rv = sketch.rw - ws * sketch.diagonal(sketch.RtS)
+    vHv = sketch.wHw - 2 * ws * sketch.diagonal(sketch.WtHS) + ws**2 * sHs
+    residual = _residual_term(sketch, 1, sketch.omega_omega, sketch.omega_y, vv, rv, vHv)
+    return sketch.trace_H - sHs + residual, vv, rv
+
+
+def _leave_two_out(sketch: _XTraceSketch, vv: np.ndarray, rv: np.ndarray) -> np.ndarray:
+    """[i, j] = t_i⁽⁻ʲ⁾, the estimate from ω_i with both ω_i and ω_j left out of the
+    sketch: K = {i, j}, U = [s_i, u] with u = (s_j − c s_i)/sqrt(1 − c²) and
+    c = s_iᵀs_j; v = (I − UUᵀ)w_i. Diagonal entries are meaningless (c = 0 there)."""
+    ws = sketch.diagonal(sketch.WtS)[:, None]  # s_iᵀ w_i
+    sHs = sketch.diagonal(sketch.StHS)  # s_iᵀ H s_i
+    rs = sketch.diagonal(sketch.RtS)[:, None]  # r_iᵀ s_i
+    wHs = sketch.diagonal(sketch.WtHS)[:, None]  # w_iᵀ H s_i
+    cosine = sketch.StS
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        sine = np.sqrt(np.maximum(1.0 - cosine**2, np.finfo(float).tiny))
+        uw = (sketch.WtS - cosine * ws) / sine  # uᵀw_i
+        uHu = (sHs[None, :] - 2 * cosine * sketch.StHS + cosine**2 * sHs[:, None]) / sine**2
+        ru = (sketch.RtS - cosine * rs) / sine  # r_iᵀu
+        wHu = (sketch.WtHS - cosine * wHs) / sine  # w_iᵀHu
+        sHu = (sketch.StHS - cosine * sHs[:, None]) / sine  # s_iᵀHu
+        vHv = (
+            sketch.wHw[:, None]
+            + ws**2 * sHs[:, None]
+            + uw**2 * uHu
+            - 2 * ws * wHs
+            - 2 * uw * wHu
+            + 2 * ws * uw * sHu
+        )
+        residual = _residual_term(
+            sketch,
+            2,
+            sketch.omega_omega[:, None],
+            sketch.omega_y[:, None],
+            vv[:, None] - uw**2,
+            rv[:, None] - uw * ru,
+            vHv,
+        )
+        return sketch.trace_H - sHs[:, None] - uHu + residual
+
+
 def _xtrace_estimates(
     test: np.ndarray, image: np.ndarray, counter: _ProductCounter
 ) -> tuple[np.ndarray, float]:
     """The s leave-one-out XTrace estimates t_i and the interaction sum for their variance.
 
-    Y = AΩ = QR. Leaving the columns K out of Y, span(Y₋K) has the projector
-    ``Q(I − U Uᵀ)Qᵀ`` with U an orthonormal basis of the columns K of R⁻ᵀ. With
-    W = QᵀΩ, H = QᵀAQ, v = (I − UUᵀ)wᵢ (so (I − P)ωᵢ = ωᵢ − Qv) and A symmetric:
+    Names as in Epperly, Tropp & Webber (2024; see :class:`_XTraceSketch`). Y = AΩ = QR.
+    Leaving the columns K out of Y, span(Y₋K) has the projector ``Q(I − U Uᵀ)Qᵀ`` with U
+    an orthonormal basis of the columns K of R⁻ᵀ. With W = QᵀΩ, H = QᵀAQ,
+    v = (I − UUᵀ)wᵢ (so (I − P)ωᵢ = ωᵢ − Qv) and A symmetric:
 
         t = tr H − tr(UᵀHU) + γ (ωᵢᵀyᵢ − 2 rᵢᵀv + vᵀHv),
 
@@ -272,103 +450,23 @@ def _xtrace_estimates(
     the resolution (1.5 standard errors of the mean) while its error was up to 3x
     smaller than with γ = 1.
 
-    K = {i} gives the XTrace estimates tᵢ; K = {i, j} the leave-two-out estimates
-    tᵢ⁽⁻ʲ⁾, whose differences Δᵢⱼ = tᵢ − tᵢ⁽⁻ʲ⁾ measure how tᵢ depends on ωⱼ
-    through the sketch. Returns (t, Σ_{i≠j} ΔᵢⱼΔⱼᵢ): see :func:`xtrace` for the
-    variance. Costs one more ``matmat`` (A Q, s products) and O(n s² + s³) host flops.
+    K = {i} gives the XTrace estimates tᵢ (:func:`_leave_one_out`); K = {i, j} the
+    leave-two-out estimates tᵢ⁽⁻ʲ⁾ (:func:`_leave_two_out`), whose differences
+    Δᵢⱼ = tᵢ − tᵢ⁽⁻ʲ⁾ measure how tᵢ depends on ωⱼ through the sketch. Returns
+    (t, Σ_{i≠j} ΔᵢⱼΔⱼᵢ): see :func:`xtrace` for the variance. Costs one more
+    ``matmat`` (A Q, s products) and O(n s² + s³) host flops.
 
-    If Y is numerically rank deficient (rank A < s), span(Y) already contains
-    range(A) and removing one column does not change it: all estimates reduce
-    to tr(QᵀAQ) plus the (numerically zero) residual term, with no interaction.
+    If Y is numerically rank deficient (rank A < s), see :func:`_xtrace_low_rank`.
     """
-    n, s = test.shape
     basis, triangular = qr(image, mode="economic")
-    singular = np.linalg.svd(triangular, compute_uv=False)
-    threshold = 10.0 * max(s, 10) * counter.eps * (singular[0] if singular.size else 0.0)
-    rank = int(np.sum(singular > threshold))
-    if rank < s:
-        left, _, _ = np.linalg.svd(triangular)
-        basis = basis @ left[:, :rank]
-        projected_image = counter.matmat(basis)
-        projected = basis.T @ projected_image
-        coordinates = basis.T @ test
-        deflated = test - basis @ coordinates
-        # A(I − QQᵀ)Ω = Y − (AQ)(QᵀΩ): no further products needed.
-        residual_terms = np.einsum("ij,ij->j", deflated, image - projected_image @ coordinates)
-        return np.trace(projected) + residual_terms, 0.0
-    projected = basis.T @ counter.matmat(basis)  # H
-    projected = 0.5 * (projected + projected.T)
-    coordinates = basis.T @ test  # W
-    inverse_transpose = solve_triangular(triangular, np.eye(s), trans="T")
-    directions = inverse_transpose / np.linalg.norm(inverse_transpose, axis=0)  # S
-    cosines = directions.T @ directions
-    np.fill_diagonal(cosines, 0.0)
-    h_directions = projected @ directions
-    m = directions.T @ h_directions  # SᵀHS
-    w_h_s = coordinates.T @ h_directions  # [i, j] = wᵢᵀ H s_j
-    r_s = triangular.T @ directions  # [i, j] = rᵢᵀ s_j
-    w_s = coordinates.T @ directions  # [i, j] = wᵢᵀ s_j
-    diagonal = np.arange(s)
-    overlap, m_ii = w_s[diagonal, diagonal], m[diagonal, diagonal]
-    r_si, w_h_si = r_s[diagonal, diagonal], w_h_s[diagonal, diagonal]
-    w_h_w = np.einsum("ij,ij->j", coordinates, projected @ coordinates)
-    w_w = np.einsum("ij,ij->j", coordinates, coordinates)
-    test_norms = np.einsum("ij,ij->j", test, test)
-    quadratic = np.einsum("ij,ij->j", test, image)  # ωᵢᵀ yᵢ
-    r_w = np.einsum("ij,ij->j", triangular, coordinates)
-    trace_h = float(np.trace(projected))
-    tiny = np.finfo(float).tiny
-
-    def residual_term(removed, test_norms, quadratic, v_norms, r_v, v_h_v):
-        deflated_norms = test_norms - v_norms
-        scale = (n - s + removed) / np.maximum(deflated_norms, tiny)
-        return scale * (quadratic - 2.0 * r_v + v_h_v)
-
-    # Leave one out: U = s_i.
-    v_norms = w_w - overlap**2
-    estimates = (
-        trace_h
-        - m_ii
-        + residual_term(
-            1,
-            test_norms,
-            quadratic,
-            v_norms,
-            r_w - overlap * r_si,
-            w_h_w - 2 * overlap * w_h_si + overlap**2 * m_ii,
-        )
-    )
-    # Leave two out (row i, column j): U = [s_i, u], u = (s_j − c s_i)/sqrt(1 − c²).
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        sine = np.sqrt(np.maximum(1.0 - cosines**2, tiny))
-        beta = (w_s - cosines * overlap[:, None]) / sine  # uᵀwᵢ
-        u_h_u = (m_ii[None, :] - 2 * cosines * m + cosines**2 * m_ii[:, None]) / sine**2
-        r_u = (r_s - cosines * r_si[:, None]) / sine
-        w_h_u = (w_h_s - cosines * w_h_si[:, None]) / sine
-        s_h_u = (m - cosines * m_ii[:, None]) / sine
-        v_h_v = (
-            w_h_w[:, None]
-            + overlap[:, None] ** 2 * m_ii[:, None]
-            + beta**2 * u_h_u
-            - 2 * overlap[:, None] * w_h_si[:, None]
-            - 2 * beta * w_h_u
-            + 2 * overlap[:, None] * beta * s_h_u
-        )
-        left_two_out = (
-            trace_h
-            - m_ii[:, None]
-            - u_h_u
-            + residual_term(
-                2,
-                test_norms[:, None],
-                quadratic[:, None],
-                v_norms[:, None] - beta**2,
-                (r_w - overlap * r_si)[:, None] - beta * r_u,
-                v_h_v,
-            )
-        )
-        differences = estimates[:, None] - left_two_out
-    differences[diagonal, diagonal] = 0.0
+    rank = _numerical_rank(triangular, counter.eps)
+    if rank < test.shape[1]:
+        return _xtrace_low_rank(test, image, basis, triangular, rank, counter)
+    sketch = _xtrace_sketch(test, image, basis, triangular, counter)
+    estimates, vv, rv = _leave_one_out(sketch)
+    with np.errstate(invalid="ignore", over="ignore"):
+        differences = estimates[:, None] - _leave_two_out(sketch, vv, rv)
+    np.fill_diagonal(differences, 0.0)
     interaction = float(np.sum(differences * differences.T))
     if not math.isfinite(interaction):
         interaction = 0.0
@@ -390,7 +488,7 @@ def xtrace(
     products) and A Q (one call, s products). For each i, the low-rank
     approximation from the other s − 1 vectors gives an exact trace on their
     range, and ω_i, independent of it, estimates the trace of the deflated
-    remainder (see ``_xtrace_estimates``). The estimate is the mean t̄ of the s
+    remainder (see :func:`_xtrace_estimates`). The estimate is the mean t̄ of the s
     leave-one-out estimates t_i (Epperly, Tropp & Webber, "XTrace: Making the most
     of every sample in stochastic trace estimation", SIAM J. Matrix Anal. Appl. 45,
     2024).

@@ -189,7 +189,7 @@ def test_bad_groups_are_refused_clearly(problem):
 
 
 def test_non_integer_and_string_indices_are_refused_not_truncated():
-    # The case: 0.5 used to become index 0 silently.
+    # 0.5 used to become index 0 silently.
     matrix = np.diag(np.arange(1.0, 76.0))
     with pytest.raises(TypeError) as raised:
         spectra.layerwise(matrix, groups={"a": [0.5], "b": range(1, 75)})

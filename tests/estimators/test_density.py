@@ -110,7 +110,7 @@ def _negative_tail_spectrum(n=400, seed=0):
 
 
 def test_spectral_mass_below_holds_still_when_the_steps_change():
-    """The issue's failure: the negative mass moved far beyond its error bar when the
+    """A past failure: the negative mass moved far beyond its error bar when the
     Lanczos steps changed. The mass below −τ·λ_max does not: over 20–120 steps (same
     probes) each value moves less than its error bar, and every error bar covers the
     exact spectral mass."""

@@ -297,6 +297,15 @@ def test_warm_start_miss_probability_inverts_its_delta(dimension):
     assert _miss_probability(np.log(delta), dimension, True) == pytest.approx(expected, rel=1e-9)
 
 
+def test_warm_start_norm_constants_follow_their_derivation():
+    from spectra.estimators.eigensolvers import _WARM_NORM_SPREAD, _WARM_NORM_TAIL
+
+    # ‖g‖ > sqrt(d) + s with probability at most e^{−s²/2}: the spread must make that
+    # at most the tail the miss probability adds, and not be looser than needed.
+    assert np.exp(-(_WARM_NORM_SPREAD**2) / 2) <= _WARM_NORM_TAIL
+    assert _WARM_NORM_SPREAD - np.sqrt(2 * np.log(1 / _WARM_NORM_TAIL)) < 0.01
+
+
 def test_miss_probability_is_a_probability():
     from spectra.estimators.eigensolvers import _miss_probability
 

@@ -174,7 +174,7 @@ def test_frobenius_norm_scales_or_refuses_a_square_that_overflows():
 
 # -- preconditioned -------------------------------------------------------------------------
 def test_preconditioned_eigenvalues_across_the_range():
-    # The issue: P = 1e-300 gave 5.28e298 for a top eigenvalue of 7.02e299.
+    # A past failure: P = 1e-300 gave 5.28e298 for a top eigenvalue of 7.02e299.
     matrix = with_spectrum(np.concatenate([[0.702], np.linspace(0.0, 0.5, 29)]), seed=3)
     result = eigenvalues(preconditioned(matrix, np.full(30, 1e-300)))
     assert result.all_converged

@@ -3,8 +3,8 @@
 Every "converged" value must lie within its error bound of a true eigenvalue (the
 certified part), and within its bound of the true i-th eigenvalue in ``which`` order
 except with the stated failure probability (the probabilistic part: whether the
-Krylov space found the extreme eigenvalues). The issue's failing input (λ₁ = 6.81 ±
-0.53 "converged" for a true 10.47) is a regression test here.
+Krylov space found the extreme eigenvalues). A past failing input (λ₁ = 6.81 ± 0.53
+"converged" for a true 10.47) is a regression test here.
 
 ``python tests/truths/test_eigenvalue_bounds.py`` prints the table of the bound checks.
 """
@@ -203,18 +203,18 @@ def test_power_and_lobpcg_are_honest_about_what_they_do_not_know():
     assert lanczos.failure_probability <= 1e-4
 
 
-def _issue_power_matrix():
-    """The spectrum of the issue's power-iteration case: λ₁ = 10.47 above a cluster
+def _power_trap_matrix():
+    """The spectrum of a past power-iteration failure: λ₁ = 10.47 above a cluster
     at 9.0–9.7 that power iteration at tol 0.1 settles on first."""
     rng = np.random.default_rng(0)
     spectrum = np.concatenate([[10.47], np.linspace(9.0, 9.7, 6), rng.uniform(-0.5, 3.0, 193)])
     return spectrum, with_spectrum(spectrum, seed=2)
 
 
-def test_power_iteration_issue_case_no_longer_reports_a_bound_that_fails():
+def test_power_iteration_below_a_cluster_no_longer_reports_a_bound_that_fails():
     # Before: λ1 = 9.418 ± 0.517 "converged" after 4 products with failure probability 1
-    # (truth 10.47), as the issue's 9.52 ± 0.84; 82 of 100 seeds outside their bounds.
-    spectrum, matrix = _issue_power_matrix()
+    # (truth 10.47), like 9.52 ± 0.84 on the digits MLP; 82 of 100 seeds outside their bounds.
+    spectrum, matrix = _power_trap_matrix()
     result = eigenvalues(matrix, method="power", tol=0.1, seed=3)
     assert result.failure_probability == 1e-4
     assert result.all_converged
@@ -224,7 +224,7 @@ def test_power_iteration_issue_case_no_longer_reports_a_bound_that_fails():
 
 @pytest.mark.parametrize("failure_probability", [1e-4, 0.2])
 def test_power_iteration_converged_bounds_fail_no_more_than_stated(failure_probability):
-    spectrum, matrix = _issue_power_matrix()
+    spectrum, matrix = _power_trap_matrix()
     seeds = range(150)
     outside = converged = 0
     for seed in seeds:
