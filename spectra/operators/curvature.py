@@ -36,6 +36,17 @@ model's output (generalized Gauss-Newton Jᵀ H_z J, Fisher) sets
 cotangent, linear in it) or ``tf.autodiff.ForwardAccumulator`` on
 :attr:`BatchProblem.parameters`; Jᵀ u is :meth:`BatchProblem.vjp`. Per-batch random
 draws (sampled labels) use :attr:`BatchProblem.seed`.
+
+Its operator is a subclass naming it, and the matrix one line of
+:mod:`spectra.operators.registry` (which the ``spectra`` exports and the CLI's
+``--curvature`` read)::
+
+    class HessianOperator(CurvatureOperator):
+        curvature_class = Hessian
+
+``from_keras`` is the base class's; a matrix with keywords of its own declares them as
+the keyword-only parameters of its :meth:`Curvature.for_keras` (the Fisher's ``kind``
+and ``num_samples``), which builds the curvature from them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The curvature matrices spectra can build: one line each, read by the API and the CLI.
 
 Each :class:`CurvatureEntry` names a matrix (the CLI's ``--curvature`` value), its operator
-class (``"module:Class"``, imported on first use, so that reading the registry imports no
-TensorFlow), the curvature-specific keywords its ``from_keras`` gets, and how figures
-and reports name it. :data:`CURVATURES` is what ``spectra analyze --curvature`` offers,
-and the operator classes it names are what ``spectra`` exports
-(:func:`operator_class_names`).
+class (``"module:Class"``, imported on first use through the ``spectra`` exports, so
+that reading the registry imports no TensorFlow), the curvature-specific keywords its
+``from_keras`` gets, and how figures and reports name it. :data:`CURVATURES` is what
+``spectra analyze --curvature`` offers, and the operator classes it names are what
+``spectra`` exports (:func:`operator_class_names`).
 
 Adding a matrix is its module in :mod:`spectra.operators` (a
 :class:`~spectra.operators.curvature.Curvature` and a
@@ -15,7 +15,6 @@ it) plus one line in :data:`CURVATURES`.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -52,9 +51,19 @@ class CurvatureEntry:
         return self.operator.rpartition(":")[2]
 
     def operator_class(self) -> Any:
-        """The operator class (its module is imported now: TensorFlow with it)."""
-        module, _, name = self.operator.partition(":")
-        return getattr(importlib.import_module(module), name)
+        """The operator class, as ``spectra`` exports it (its module is imported now, and
+        TensorFlow with it); a one-line ``ValueError`` when this build of ``spectra`` does
+        not export it (which the CLI reports as a usage error)."""
+        import spectra
+
+        found = getattr(spectra, self.class_name, None)
+        if found is None or not callable(getattr(found, "from_keras", None)):
+            raise ValueError(
+                f"--curvature {self.name} needs spectra.{self.class_name}, which this build "
+                f"of spectra (version {spectra.__version__}) does not have; choose one of "
+                "the others or update spectra."
+            )
+        return found
 
     def from_keras(
         self, model: Any, loss: Any, data: Any, seed: int | None, **keywords: Any
