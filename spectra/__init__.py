@@ -29,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from spectra.operators.registry import operator_class_names
+
 __version__ = "0.1.0"
 
 # The public names, one list per module. To export a new name, add it to its module's list.
@@ -41,7 +43,8 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
     "spectra.analysis.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
     "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
-    "spectra.operators": ["FisherOperator", "GGNOperator", "HessianOperator"],
+    # The operator classes of the registered curvature matrices (spectra.operators.registry).
+    "spectra.operators": operator_class_names(),
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [
         "DensityCurve",

@@ -33,6 +33,20 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   functional or Sequential model (``_inputs_struct``/``_outputs_struct``, a Sequential's
   ``_functional``); fallback: the public ``input``/``output`` of a functional model and
   ``inputs``/``outputs`` of a Sequential.
+* :func:`graph_captures` lists the tensors a traced graph captured from outside, as
+  ``(external, internal placeholder)`` pairs (``FuncGraph.captures``); fallback: the
+  graph's ``external_captures`` and ``internal_captures`` side by side.
+* :func:`captured_placeholder` finds the placeholder through which the graph being
+  traced reads an eager tensor (a variable's handle): the input of an op reading it,
+  ``tf.identity(tensor).op.inputs[0]``; fallback (when that is not a placeholder): the
+  graph's own ``capture``.
+* :func:`keras_logits` finds the logits behind a softmax or sigmoid output, which Keras'
+  cross-entropies read instead of the probabilities (the ``_keras_logits`` attribute
+  Keras sets on the activation's output); fallback: the input of a ``Softmax`` or
+  ``Sigmoid`` op.
+* :func:`loss_function_kwargs` reads the keyword arguments a Keras loss object passes to
+  its per-example function (``LossFunctionWrapper._fn_kwargs``); fallback: its
+  ``get_config()`` without the keys every loss has (name, reduction, dtype).
 * :func:`layer_input_tensors` lists the tensors a layer was called on in the model's graph
   (``Layer._inbound_nodes``); fallback: the public ``layer.input`` (its first call).
 """
@@ -168,7 +182,7 @@ def seed_state_variables(model: Any) -> list[Any]:
     """The state variables of the ``SeedGenerator``s used by ``model``'s layers."""
     layers = [model, *flatten_layers(model)]
     if all(hasattr(layer, "_seed_generators") for layer in layers):
-        states = []
+        states: list[Any] = []
         for layer in layers:
             for generator in layer._seed_generators:
                 state = getattr(generator, "state", None)
@@ -266,9 +280,9 @@ def _slots_by_name(
     for candidate in optimizer.variables:
         name = str(getattr(candidate, "name", "")).removesuffix(":0").rpartition("/")[2]
         by_name.setdefault(name, []).append(candidate)
-    found = {}
+    found: dict[str, list[np.ndarray]] = {}
     for attribute, slot in slots.items():
-        values = []
+        values: list[np.ndarray | None] = []
         for variable in variables:
             path = getattr(variable, "path", None)
             matches = [] if path is None else by_name.get(f"{path.replace('/', '_')}_{slot}", [])
@@ -279,8 +293,71 @@ def _slots_by_name(
             continue  # a slot this optimizer does not have
         if missing:
             raise _untracked(optimizer, missing[0])
-        found[attribute] = values
+        found[attribute] = [value for value in values if value is not None]
     names = list(by_name)
     if not found and variables and any(n.endswith(f"_{s}") for n in names for s in slots.values()):
         raise _untracked(optimizer, variables[0])  # it has state, but for other variables
     return found
+
+
+def graph_captures(graph: Any) -> list[tuple[Any, tf.Tensor]]:
+    """``(external tensor, internal placeholder)`` for every tensor ``graph`` (a traced
+    function graph) captured from outside it, in the order of its inputs."""
+    captures = getattr(graph, "captures", None)
+    if captures is not None:
+        return [(external, internal) for external, internal in captures]
+    return list(zip(graph.external_captures, graph.internal_captures))
+
+
+def captured_placeholder(tensor: Any) -> tf.Tensor:
+    """The placeholder through which the graph being traced reads the eager ``tensor``
+    (captured now if it was not yet; the same placeholder for every read)."""
+    read = tf.identity(tensor).op.inputs[0]
+    if read.op.type == "Placeholder":
+        return read
+    return _capture_through_graph(tensor)
+
+
+def _capture_through_graph(tensor: Any) -> tf.Tensor:
+    return tf.compat.v1.get_default_graph().capture(tensor)
+
+
+# Activations whose outputs Keras' cross-entropies replace by the logits behind them.
+_LOGIT_ACTIVATIONS = ("Softmax", "Sigmoid")
+
+
+def keras_logits(output: tf.Tensor) -> tf.Tensor | None:
+    """The logits behind a softmax or sigmoid ``output`` of a traced graph, which Keras'
+    cross-entropies read instead of the probabilities (None for another output)."""
+    logits = getattr(output, "_keras_logits", None)
+    if logits is not None:
+        return tf.convert_to_tensor(logits)
+    return _logits_of_activation(output)
+
+
+def _logits_of_activation(output: tf.Tensor) -> tf.Tensor | None:
+    op = getattr(output, "op", None)
+    if op is not None and op.type in _LOGIT_ACTIVATIONS and len(op.inputs) == 1:
+        return op.inputs[0]
+    return None
+
+
+# The keys of ``keras.losses.Loss.get_config()`` (and the wrapper's ``fn``): what is left
+# of a loss object's config are the keyword arguments of its per-example function.
+_LOSS_CONFIG_KEYS = frozenset({"name", "reduction", "dtype", "fn"})
+
+
+def loss_function_kwargs(loss: Any) -> dict[str, Any]:
+    """The keyword arguments a Keras loss object passes to its per-example function
+    (``{"from_logits": True, "axis": -1, ...}``); ``{}`` for one without."""
+    kwargs = getattr(loss, "_fn_kwargs", None)
+    if kwargs is not None:
+        return dict(kwargs)
+    get_config = getattr(loss, "get_config", None)
+    if get_config is None:
+        return {}
+    try:
+        config = get_config()
+    except (NotImplementedError, TypeError, ValueError):
+        return {}
+    return {k: v for k, v in dict(config or {}).items() if k not in _LOSS_CONFIG_KEYS}

@@ -252,3 +252,86 @@ def test_layer_input_tensors_and_its_fallback():
     assert [id(t) for t in fallback] == [id(t) for t in primary]
     assert _tf_compat.layer_input_tensors(keras.layers.Dense(2)) == []  # never called
     assert _tf_compat.layer_input_tensors(_Hidden(keras.layers.Dense(2), "_inbound_nodes")) == []
+
+
+class _NoCaptures:
+    """A traced graph seen without its ``captures`` property."""
+
+    def __init__(self, graph):
+        self.external_captures = graph.external_captures
+        self.internal_captures = graph.internal_captures
+
+
+def test_graph_captures_and_its_fallback():
+    variable = tf.Variable([1.0, 2.0])
+    constant = tf.constant([3.0, 4.0])
+    graph, _, _ = _tf_compat.trace_graph(
+        lambda x: x * variable.read_value() + constant, [tf.TensorSpec([2], tf.float32)]
+    )
+    primary = _tf_compat.graph_captures(graph)
+    fallback = _tf_compat.graph_captures(_NoCaptures(graph))
+    assert len(primary) == 2
+    assert [(id(e), i.name) for e, i in primary] == [(id(e), i.name) for e, i in fallback]
+    assert {id(e) for e, _ in primary} == {id(variable.handle), id(constant)}
+    assert all(i.graph is graph for _, i in primary)
+
+
+def test_captured_placeholder_and_its_fallback():
+    variable = tf.Variable([1.0, 2.0])
+    found = {}
+
+    def traced(x):
+        primary = _tf_compat.captured_placeholder(variable.handle)
+        found["primary"] = primary
+        found["again"] = _tf_compat.captured_placeholder(variable.handle)
+        found["fallback"] = _tf_compat._capture_through_graph(variable.handle)
+        return x * tf.raw_ops.ReadVariableOp(resource=primary, dtype=tf.float32)
+
+    graph, _, _ = _tf_compat.trace_graph(traced, [tf.TensorSpec([2], tf.float32)])
+    assert found["primary"].op.type == "Placeholder"
+    assert found["again"] is found["primary"] and found["fallback"] is found["primary"]
+    assert [i.name for _, i in _tf_compat.graph_captures(graph)] == [found["primary"].name]
+
+
+def test_keras_logits_and_its_fallback():
+    found = {}
+
+    def traced(x):
+        found["x"] = x
+        for name in ("softmax", "sigmoid"):
+            output = keras.activations.get(name)(x)
+            found[name] = (
+                _tf_compat.keras_logits(output),
+                _tf_compat._logits_of_activation(output),
+                getattr(output, "_keras_logits", None),
+            )
+        found["relu"] = _tf_compat.keras_logits(tf.nn.relu(x))
+        return x
+
+    _tf_compat.trace_graph(traced, [tf.TensorSpec([2, 3], tf.float32)])
+    for name in ("softmax", "sigmoid"):
+        primary, fallback, attribute = found[name]
+        assert attribute is not None  # the private attribute is there, and read
+        assert primary is found["x"] and fallback is found["x"]
+    assert found["relu"] is None
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2),
+        keras.losses.CategoricalCrossentropy(label_smoothing=0.1),
+        keras.losses.BinaryCrossentropy(from_logits=True),
+        keras.losses.MeanSquaredError(),
+    ],
+    ids=["sparse", "smoothed", "binary", "mse"],
+)
+def test_loss_function_kwargs_and_its_fallback(loss):
+    primary = _tf_compat.loss_function_kwargs(loss)
+    assert primary == loss._fn_kwargs
+    fallback = _tf_compat.loss_function_kwargs(_Hidden(loss, "_fn_kwargs"))
+    # The config may leave out a default (the sparse cross-entropy's axis); every value it
+    # gives is the function's.
+    assert fallback.items() <= primary.items()
+    assert {k: v for k, v in primary.items() if k != "axis"}.items() <= fallback.items()
+    assert _tf_compat.loss_function_kwargs(lambda y_true, y_pred: y_pred) == {}

@@ -1,18 +1,44 @@
 """Curvature matrices of a loss as SciPy ``LinearOperator``s.
 
 :class:`CurvatureOperator` (``base``) owns the snapshot of the weights, batches, caching,
-blocks, replicas, counters and flattening; each matrix is one module supplying a
-:class:`Curvature` (``problem``): what is differentiated. :class:`HessianOperator`
-(``hessian``) is the loss Hessian, :class:`GGNOperator` (``ggn``) the generalized
-Gauss-Newton matrix and :class:`FisherOperator` (``fisher``) the Monte Carlo and
-empirical Fisher matrices. The compiled machinery is in ``engine``.
+blocks, replicas, counters, flattening and the one ``from_keras``; each matrix is one
+module supplying a :class:`Curvature` (``curvature``): what is differentiated.
+:class:`HessianOperator` (``hessian``) is the loss Hessian, :class:`GGNOperator`
+(``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
+the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
+for the API and the CLI. The compiled machinery is in ``engine``.
+
+Names are imported on first use (PEP 562), so that ``spectra.operators.registry`` can be
+read without importing TensorFlow.
 """
 
-from spectra.operators.base import CurvatureOperator, block_size_for
-from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
-from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
-from spectra.operators.ggn import GGN, GGNOperator
-from spectra.operators.hessian import Hessian, HessianOperator
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from spectra.operators.registry import CURVATURES
+
+if TYPE_CHECKING:
+    from spectra.operators.base import CurvatureOperator, block_size_for
+    from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
+    from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
+    from spectra.operators.ggn import GGN, GGNOperator
+    from spectra.operators.hessian import Hessian, HessianOperator
+
+_SOURCE: dict[str, str] = {
+    "CurvatureOperator": "spectra.operators.base",
+    "block_size_for": "spectra.operators.base",
+    "BatchProblem": "spectra.operators.curvature",
+    "Curvature": "spectra.operators.curvature",
+    "CurvatureParts": "spectra.operators.curvature",
+    "EmpiricalFisher": "spectra.operators.fisher",
+    "MonteCarloFisher": "spectra.operators.fisher",
+    "GGN": "spectra.operators.ggn",
+    "Hessian": "spectra.operators.hessian",
+    # The operator classes, from the registry.
+    **{entry.class_name: entry.operator.partition(":")[0] for entry in CURVATURES.values()},
+}
 
 __all__ = [
     "GGN",
@@ -28,3 +54,16 @@ __all__ = [
     "MonteCarloFisher",
     "block_size_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import enum
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -53,6 +55,20 @@ from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.replicas import Replicas
 
 __all__ = ["CurvatureOperator", "block_size_for"]
+
+_Operator = TypeVar("_Operator", bound="CurvatureOperator")
+
+
+class _Default(enum.Enum):
+    """The default of ``from_keras``'s ``seed``: the class's ``default_seed``."""
+
+    SEED = "default_seed"
+
+    def __repr__(self) -> str:
+        return "<the class's default_seed>"
+
+
+_DEFAULT = _Default.SEED
 
 _LARGEST_BLOCK = 64
 _BLOCK_BYTES = 512 * 1024**2
@@ -156,10 +172,12 @@ class _Snapshot:
 class CurvatureOperator(LinearOperator):
     """A curvature matrix of a loss as a symmetric ``LinearOperator`` (see subclasses).
 
-    Subclasses supply the :class:`~spectra.operators.curvature.Curvature` and public
-    constructors; they build operators with :meth:`_init_from_function` (a ``loss_fn`` of
-    variables) or :meth:`_build_from_keras` (a Keras model and its loss). Everything
-    documented here is common to all of them.
+    A subclass names its :class:`~spectra.operators.curvature.Curvature` in
+    :attr:`curvature_class` and is built with :meth:`from_keras` (a Keras model and its
+    loss; the curvature declares its own keywords there) or, when the matrix needs no
+    split at the model's output, from a ``loss_fn`` of variables through
+    :meth:`_init_from_function` (``HessianOperator(loss_fn, variables, data)``).
+    Everything documented here is common to all of them.
 
     The operator is the matrix **at the weights it was built with**: construction
     snapshots the parameter values (and every other state the loss reads: BatchNorm
@@ -180,6 +198,23 @@ class CurvatureOperator(LinearOperator):
     operator and call the same methods in the same order (SPMD); the data are counted
     across workers at construction.
     """
+
+    #: The matrix this class computes; its ``for_keras`` declares the curvature-specific
+    #: keywords of :meth:`from_keras`.
+    curvature_class: ClassVar[type[Curvature]]
+    #: The ``seed`` of :meth:`from_keras` when none is given.
+    default_seed: ClassVar[int | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Matrices split at the model's output have no loss_fn constructor.
+        own = "".join(f", {name}=..." for name in type(self)._curvature_keywords())
+        name = type(self).__name__
+        raise TypeError(
+            f"build a {name} with {name}.from_keras(model, loss, data{own}): the "
+            f"{self.curvature_class.title} matrix is split at the model's outputs, which a "
+            "loss_fn of variables does not expose. For the Hessian of a loss_fn use "
+            "HessianOperator(loss_fn, variables, data)."
+        )
 
     # -- construction -----------------------------------------------------------------
     def _init_from_function(
@@ -237,29 +272,119 @@ class CurvatureOperator(LinearOperator):
         )
 
     @classmethod
-    def _build_from_keras(
-        cls,
-        curvature: Curvature,
+    def from_keras(
+        cls: type[_Operator],
         model: Any,
-        loss: Any,
-        data: Any,
+        loss: Any = None,
+        data: Any = None,
         *,
         variables: Sequence[Any] | None = None,
         batch_size: int | None = None,
         training: bool = False,
         include_regularization: bool = True,
         dtype: Any = None,
-        seed: int | None = None,
+        seed: int | _Default | None = _DEFAULT,
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
         max_block_size: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
-    ) -> CurvatureOperator:
-        """A new ``cls`` operator: the ``curvature`` matrix of a Keras model's dataset loss
-        at its current weights (the keywords as in
-        :meth:`~spectra.operators.HessianOperator.from_keras`)."""
+        **curvature_options: Any,
+    ) -> _Operator:
+        """The matrix of a Keras model's dataset loss at its current weights.
+
+        The keywords below are those of every matrix; ``curvature_options`` are the
+        matrix's own, declared by its curvature (:meth:`Curvature.for_keras
+        <spectra.operators.curvature.Curvature.for_keras>`): ``kind`` and
+        ``num_samples`` for :class:`~spectra.operators.FisherOperator`, none for the
+        Hessian and the GGN. Another keyword is a ``TypeError`` naming it.
+
+        ``loss``: a Keras loss name (``"sparse_categorical_crossentropy"``), a
+        ``keras.losses.Loss`` object, a callable ``(y_true, y_pred) -> scalar`` mean loss,
+        or for a model with several outputs a list (one per output) or a dict by output
+        name, as in ``compile``. ``None`` (default) is the loss the model was compiled
+        with, its ``loss_weights`` included. ``data``: ``(x, y)`` or ``(x, y,
+        sample_weight)`` arrays (``x`` may be a dict or list for multi-input models, ``y``
+        a list or dict for multi-output models), a ``tf.data.Dataset`` of such batches,
+        or a dataset function ``input_context -> tf.data.Dataset`` (each worker's shard).
+        ``variables`` defaults to ``model.trainable_variables``; a subset gives the
+        block of the matrix for those variables (e.g. one layer's kernel); a Keras weight
+        may be given as its ``tf.Variable`` (``kernel.value``), but each weight only once.
+
+        **The dataset loss, per Keras reduction** (of each output's loss object; never
+        dependent on ``batch_size`` or on how a dataset is batched). With per-example
+        losses ℓ_i, sample weights w_i (1 without) and N examples:
+
+        * ``"sum_over_batch_size"`` (Keras' default), ``"mean"``: the mean
+          L = (1/N) Σ_i w_i ℓ_i (ℓ_i averaged over its entries); batch b contributes
+          (n_b/N) L_b with L_b Keras' batch mean. Names, per-example loss functions and
+          callables ``(y_true, y_pred) -> scalar`` are taken as this batch mean.
+        * ``"sum"``: the sum over the whole dataset L = Σ_i w_i ℓ_i, so H = Σ_b H_b (each
+          batch sum is scaled by N/n_b before the n_b/N weighting).
+        * ``"none"`` or ``None`` (unreduced): the mean of the values the loss returns, as
+          for ``"sum_over_batch_size"``.
+        * ``"mean_with_sample_weight"``: the mean without sample weights; with sample
+          weights it is refused (``ValueError``), since it divides each batch by that
+          batch's own total weight.
+
+        With several outputs L = Σ_o λ_o L_o with the ``loss_weights`` λ_o, each L_o by its
+        own reduction.
+
+        The model is called as Keras calls it, ``model(x, training=training)``; a
+        ``call`` without a ``training`` argument is called without it. Sequential,
+        functional and subclassed models work, with recurrent layers (LSTM, GRU,
+        SimpleRNN, Bidirectional), ``tf.while_loop``/``keras.ops.scan``, ``tf.cond``,
+        masking, attention, BatchNorm, custom layers and ``tf.custom_gradient`` (whose
+        gradient functions must themselves be differentiable for exact second
+        derivatives).
+
+        ``training=False`` (default) runs layers in inference mode: BatchNorm uses its
+        moving statistics, Dropout is off. With ``training=True`` BatchNorm uses batch
+        statistics and Dropout draws its mask once per batch: from the model's seed
+        generator states at construction plus ``[batch index, 0]``, or, with ``seed``,
+        from ``[seed, 2²⁰·j]`` plus ``[batch index, 0]`` for the j-th seed generator. The
+        masks are the same in every product and pass (cached or streaming), so the
+        operator is a fixed symmetric matrix: the matrix of the loss with those masks.
+        Either way the model's state is never updated. ``include_regularization`` adds
+        ``model.losses`` (weight and activity regularizers, ``add_loss`` terms) to each
+        batch loss.
+
+        ``seed``: None or an int ≥ 0 (below 2⁶²). The default is the class's
+        :attr:`default_seed`: None (the model's own seed states) for the Hessian and the
+        GGN, 0 for the Fisher, which also seeds its sampled labels with it.
+
+        ``batch_size``, ``cache``, ``cache_bytes``, ``max_block_size``, ``allow_unused``
+        and ``strategy`` are as in :class:`~spectra.operators.HessianOperator`;
+        ``strategy`` defaults to the ``tf.distribute`` strategy the model was built under
+        (or the one in scope).
+
+        ``dtype=np.float64`` computes the products in float64 on a float64 clone of the
+        model fed with the weights cast to float64 (the model itself is not changed); the
+        default is the variables' dtype. A model under a mixed-precision policy
+        (``mixed_float16``, ``mixed_bfloat16``) gets its products from a clone that
+        computes in the variables' dtype (float32), so the matrix is not rounded to half
+        precision. Supported: float32, float64.
+
+        The operator snapshots the model's values (trainable and non-trainable, seed
+        states included) here; see the class docstring. Cost: tracing and splitting the
+        graph once per model, loss and data shapes (shared by later operators), no pass
+        over the data until the first product, ``loss()`` or ``gradient()``.
+        """
+        if getattr(cls, "curvature_class", None) is None:
+            raise TypeError(
+                f"{cls.__name__} names no curvature_class: build one of its subclasses "
+                "(HessianOperator, GGNOperator, FisherOperator, ...)."
+            )
+        unknown = [name for name in curvature_options if name not in cls._curvature_keywords()]
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__}.from_keras() got an unexpected keyword argument "
+                f"{unknown[0]!r}; {cls._keywords_note()}"
+            )
         keras_models.check_model(model)
+        curvature = cls.curvature_class.for_keras(model, loss, **curvature_options)
+        if seed is _DEFAULT:
+            seed = cls.default_seed
         training = check_bool(training, "training")
         include_regularization = check_bool(include_regularization, "include_regularization")
         allow_unused = check_bool(allow_unused, "allow_unused")
@@ -329,11 +454,26 @@ class CurvatureOperator(LinearOperator):
             seed_bases,
             keep_alive=keep_alive,
         )
+        # Not through __init__, which is the loss_fn constructor of the classes that have
+        # one (HessianOperator) and refuses a call elsewhere.
         operator = cls.__new__(cls)
         operator._setup(
             engine, batches, variables, snapshot, replicas, cache, cache_bytes, max_block_size
         )
         return operator
+
+    @classmethod
+    def _curvature_keywords(cls) -> list[str]:
+        """The curvature-specific keywords of :meth:`from_keras` (those of
+        ``curvature_class.for_keras``)."""
+        parameters = inspect.signature(cls.curvature_class.for_keras).parameters.values()
+        return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    @classmethod
+    def _keywords_note(cls) -> str:
+        own = cls._curvature_keywords()
+        listed = f"its own are {', '.join(own)}" if own else "it has none of its own"
+        return f"see CurvatureOperator.from_keras for the keywords of every matrix ({listed})."
 
     def _setup(
         self,
@@ -364,7 +504,7 @@ class CurvatureOperator(LinearOperator):
         self.max_block_size = int(max_block_size)
         self.num_hvps = 0
         self.num_data_passes = 0
-        self._caches: list[tuple[BatchCache, float, int, int]] | None = None
+        self._caches: list[_CachedBatch] | None = None
         self._streaming = False
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
@@ -458,7 +598,7 @@ class CurvatureOperator(LinearOperator):
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by the batch caches (0 when streaming)."""
-        return sum(c.nbytes for c, _, _, _ in self._caches or [])
+        return sum(entry.cache.nbytes for entry in self._caches or [])
 
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
         draw = self._batches.draw_index(index)
@@ -505,7 +645,7 @@ class CurvatureOperator(LinearOperator):
                 if fill.keeping:
                     cache = self._engine.cache(inputs)
                     batch_loss, batch_grad = cache.loss, cache.gradient
-                    fill.offer((cache, weight, replica, index))
+                    fill.offer(_CachedBatch(cache, weight, replica, index))
                 else:
                     batch_loss, batch_grad = self._engine.loss_and_gradient(inputs)
             _check_batch_finite(where, weight, self._batches, batch_loss, batch_grad)
@@ -632,9 +772,9 @@ class CurvatureOperator(LinearOperator):
                 for block, total in zip(on_device[replica], sums):
                     total.add(replica, _weighted(self._engine.apply(cache, block), weight))
 
-        def cached(entries: list[tuple[BatchCache, float, int, int]]) -> None:
+        def cached(entries: list[_CachedBatch]) -> None:
             for entry in entries:
-                product(*entry)
+                product(entry.cache, entry.weight, entry.replica, entry.batch_index)
 
         def streamed(index: int, batch: Any, weight: float, replica: int) -> None:
             inputs = self._inputs(index, batch, replica)
@@ -643,9 +783,9 @@ class CurvatureOperator(LinearOperator):
             product(cache, weight, replica, index)
 
         if self._caches is not None:
-            per_replica: dict[int, list[tuple[BatchCache, float, int, int]]] = {}
+            per_replica: dict[int, list[_CachedBatch]] = {}
             for entry in self._caches:
-                per_replica.setdefault(entry[2], []).append(entry)
+                per_replica.setdefault(entry.replica, []).append(entry)
             tasks: Iterator[tuple[int, Callable[[], None]]] = iter(
                 [(r, functools.partial(cached, entries)) for r, entries in per_replica.items()]
             )
@@ -673,7 +813,7 @@ class CurvatureOperator(LinearOperator):
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
 
-    def _iterate_caches(self) -> Iterator[tuple[BatchCache, float, int, int]]:
+    def _iterate_caches(self) -> Iterator[_CachedBatch]:
         """This process's batch caches, one after another (computed now when streaming)."""
         if self._caches is not None:
             yield from self._caches
@@ -682,7 +822,7 @@ class CurvatureOperator(LinearOperator):
             inputs = self._inputs(index, batch, replica)
             with self._replicas.device(replica), _graph_errors(self._batches.describe(index)):
                 cache = self._engine.cache(inputs)
-            yield cache, weight, replica, index
+            yield _CachedBatch(cache, weight, replica, index)
 
     def _raise_non_finite_product(self, out: np.ndarray, blocks: list[tf.Tensor]) -> None:
         """Name the batches whose products are not finite (one more pass, on failure only)."""
@@ -716,6 +856,16 @@ class CurvatureOperator(LinearOperator):
         )
 
 
+class _CachedBatch(NamedTuple):
+    """One batch's cached state: its :class:`BatchCache`, its weight n_b/N in the sums,
+    the local replica that holds it and the batch's index."""
+
+    cache: BatchCache
+    weight: float
+    replica: int
+    batch_index: int
+
+
 class _CacheFill:
     """The batch caches of the first pass, kept while they fit the budget (thread-safe:
     the local replicas fill it concurrently)."""
@@ -725,23 +875,23 @@ class _CacheFill:
         self._auto = policy == "auto"
         self._budget = budget
         self._used = 0
-        self._kept: list[tuple[BatchCache, float, int, int]] = []
+        self._kept: list[_CachedBatch] = []
         self._lock = threading.Lock()
 
-    def offer(self, entry: tuple[BatchCache, float, int, int]) -> None:
+    def offer(self, entry: _CachedBatch) -> None:
         with self._lock:
             if not self.keeping:
                 return
-            self._used += entry[0].nbytes
+            self._used += entry.cache.nbytes
             if self._auto and self._used > self._budget:
                 self.keeping = False
                 self._kept = []
             else:
                 self._kept.append(entry)
 
-    def caches(self) -> list[tuple[BatchCache, float, int, int]]:
+    def caches(self) -> list[_CachedBatch]:
         """The kept caches in batch order."""
-        return sorted(self._kept, key=lambda entry: entry[3])
+        return sorted(self._kept, key=lambda entry: entry.batch_index)
 
 
 def _weighted(value: tf.Tensor, weight: float) -> tf.Tensor:

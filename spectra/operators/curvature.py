@@ -36,6 +36,17 @@ model's output (generalized Gauss-Newton Jᵀ H_z J, Fisher) sets
 cotangent, linear in it) or ``tf.autodiff.ForwardAccumulator`` on
 :attr:`BatchProblem.parameters`; Jᵀ u is :meth:`BatchProblem.vjp`. Per-batch random
 draws (sampled labels) use :attr:`BatchProblem.seed`.
+
+Its operator is a subclass naming it, and the matrix one line of
+:mod:`spectra.operators.registry` (which the ``spectra`` exports and the CLI's
+``--curvature`` read)::
+
+    class HessianOperator(CurvatureOperator):
+        curvature_class = Hessian
+
+``from_keras`` is the base class's; a matrix with keywords of its own declares them as
+the keyword-only parameters of its :meth:`Curvature.for_keras` (the Fisher's ``kind``
+and ``num_samples``), which builds the curvature from them.
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import tensorflow as tf
+
+from spectra import _tf_compat
 
 __all__ = ["BatchProblem", "Curvature", "CurvatureParts", "FunctionProgram", "Program"]
 
@@ -79,6 +92,19 @@ class Curvature(abc.ABC):
     @property
     def key(self) -> Hashable:
         return (self.name,)
+
+    @classmethod
+    def for_keras(cls, model: Any, loss: Any) -> Curvature:
+        """The curvature a ``from_keras`` of this matrix differentiates, for ``model`` and
+        the loss spec ``loss`` (None: the compiled loss), called after the model is
+        checked.
+
+        The curvature-specific keywords of ``from_keras`` are the keyword-only
+        parameters of this method: a matrix with options (the Fisher's ``kind`` and
+        ``num_samples``) overrides it to declare them, check them and choose or set up
+        its curvature; ``from_keras`` refuses any other keyword. The default takes none.
+        """
+        return cls()
 
     @abc.abstractmethod
     def build(self, problem: BatchProblem) -> CurvatureParts:
@@ -150,9 +176,9 @@ def _graph_handle(variable: tf.Variable) -> tf.Tensor:
     handle = variable.handle
     if tf.executing_eagerly():
         return handle
-    # An eager handle used in a graph is captured as a placeholder; the input of an op
-    # using the handle is that placeholder (the same one every read uses).
-    return tf.identity(handle).op.inputs[0]
+    # An eager handle used in a graph is captured as a placeholder (the same one every
+    # read uses).
+    return _tf_compat.captured_placeholder(handle)
 
 
 def variable_name(variable: Any) -> str:
@@ -208,7 +234,7 @@ class BatchProblem:
     # -- the loss -------------------------------------------------------------------
     def loss(self) -> tf.Tensor:
         """The batch loss L_b (plus regularization), a checked scalar: the engine weights
-        it by n_b/N (see :meth:`spectra.operators.HessianOperator.from_keras` for what
+        it by n_b/N (see :meth:`spectra.operators.base.CurvatureOperator.from_keras` for what
         L_b is for each Keras loss reduction)."""
         loss = self._program.batch_loss(self._state, self.batch, num_examples=self.num_examples)
         return self.check_loss(loss)

@@ -27,9 +27,13 @@ rather than stored.
 **Fallback.** If a graph cannot be split (extraction fails), or when the split is turned
 off (environment variable ``SPECTRA_GRAPH_SPLIT=0``, read when an engine is built), the
 product is one compiled function of (state, batch, vectors) that recomputes the forward
-pass and the gradient on every call — exact; measured 1.4x the time of a split ``matvec``
-on the digits MLP and 1.6x on an LSTM classifier (``benchmarks/hvp_speed.py``). The
-engine warns once when it falls back, with the reason. Forward-over-reverse products
+pass and the gradient on every call — exact, and slower. **Its cost** (stated here once;
+the rest of spectra refers to this paragraph): 1.2-2.4x the time of a split product
+across the architectures of the test zoo on this project's 2-core CPU, measured by
+``benchmarks/zoo_speed.py`` (the ratio of its ``fallback`` column to ``matvec``; re-run it
+for your model and device). That is the ratio for one vector (``matvec``); in a block the
+recomputed forward pass and gradient are shared by the block's vectors. The engine warns
+once when it falls back, with the reason. Forward-over-reverse products
 (``tf.autodiff.ForwardAccumulator`` around the gradient) were measured as the
 alternative fallback: no faster than the recomputed reverse-over-reverse product on the
 digits MLP (2.24x against 2.18x a gradient per vector, and a block cannot share its
@@ -51,7 +55,7 @@ import threading
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -177,11 +181,9 @@ class Engine:
         self.state_specs = list(program.state_specs)
         self.num_batch_leaves = len(tf.nest.flatten(batch_spec))
         self._allow_unused = allow_unused
-        self.num_traces = 0
         self.captures: list[Any] = []
         self.split = False
         self.fallback_reason: str | None = None
-        self.num_frontier_tensors = 0
         requested = split_enabled() if split is None else bool(split)
         if tf.distribute.has_strategy():
             # Distributed variables cannot be watched by a tape in the cross-replica
@@ -203,7 +205,6 @@ class Engine:
         ]
 
     def _traced(self, *flat: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        self.num_traces += 1
         num_state = len(self.state_specs)
         state = list(flat[:num_state])
         seed, num_examples = flat[num_state], flat[num_state + 1]
@@ -240,14 +241,13 @@ class Engine:
             tf.TensorSpec([None, self.size], self.dtype, name="vectors"),
         ]
         graph, inputs, outputs = _tf_compat.trace_graph(self._traced, signature)
-        captures = list(graph.captures)
+        captures = _tf_compat.graph_captures(graph)
         self.captures = [external for external, _ in captures]
         self.captured_variables = list(getattr(graph, "variables", ()) or ())
         engine_inputs = [internal for _, internal in captures] + list(inputs[: len(signature) - 2])
         vector_input, block_input = inputs[len(signature) - 2], inputs[len(signature) - 1]
         loss, gradient, single, products = outputs[:4]
         parts = _GraphParts(graph)
-        self._engine_input_names = [t.name for t in engine_inputs]
         first_batch_input = len(engine_inputs) - self.num_batch_leaves
         self._batch_input_positions = range(first_batch_input, len(engine_inputs))
         if split:
@@ -261,9 +261,8 @@ class Engine:
                 warnings.warn(
                     f"spectra could not split the {self.curvature.name} product graph into a "
                     f"cached and a per-vector part ({reason}). Products are exact but "
-                    "recompute the forward pass and the gradient on every call (about 1.5x "
-                    "the time of a split product: 3 to 4 gradients per vector instead of 2 "
-                    "to 2.5).",
+                    "recompute the forward pass and the gradient on every call, which is "
+                    "slower; see spectra.operators.engine.",
                     RuntimeWarning,
                     stacklevel=4,
                 )
@@ -310,19 +309,20 @@ class Engine:
         stored: list[tf.Tensor] = []
         stored_index: dict[str, int] = {}
 
-        def source(t: tf.Tensor) -> tuple[str, int]:
+        def source(t: tf.Tensor) -> _Source:
             if t.name in input_index:
-                return ("input", input_index[t.name])
+                return _Source(from_cache=False, position=input_index[t.name])
             if t.name not in stored_index:
                 stored_index[t.name] = len(stored)
                 stored.append(t)
-            return ("cache", stored_index[t.name])
+            return _Source(from_cache=True, position=stored_index[t.name])
 
         self._single_sources = [source(t) for t in single_frontier]
         self._block_sources = [source(t) for t in block_frontier]
-        self.num_frontier_tensors = len(stored)
         used_inputs = {
-            i for kind, i in self._single_sources + self._block_sources if kind == "input"
+            origin.position
+            for origin in self._single_sources + self._block_sources
+            if not origin.from_cache
         }
         self._stored_batch_inputs = [i for i in self._batch_input_positions if i in used_inputs]
         self._cache_fn = parts.function(
@@ -383,9 +383,21 @@ class Engine:
         return loss, gradient
 
 
-def _pick(cache: BatchCache, source: tuple[str, int]) -> tf.Tensor:
-    kind, index = source
-    return cache.tensors[index] if kind == "cache" else cache.inputs[index]
+class _Source(NamedTuple):
+    """Where an apply part's argument comes from: the batch cache's stored frontier
+    tensors (``from_cache``) or the engine inputs the cache was computed from, at
+    ``position``."""
+
+    from_cache: bool
+    position: int
+
+
+def _pick(cache: BatchCache, source: _Source) -> tf.Tensor:
+    if source.from_cache:
+        return cache.tensors[source.position]
+    value = cache.inputs[source.position]
+    assert value is not None, "an input the products read was not kept in the cache"
+    return value
 
 
 def _nbytes(tensors: Sequence[tf.Tensor], itemsize: int) -> int:
@@ -632,9 +644,16 @@ def _frontier(
 # -- a small cache of engines, so that operators built again on the same model and data
 # shapes (a training callback does this every few steps) reuse the compiled functions.
 _ENGINE_CACHE_SIZE = 8
-_engine_cache: collections.OrderedDict[Hashable, tuple[tuple[Any, ...], Engine]] = (
-    collections.OrderedDict()
-)
+
+
+class _CachedEngine(NamedTuple):
+    """An engine of the cache, with the objects its key refers to by identity."""
+
+    owners: tuple[Any, ...]
+    engine: Engine
+
+
+_engine_cache: collections.OrderedDict[Hashable, _CachedEngine] = collections.OrderedDict()
 _engine_cache_lock = threading.Lock()
 
 
@@ -651,14 +670,14 @@ def cached_engine(key: Hashable, owners: tuple[Any, ...], factory: Callable[[], 
         entry = _engine_cache.get(key)
         if (
             entry is not None
-            and len(entry[0]) == len(owners)
-            and all(a is b for a, b in zip(entry[0], owners))
+            and len(entry.owners) == len(owners)
+            and all(a is b for a, b in zip(entry.owners, owners))
         ):
             _engine_cache.move_to_end(key)
-            return entry[1]
+            return entry.engine
     engine = factory()
     with _engine_cache_lock:
-        _engine_cache[key] = (owners, engine)
+        _engine_cache[key] = _CachedEngine(owners, engine)
         _engine_cache.move_to_end(key)
         while len(_engine_cache) > _ENGINE_CACHE_SIZE:
             _engine_cache.popitem(last=False)

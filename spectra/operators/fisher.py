@@ -13,9 +13,8 @@ outputs, then one VJP, without ever forming a per-example gradient in parameter 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -27,7 +26,13 @@ from spectra.operators.base import CurvatureOperator
 from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 from spectra.operators.ggn import OutputSplit
 
-__all__ = ["EmpiricalFisher", "FisherOperator", "MonteCarloFisher", "predictive_distribution"]
+__all__ = [
+    "EmpiricalFisher",
+    "FisherCurvature",
+    "FisherOperator",
+    "MonteCarloFisher",
+    "predictive_distribution",
+]
 
 KINDS = ("mc", "empirical")
 # Reductions under which the batch loss is a mean of per-example terms (Keras' default);
@@ -178,9 +183,14 @@ def _check_reduction(loss: Any) -> None:
         )
 
 
-class _FisherCurvature(Curvature):
-    """What the Fisher matrices share: the output split and the loss per output."""
+class FisherCurvature(Curvature):
+    """What the Fisher matrices share: the output split and the loss per output.
 
+    :meth:`for_keras` declares the Fisher's keywords of ``from_keras`` and chooses the
+    matrix: :class:`MonteCarloFisher` or :class:`EmpiricalFisher`.
+    """
+
+    title = "Fisher"
     needs_model_outputs = True
 
     def __init__(self, model: Any, loss: Any, loss_weights: Any) -> None:
@@ -188,11 +198,57 @@ class _FisherCurvature(Curvature):
         self._loss = loss
         self._loss_weights = loss_weights
 
+    @classmethod
+    def for_keras(
+        cls, model: Any, loss: Any, *, kind: str = "mc", num_samples: int = 1
+    ) -> FisherCurvature:
+        """The Fisher of ``kind`` (``"mc"``, default, or ``"empirical"``) for ``model``
+        and the loss spec ``loss`` (None: the compiled loss).
+
+        ``num_samples``: labels drawn per example for ``kind="mc"`` (an int ≥ 1; the
+        empirical Fisher uses the true labels and must keep the default). The loss must
+        be a mean over examples (not ``reduction="sum"``), and for ``kind="mc"`` the
+        negative log-likelihood of a predictive distribution (see
+        :func:`predictive_distribution`); else a ``ValueError``.
+        """
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
+        num_samples = check_int(num_samples, "num_samples", minimum=1)
+        if kind == "empirical" and num_samples != 1:
+            raise ValueError(
+                "num_samples is for kind='mc'; the empirical Fisher uses the true labels."
+            )
+        spec, loss_weights = (loss, None) if loss is not None else keras_models.compiled_loss(model)
+        for item in tf.nest.flatten(spec):
+            if item is None:
+                continue
+            _check_reduction(item)
+            if kind == "mc":
+                predictive_distribution(item)
+        if kind == "mc":
+            return MonteCarloFisher(model, spec, loss_weights, num_samples)
+        return EmpiricalFisher(model, spec, loss_weights)
+
     def _structured(self, problem: BatchProblem) -> keras_models.StructuredLoss:
         return keras_models.StructuredLoss(self._loss, self._loss_weights, problem.dtype)
 
 
-class MonteCarloFisher(_FisherCurvature):
+class _SampledGradients(NamedTuple):
+    """One output's part of the Monte Carlo Fisher product, at its split point z.
+
+    ``point`` is the index of z among the split points; ``weighted`` the gradients
+    ∂(weighted loss)/∂z at the S stacked label draws, ``unit`` those of the unweighted
+    per-example losses (the directional derivatives ∇ℓ(ŷ)ᵀ J v are taken with them); and
+    ``scale`` is κ (ℓ = κ·(−log p)).
+    """
+
+    point: int
+    weighted: tf.Tensor
+    unit: tf.Tensor
+    scale: float
+
+
+class MonteCarloFisher(FisherCurvature):
     """F_b = Σ_r c_r J_rᵀ ((1/S) Σ_s ∇ℓ_r(ŷ_s) ∇ℓ_r(ŷ_s)ᵀ / κ) J_r, with ŷ_s ~ p(y | z_r)
     drawn once per batch from :attr:`BatchProblem.seed`."""
 
@@ -231,7 +287,8 @@ class MonteCarloFisher(_FisherCurvature):
             stacked_term = dataclasses.replace(term, output=outputs)
             value = structured.value(stacked_term, labels, weights)
             weighted = tf.gradients(value, points)[0]
-            per_example = structured.resolved(term).call(labels, outputs)
+            loss_object: Any = structured.resolved(term)  # a keras.losses.Loss here
+            per_example = loss_object.call(labels, outputs)
             unit = tf.gradients(tf.reduce_sum(per_example), points)[0]
             if weighted is None or unit is None:
                 raise ValueError(
@@ -239,24 +296,25 @@ class MonteCarloFisher(_FisherCurvature):
                     "evaluated on sampled labels; it cannot define a Monte Carlo Fisher."
                 )
             index = next(i for i, p in enumerate(split.points) if p is point)
-            factors.append((index, weighted, unit, distribution.scale(output)))
+            factors.append(_SampledGradients(index, weighted, unit, distribution.scale(output)))
 
         def product(vector: tf.Tensor) -> tf.Tensor:
             tangents = split.jvp(vector)
             cotangents = [tf.zeros_like(p) for p in split.points]
-            for index, weighted, unit, scale in factors:
-                tangent = _stacked(tangents[index], samples)
-                inner = tf.reduce_sum(unit * tangent, axis=-1, keepdims=True)
+            for factor in factors:
+                tangent = _stacked(tangents[factor.point], samples)
+                inner = tf.reduce_sum(factor.unit * tangent, axis=-1, keepdims=True)
                 per_draw = tf.reshape(
-                    weighted * inner, tf.concat([[samples, -1], tf.shape(tangent)[1:]], axis=0)
+                    factor.weighted * inner,
+                    tf.concat([[samples, -1], tf.shape(tangent)[1:]], axis=0),
                 )
-                cotangents[index] += tf.reduce_sum(per_draw, axis=0) / scale
+                cotangents[factor.point] += tf.reduce_sum(per_draw, axis=0) / factor.scale
             return split.with_regularization(split.vjp(cotangents), vector)
 
         return CurvatureParts(split.loss, split.gradient, product)
 
 
-class EmpiricalFisher(_FisherCurvature):
+class EmpiricalFisher(FisherCurvature):
     """E_b = Σ_i c_i g_i g_iᵀ with g_i = J_iᵀ ∇ℓ_i at the true labels."""
 
     name = "fisher-empirical"
@@ -335,6 +393,13 @@ class FisherOperator(CurvatureOperator):
       must be one array for all outputs. Any loss that is a mean of per-example terms
       works, custom callables included.
 
+    **Building.** ``FisherOperator.from_keras(model, loss, data, kind=..., num_samples=...,
+    seed=...)``: ``kind`` and ``num_samples`` are the Fisher's own keywords
+    (:meth:`FisherCurvature.for_keras`), the others those of every matrix
+    (:meth:`~spectra.operators.base.CurvatureOperator.from_keras`). ``seed`` (an int ≥ 0,
+    default 0) seeds the sampled labels and, with ``training=True``, the Dropout masks;
+    ``None`` draws the masks from the model's own seed states and the labels from seed 0.
+
     Kunstner, Hennig and Balles (2019) show that the empirical Fisher is not an
     approximation of the Fisher or of the Hessian in general: it is the uncentered
     covariance of the gradients, and near a minimum it reflects gradient noise rather
@@ -356,83 +421,9 @@ class FisherOperator(CurvatureOperator):
     NeurIPS 2019.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(
-            "build a FisherOperator with FisherOperator.from_keras(model, loss, data, "
-            "kind=...): a Fisher matrix needs the model's outputs and its predictive "
-            "distribution, which a loss_fn of variables does not expose."
-        )
-
-    @classmethod
-    def from_keras(
-        cls,
-        model: Any,
-        loss: Any = None,
-        data: Any = None,
-        *,
-        kind: str = "mc",
-        num_samples: int = 1,
-        seed: int | None = 0,
-        variables: Sequence[Any] | None = None,
-        batch_size: int | None = None,
-        training: bool = False,
-        include_regularization: bool = True,
-        dtype: Any = None,
-        cache: bool | str = "auto",
-        cache_bytes: int | None = None,
-        max_block_size: int | None = None,
-        allow_unused: bool = False,
-        strategy: tf.distribute.Strategy | None = None,
-    ) -> FisherOperator:
-        """The Fisher matrix (``kind="mc"`` or ``"empirical"``) of a Keras model's dataset
-        loss at its current weights.
-
-        ``num_samples``: labels drawn per example for ``kind="mc"`` (an int ≥ 1; ignored
-        for the empirical Fisher, which must keep the default). ``seed`` (an int ≥ 0,
-        default 0) seeds the sampled labels and, with ``training=True``, the Dropout masks
-        as in :meth:`~spectra.operators.HessianOperator.from_keras`; ``None`` draws the
-        masks from the model's own seed states and the labels from seed 0. The other
-        arguments are as in :meth:`~spectra.operators.HessianOperator.from_keras`.
-        """
-        if not isinstance(kind, str) or kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
-        num_samples = check_int(num_samples, "num_samples", minimum=1)
-        if kind == "empirical" and num_samples != 1:
-            raise ValueError(
-                "num_samples is for kind='mc'; the empirical Fisher uses the true labels."
-            )
-        keras_models.check_model(model)
-        spec, loss_weights = (loss, None) if loss is not None else keras_models.compiled_loss(model)
-        for item in tf.nest.flatten(spec):
-            if item is None:
-                continue
-            _check_reduction(item)
-            if kind == "mc":
-                predictive_distribution(item)
-        curvature: Curvature = (
-            MonteCarloFisher(model, spec, loss_weights, num_samples)
-            if kind == "mc"
-            else EmpiricalFisher(model, spec, loss_weights)
-        )
-        operator = cls._build_from_keras(
-            curvature,
-            model,
-            loss,
-            data,
-            variables=variables,
-            batch_size=batch_size,
-            training=training,
-            include_regularization=include_regularization,
-            dtype=dtype,
-            seed=seed,
-            cache=cache,
-            cache_bytes=cache_bytes,
-            max_block_size=max_block_size,
-            allow_unused=allow_unused,
-            strategy=strategy,
-        )
-        assert isinstance(operator, FisherOperator)
-        return operator
+    curvature_class = FisherCurvature
+    #: The sampled labels need a seed; it also fixes the Dropout masks in training mode.
+    default_seed = 0
 
     @property
     def kind(self) -> str:

@@ -21,14 +21,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from spectra import _tf_compat
 from spectra.operators.base import CurvatureOperator
 from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 
 __all__ = ["GGN", "GGNOperator", "OutputSplit"]
-
-# Activations whose outputs Keras' cross-entropies replace by the logits behind them
-# (the input of the op, or the ``_keras_logits`` attribute Keras sets on them).
-_LOGIT_ACTIVATIONS = ("Softmax", "Sigmoid")
 
 
 class OutputSplit:
@@ -159,7 +156,7 @@ def _split_point(loss: tf.Tensor, output: Any) -> tf.Tensor | None:
     output = tf.convert_to_tensor(output)
     if not output.dtype.is_floating:
         return None
-    logits = _logits_behind(output)
+    logits = _tf_compat.keras_logits(output)
     if logits is not None:
         direct = tf.gradients(loss, [logits], stop_gradients=[output])[0]
         if direct is not None:
@@ -167,16 +164,6 @@ def _split_point(loss: tf.Tensor, output: Any) -> tf.Tensor | None:
     if tf.gradients(loss, [output])[0] is None:
         return None
     return output
-
-
-def _logits_behind(output: tf.Tensor) -> tf.Tensor | None:
-    logits = getattr(output, "_keras_logits", None)
-    if logits is not None:
-        return tf.convert_to_tensor(logits)
-    op = getattr(output, "op", None)
-    if op is not None and op.type in _LOGIT_ACTIVATIONS and len(op.inputs) == 1:
-        return op.inputs[0]
-    return None
 
 
 class GGN(Curvature):
@@ -253,55 +240,4 @@ class GGNOperator(CurvatureOperator):
     JMLR 21 (2020).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(
-            "build a GGNOperator with GGNOperator.from_keras(model, loss, data): the "
-            "Gauss-Newton matrix is split at the model's outputs, which a loss_fn of "
-            "variables does not expose. For the Hessian of a loss_fn use "
-            "HessianOperator(loss_fn, variables, data)."
-        )
-
-    @classmethod
-    def from_keras(
-        cls,
-        model: Any,
-        loss: Any = None,
-        data: Any = None,
-        *,
-        variables: Sequence[Any] | None = None,
-        batch_size: int | None = None,
-        training: bool = False,
-        include_regularization: bool = True,
-        dtype: Any = None,
-        seed: int | None = None,
-        cache: bool | str = "auto",
-        cache_bytes: int | None = None,
-        max_block_size: int | None = None,
-        allow_unused: bool = False,
-        strategy: tf.distribute.Strategy | None = None,
-    ) -> GGNOperator:
-        """The GGN of a Keras model's dataset loss at its current weights.
-
-        Every argument is as in :meth:`~spectra.operators.HessianOperator.from_keras`
-        (loss spec, data, variable subset, batches, training mode and seeds, dtype,
-        caching, distribution); the operator snapshots the weights in the same way.
-        """
-        operator = cls._build_from_keras(
-            GGN(),
-            model,
-            loss,
-            data,
-            variables=variables,
-            batch_size=batch_size,
-            training=training,
-            include_regularization=include_regularization,
-            dtype=dtype,
-            seed=seed,
-            cache=cache,
-            cache_bytes=cache_bytes,
-            max_block_size=max_block_size,
-            allow_unused=allow_unused,
-            strategy=strategy,
-        )
-        assert isinstance(operator, GGNOperator)
-        return operator
+    curvature_class = GGN

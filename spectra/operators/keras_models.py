@@ -1,6 +1,7 @@
 """A Keras model, its loss and its data as a differentiable program of parameter values.
 
-Private to :mod:`spectra.operators`. Conventions (see :meth:`HessianOperator.from_keras`):
+Private to :mod:`spectra.operators`. Conventions (see
+:meth:`~spectra.operators.base.CurvatureOperator.from_keras`):
 
 * the model is called as Keras calls it, ``model(x, training=...)`` (``training`` reaches
   only the ``call`` methods that accept it), inside a ``keras.StatelessScope`` that maps
@@ -26,7 +27,7 @@ import random
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -79,7 +80,7 @@ def resolve_variables_and_dtype(
                 "variables is empty: pass None (all trainable variables) or a list of the "
                 "model's weights."
             )
-    positions = []
+    positions: list[int] = []
     for i, v in enumerate(chosen):
         # A Keras weight given as its tf.Variable (``kernel.value``) is that weight.
         matches = [j for j, w in enumerate(all_weights) if w is v or _backing(w) is v]
@@ -164,8 +165,16 @@ def _loss_from_name(name: str) -> Any:
     return found
 
 
-def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
-    """Return ``(loss_callable, takes_sample_weight)`` computing the mean loss in ``dtype``.
+class ResolvedLoss(NamedTuple):
+    """A loss as it is evaluated: ``call(y_true, y_pred[, sample_weight])`` gives the mean
+    loss; ``takes_sample_weight`` says whether it takes the third argument."""
+
+    call: LossCallable
+    takes_sample_weight: bool
+
+
+def resolve_loss(loss: Any, dtype: tf.DType) -> ResolvedLoss:
+    """The :class:`ResolvedLoss` computing the mean loss in ``dtype``.
 
     ``loss`` is a Keras loss name, a ``keras.losses.Loss`` object, a Keras per-example loss
     function, or a callable ``(y_true, y_pred) -> scalar``. Keras loss objects cast
@@ -186,13 +195,13 @@ def resolve_loss(loss: Any, dtype: tf.DType) -> tuple[LossCallable, bool]:
                     f"the loss object {type(loss).__name__} cannot be rebuilt to compute in "
                     f"{dtype.name}; pass its name, or a callable (y_true, y_pred) -> scalar."
                 )
-        return rebuilt, True
+        return ResolvedLoss(rebuilt, True)
     if callable(loss):
         module = getattr(loss, "__module__", "") or ""
         if module.startswith("keras"):
             # A Keras per-example loss function (e.g. keras.losses.mean_squared_error).
-            return _PerExampleLoss(loss, dtype.name), True
-        return loss, False
+            return ResolvedLoss(_PerExampleLoss(loss, dtype.name), True)
+        return ResolvedLoss(loss, False)
     raise TypeError(
         f"loss must be a Keras loss name, a keras.losses.Loss, or a callable "
         f"(y_true, y_pred) -> scalar; got {type(loss).__name__}."
@@ -336,7 +345,7 @@ class StructuredLoss:
         self.loss = loss
         self.loss_weights = loss_weights
         self.dtype = dtype
-        self._resolved: dict[int, tuple[LossCallable, bool]] = {}
+        self._resolved: dict[int, ResolvedLoss] = {}
         for item in self._leaves(loss):
             self._resolved[id(item)] = resolve_loss(item, dtype)
 
@@ -353,6 +362,7 @@ class StructuredLoss:
         entries = _output_entries(model, outputs)
         names = [name for name, _ in entries]
         losses = _per_output(self.loss, names, "loss", broadcast=True)
+        weights: list[Any]
         if isinstance(self.loss_weights, (int, float)):
             weights = [float(self.loss_weights)] * len(names)
         elif self.loss_weights is None:
@@ -395,7 +405,7 @@ class StructuredLoss:
 
     def resolved(self, term: LossTerm) -> LossCallable:
         """The loss callable of ``term`` as it is evaluated (in this loss's dtype)."""
-        return self._resolved[id(term.loss)][0]
+        return self._resolved[id(term.loss)].call
 
     def __call__(
         self, model: Any, y: Any, outputs: Any, sample_weight: Any, sum_scale: Any = None
@@ -420,7 +430,8 @@ class StructuredLoss:
             pred = tf.cast(pred, self.dtype)
         if y is None:
             raise ValueError(f"no labels were given for model output {name!r}.")
-        loss_callable, takes_sample_weight = self._resolved[id(loss)]
+        resolved = self._resolved[id(loss)]
+        loss_callable, takes_sample_weight = resolved.call, resolved.takes_sample_weight
         reduction = reduction_of(loss_callable)
         if (
             getattr(loss_callable, "reduction", None) == "mean_with_sample_weight"
@@ -747,7 +758,7 @@ def _with_float_dtypes(config: Any, dtype: str) -> Any:
         return [_with_float_dtypes(item, dtype) for item in config]
     if not isinstance(config, dict):
         return config
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in config.items():
         if key == "dtype" and isinstance(value, str) and value in _FLOAT_POLICIES:
             out[key] = dtype
