@@ -27,9 +27,8 @@ rather than stored.
 **Fallback.** If a graph cannot be split (extraction fails), or when the split is turned
 off (environment variable ``SPECTRA_GRAPH_SPLIT=0``, read when an engine is built), the
 product is one compiled function of (state, batch, vectors) that recomputes the forward
-pass and the gradient on every call — exact, and slower. **Its cost** (stated here once;
-the rest of spectra refers to this paragraph): 1.2-2.4x the time of a split product
-across the architectures of the test zoo on this project's 2-core CPU, measured by
+pass and the gradient on every call — exact, and slower. **Its cost** is stated once, in
+the user guide ("What a product costs", ``docs/guide/operator.md``), from
 ``benchmarks/zoo_speed.py`` (the ratio of its ``fallback`` column to ``matvec``; re-run it
 for your model and device). That is the ratio for one vector (``matvec``); in a block the
 recomputed forward pass and gradient are shared by the block's vectors. The engine warns
