@@ -316,7 +316,7 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
     parameters; returns the number of parameters."""
-    from spectra.io.datasets import check_data_fits_model
+    from spectra.operators.data_checks import check_data_fits_model
 
     loss = args.loss if args.loss is not None else getattr(model, "loss", None)
     if loss is None:
