@@ -35,8 +35,8 @@ __all__ = [
     "check_float_dtype",
     "check_int",
     "check_seed",
-    "describe_loss",
     "is_bool",
+    "loss_name",
 ]
 
 SUPPORTED_FLOAT_DTYPES = ("float32", "float64")
@@ -188,18 +188,16 @@ def check_float_dtype(name: str, value: Any, *, allow_none: bool = True) -> np.d
     return dtype
 
 
-def describe_loss(loss: Any) -> str:
+def loss_name(loss: Any) -> str:
     """How messages and results name a loss: a name as given, a loss object's ``name`` (or
     a function's ``__name__``, else its class), and a dict or list of them per output as
     ``{out: name, ...}`` or ``[name, ...]``."""
     if isinstance(loss, str):
         return loss
     if isinstance(loss, Mapping):
-        return (
-            "{" + ", ".join(f"{key}: {describe_loss(value)}" for key, value in loss.items()) + "}"
-        )
+        return "{" + ", ".join(f"{key}: {loss_name(value)}" for key, value in loss.items()) + "}"
     if isinstance(loss, Sequence):
-        return "[" + ", ".join(describe_loss(value) for value in loss) + "]"
+        return "[" + ", ".join(loss_name(value) for value in loss) + "]"
     return str(
         getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
     )

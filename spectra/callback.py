@@ -36,7 +36,7 @@ from spectra._validation import (
     check_float,
     check_int,
     check_seed,
-    describe_loss,
+    loss_name,
 )
 from spectra.analysis.preconditioning import preconditioned as precondition
 from spectra.analysis.stability import stability_threshold_of, threshold_matrix
@@ -431,7 +431,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         return {
             "unit": self.unit,
             "every": self.every,
-            "loss": None if loss is None else describe_loss(loss),
+            "loss": None if loss is None else loss_name(loss),
             "batch_size": self.batch_size,
             "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
             **self.settings.numbers(),

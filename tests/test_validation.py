@@ -118,11 +118,11 @@ def test_describe_loss():
     def my_loss(y_true, y_pred):
         return y_pred
 
-    assert V.describe_loss("mse") == "mse"
-    assert V.describe_loss(Loss()) == "mean_squared_error"
-    assert V.describe_loss(my_loss) == "my_loss"
-    assert V.describe_loss(object()) == "object"
-    assert V.describe_loss({"a": "mse", "b": [my_loss, "mae"]}) == "{a: mse, b: [my_loss, mae]}"
+    assert V.loss_name("mse") == "mse"
+    assert V.loss_name(Loss()) == "mean_squared_error"
+    assert V.loss_name(my_loss) == "my_loss"
+    assert V.loss_name(object()) == "object"
+    assert V.loss_name({"a": "mse", "b": [my_loss, "mae"]}) == "{a: mse, b: [my_loss, mae]}"
 
 
 def test_imports_neither_tensorflow_nor_scipy():

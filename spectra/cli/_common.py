@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
+from spectra._validation import loss_name
 from spectra.analysis.trajectory import SharpnessSettings, explain_null
 from spectra.cli._curvature import curvature_choice
 from spectra.estimators.results import Result
@@ -299,19 +300,6 @@ def compiles_model(args: argparse.Namespace) -> bool:
     return args.loss is None or bool(getattr(args, "preconditioned", False))
 
 
-def loss_text(loss: Any) -> str:
-    """A short name of a loss spec: a name, a loss object's name, a list or dict of them."""
-    if isinstance(loss, str):
-        return loss
-    if isinstance(loss, dict):
-        return "{" + ", ".join(f"{key}: {loss_text(value)}" for key, value in loss.items()) + "}"
-    if isinstance(loss, (list, tuple)):
-        return "[" + ", ".join(loss_text(value) for value in loss) + "]"
-    return str(
-        getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
-    )
-
-
 def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) -> int:
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
@@ -492,7 +480,7 @@ def model_description(path: str | os.PathLike, model: Any, num_parameters: int) 
         "name": model.name,
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
-        "compiled_loss": None if compiled is None else loss_text(compiled),
+        "compiled_loss": None if compiled is None else loss_name(compiled),
     }
 
 
