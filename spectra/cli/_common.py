@@ -445,7 +445,13 @@ def seed_generator_states(model: Any, seed: int) -> None:
     ordered = [v for v in model.variables if any(v is s for s in states)]
     ordered += [s for s in states if all(s is not v for v in ordered)]
     for j, state in enumerate(ordered):
-        state.assign(np.array([seed, j * 2**20], dtype=state.dtype))
+        state.assign(np.array([seed, j * SEED_STATE_STRIDE], dtype=state.dtype))
+
+
+# The second entries of the Keras seed states are 2²⁰ apart, as the operators space them
+# (spectra.operators.base): each generator's counter may advance 2²⁰ draws before it would
+# reach the next one's stream.
+SEED_STATE_STRIDE = 2**20
 
 
 def data_fingerprint(data: Any) -> str:
@@ -565,6 +571,13 @@ def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
     return [f"{stem}.{fmt}" for stem in stems for fmt in formats]
 
 
+# An error is written to 2 significant digits (the second one still carries information
+# for a standard error from ~10+ samples), the value to the same decimal place, and no
+# value to more than 12 digits (float64 holds 15-17, the estimates far fewer).
+_ERROR_SIGNIFICANT_DIGITS = 2
+_MOST_SIGNIFICANT_DIGITS = 12
+
+
 def plus_minus(value: float | None, error: float | None) -> str:
     """``value ± error`` with the error to 2 significant digits and the value to the same
     decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6441033 ± 2.0e-06), as
@@ -575,8 +588,12 @@ def plus_minus(value: float | None, error: float | None) -> str:
         return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
     if error <= 0 or value == 0:
         return f"{value:.6g} ± {error:.2g}"
-    digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(error)) + 2
-    return f"{value:.{min(max(digits, 1), 12)}g} ± {error:#.2g}"
+    digits = (
+        math.floor(math.log10(abs(value)))
+        - math.floor(math.log10(error))
+        + _ERROR_SIGNIFICANT_DIGITS
+    )
+    return f"{value:.{min(max(digits, 1), _MOST_SIGNIFICANT_DIGITS)}g} ± {error:#.2g}"
 
 
 # --------------------------------------------------------------------------- bounds

@@ -108,12 +108,17 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
     )
 
 
+# Bytes of a file that is not a .npz archive shown in the error: enough to recognize a text
+# file, an HDF5 or a pickle header.
+_HEAD_BYTES = 16
+
+
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not zipfile.is_zipfile(path):
         # np.load would take it for a pickle and advise allow_pickle, which is unsafe and
         # not the cause: a .npz file is a zip archive.
         with open(path, "rb") as stream:
-            head = stream.read(16)
+            head = stream.read(_HEAD_BYTES)
         raise ValueError(
             f"Could not read '{path}' as a .npz file: it is not the zip archive np.savez "
             f"writes (it begins with {head!r}: a text or other file renamed?). Save the "
