@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from spectra._validation import check_int, check_seed
+
 BUILTIN_DATASETS = ("digits", "breast_cancer", "diabetes", "iris", "wine")
 
 
@@ -69,11 +71,13 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
         max_examples: keep a random subset of this many examples, drawn without replacement with
             ``numpy.random.default_rng(seed)`` and kept in their original order. ``None`` (or a
             number not smaller than the data set) keeps everything.
-        seed: the seed of that subset.
+        seed: the seed of that subset, a non-negative integer.
 
     Raises:
         FileNotFoundError: no such file and no such built-in name.
-        ValueError: a file without ``x``/``y`` or with arrays of different lengths.
+        TypeError: ``max_examples`` or ``seed`` not an integer.
+        ValueError: ``max_examples < 1``, ``seed < 0``, a file without ``x``/``y`` or with
+            arrays of different lengths.
         ImportError: a built-in name without scikit-learn installed.
     """
     text = os.fspath(spec)
@@ -92,9 +96,9 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
         description = f"{path} ({len(x)} examples)"
 
     total = len(x)
+    max_examples = check_int("max_examples", max_examples, allow_none=True)
+    seed = check_seed("seed", seed, allow_none=False, allow_generator=False)
     if max_examples is not None:
-        if max_examples < 1:
-            raise ValueError(f"max_examples must be a positive number, got {max_examples}.")
         if max_examples < total:
             index = np.sort(np.random.default_rng(seed).choice(total, max_examples, replace=False))
             x, y = x[index], y[index]

@@ -163,6 +163,12 @@ def test_max_examples_not_smaller_than_data():
     assert data.num_examples == 150 and "subset" not in data.description
 
 
-def test_max_examples_must_be_positive():
-    with pytest.raises(ValueError, match="max_examples must be a positive number"):
+def test_max_examples_and_seed_are_checked():
+    with pytest.raises(ValueError, match=r"^max_examples must be an integer >= 1, got 0$"):
         load_data("iris", max_examples=0)
+    with pytest.raises(TypeError, match=r"^max_examples must be an integer or None, got 2.5"):
+        load_data("iris", max_examples=2.5)
+    with pytest.raises(ValueError, match=r"^seed must be a non-negative integer, got -1$"):
+        load_data("iris", max_examples=10, seed=-1)
+    with pytest.raises(TypeError, match=r"^seed must be a non-negative integer, got None"):
+        load_data("iris", max_examples=10, seed=None)
