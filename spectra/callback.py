@@ -207,7 +207,7 @@ class SharpnessCallback(keras.callbacks.Callback):
                 "is measured."
             )
         tol = check_float("tol", tol)
-        seed = check_seed("seed", seed, below=MAX_SEED, allow_none=False, allow_generator=False)
+        check_seed("seed", seed, below=MAX_SEED, allow_none=False, allow_generator=False)
         self.data = data
         self.loss = loss
         self.every = check_int("every", every)
@@ -290,8 +290,9 @@ class SharpnessCallback(keras.callbacks.Callback):
         if self.unit != "epoch" or self._epochs_completed % self.every != 0:
             return
         step = self._current_step()
+        record: dict[str, Any] | None
         if self.history and self.history[-1]["step"] == step:
-            record: dict[str, Any] | None = self.history[-1]
+            record = self.history[-1]
             record["epoch"] = self._epochs_completed
         else:
             record = self._measure(step)

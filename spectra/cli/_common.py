@@ -634,8 +634,8 @@ def bound_note(
     """
     notes = []
     if not converged:
-        if reason is None and None not in (value, bound, tol):
-            limit = tol * abs(value)  # type: ignore[operator]
+        if reason is None and value is not None and bound is not None and tol is not None:
+            limit = tol * abs(value)
             reason = f"error bound {bound:.2g} > tol·|λ| = {limit:.2g}"
         notes.append(f"(not converged: {reason or 'the tolerance was not reached'})")
     if failure_probability is None:

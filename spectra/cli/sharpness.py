@@ -79,6 +79,10 @@ _UNIT_LABELS = {
     ("checkpoint", "file names"): "Checkpoint number (from the file names)",
 }
 
+# --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
+# back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
+_SAME_RATE_RTOL = 1e-6
+
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
     """Register ``spectra sharpness`` and its options with the subcommand parsers ``commands``."""
@@ -477,14 +481,16 @@ def _recorded_threshold(
     try:
         recorded = stability_threshold_of(optimizer)
     except ValueError as err:
-        recorded = None
         if args.lr is None:
             notes.append(f"no threshold line: {err}")
             return None, None, None, notes
         notes.append(f"{source}: {err}; the line is gradient descent's 2/η with --lr")
         return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
     threshold = recorded
-    if args.lr is not None and not math.isclose(args.lr, recorded.learning_rate, rel_tol=1e-6):
+    same_rate = args.lr is None or math.isclose(
+        args.lr, recorded.learning_rate, rel_tol=_SAME_RATE_RTOL
+    )
+    if not same_rate:
         notes.append(
             f"--lr {args.lr:g} differs from the learning rate {recorded.learning_rate:g} of the "
             f"{source}; the threshold uses --lr"

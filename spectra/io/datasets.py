@@ -97,7 +97,7 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
 
     total = len(x)
     max_examples = check_int("max_examples", max_examples, allow_none=True)
-    seed = check_seed("seed", seed, allow_none=False, allow_generator=False)
+    check_seed("seed", seed, allow_none=False, allow_generator=False)
     if max_examples is not None:
         if max_examples < total:
             index = np.sort(np.random.default_rng(seed).choice(total, max_examples, replace=False))

@@ -536,6 +536,7 @@ def _per_output(
     result = []
     for position, (path, output) in enumerate(leaves):
         key = path[0] if isinstance(outputs, dict) else position
+        output_name: str | None
         if isinstance(outputs, dict):
             output_name = str(key)
         else:
