@@ -13,7 +13,8 @@ The message names the argument first, then what it must be, then what it got:
 ``"k must be an integer >= 1, got 0"``. The estimators call these checks too, so this
 module imports NumPy only (no TensorFlow, no SciPy). The checks of a Keras model's data
 (labels, input dtypes, Embedding indices, graph errors) live in the operators layer,
-:mod:`spectra.operators.data_checks`.
+:mod:`spectra.operators.data_checks`. :func:`loss_name` is how every message and result
+names a loss.
 
 Cost: a few ``isinstance`` tests per argument.
 """
