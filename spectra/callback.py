@@ -19,7 +19,6 @@ each measurement.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import warnings
@@ -31,6 +30,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from spectra._validation import (
+    MAX_SEED,
+    check_choice,
+    check_float,
+    check_int,
+    check_seed,
+    loss_name,
+)
 from spectra.analysis.preconditioning import preconditioned as precondition
 from spectra.analysis.stability import stability_threshold_of, threshold_matrix
 from spectra.analysis.trajectory import (
@@ -62,18 +69,6 @@ def _global_rng_preserved() -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)  # noqa: NPY002
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
-    return int(value)
-
-
-def _describe_loss(loss: Any) -> str:
-    if isinstance(loss, str):
-        return loss
-    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
 class SharpnessCallback(keras.callbacks.Callback):
@@ -205,28 +200,24 @@ class SharpnessCallback(keras.callbacks.Callback):
         verbose: int = 0,
     ) -> None:
         super().__init__()
-        if unit not in _UNITS:
-            raise ValueError(f"unit must be 'epoch' or 'step'; got {unit!r}.")
+        unit = check_choice("unit", unit, _UNITS)
         if data is None:
             raise ValueError(
                 "data is required: the (x, y) arrays or tf.data.Dataset whose loss Hessian "
                 "is measured."
             )
-        if not (isinstance(tol, (int, float)) and not isinstance(tol, bool)) or not (
-            tol > 0 and math.isfinite(tol)
-        ):
-            raise ValueError(f"tol must be a positive finite number; got {tol!r}.")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0; got {seed!r}.")
+        tol = check_float("tol", tol)
+        check_seed("seed", seed, below=MAX_SEED, allow_none=False, allow_generator=False)
         self.data = data
         self.loss = loss
-        self.every = _check_positive_int("every", every)
+        self.every = check_int("every", every)
         self.unit = unit
-        self.top_k = _check_positive_int("top_k", top_k)
+        self.top_k = check_int("top_k", top_k)
         self.trace = bool(trace)
-        self.trace_products = _check_positive_int("trace_products", trace_products)
-        if self.trace and self.trace_products < 2:
-            raise ValueError(f"trace_products must be >= 2; got {trace_products!r}.")
+        # A Hutchinson trace needs two probes for its standard error.
+        self.trace_products = check_int(
+            "trace_products", trace_products, minimum=2 if self.trace else 1
+        )
         self.settings = SharpnessSettings(
             top_k=self.top_k,
             method=method,
@@ -299,8 +290,9 @@ class SharpnessCallback(keras.callbacks.Callback):
         if self.unit != "epoch" or self._epochs_completed % self.every != 0:
             return
         step = self._current_step()
+        record: dict[str, Any] | None
         if self.history and self.history[-1]["step"] == step:
-            record: dict[str, Any] | None = self.history[-1]
+            record = self.history[-1]
             record["epoch"] = self._epochs_completed
         else:
             record = self._measure(step)
@@ -440,7 +432,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         return {
             "unit": self.unit,
             "every": self.every,
-            "loss": None if loss is None else _describe_loss(loss),
+            "loss": None if loss is None else loss_name(loss),
             "batch_size": self.batch_size,
             "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
             **self.settings.numbers(),

@@ -365,19 +365,25 @@ def test_error_when_no_loss_is_known(data):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({"unit": "batch"}, "unit must be 'epoch' or 'step'"),
-        ({"every": 0}, "every must be an integer >= 1"),
-        ({"every": 1.5}, "every must be an integer >= 1"),
-        ({"top_k": 0}, "top_k must be an integer >= 1"),
-        ({"tol": -1.0}, "tol must be a positive"),
-        ({"seed": -1}, "seed must be an integer >= 0"),
-        ({"trace": True, "trace_products": 1}, "trace_products must be >= 2"),
+        ({"unit": "batch"}, ValueError, "^unit must be one of 'epoch', 'step', got 'batch'$"),
+        ({"every": 0}, ValueError, "^every must be an integer >= 1, got 0$"),
+        ({"every": 1.5}, TypeError, r"^every must be an integer, got 1.5 \(float\)$"),
+        ({"top_k": 0}, ValueError, "^top_k must be an integer >= 1, got 0$"),
+        ({"top_k": True}, TypeError, r"^top_k must be an integer, got True \(bool\)$"),
+        ({"tol": -1.0}, ValueError, "^tol must be a positive finite number, got -1.0$"),
+        ({"seed": -1}, ValueError, r"^seed must be a non-negative integer below 2\*\*62, got -1$"),
+        ({"seed": None}, TypeError, "^seed must be a non-negative integer, got None"),
+        (
+            {"trace": True, "trace_products": 1},
+            ValueError,
+            "^trace_products must be an integer >= 2, got 1$",
+        ),
     ],
 )
-def test_invalid_arguments(data, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_invalid_arguments(data, kwargs, error, message):
+    with pytest.raises(error, match=message):
         SharpnessCallback(data, **kwargs)
 
 

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from spectra._validation import graph_errors
 from spectra.estimators.results import Result
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
+from spectra.operators.data_checks import graph_errors
 
 __all__ = ["LandscapeResult", "loss_landscape", "random_direction"]
 

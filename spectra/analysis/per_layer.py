@@ -44,13 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from spectra._validation import check_float, check_int, is_bool
 from spectra.estimators._products import (
     _SYMMETRY_SEED,
     SeedLike,
     _as_symmetric_operator,
-    _check_int,
-    _check_positive,
-    _is_bool,
     _one_blas_thread,
     _rademacher,
     _rng,
@@ -258,7 +256,7 @@ def _resolve_groups(op: Any, groups: Any, n: int) -> tuple[list[str], list[np.nd
         for key, value in groups.items():
             members = _members(value, str(key))
             for member in members:
-                if _is_bool(member) or not isinstance(member, (int, np.integer)):
+                if is_bool(member) or not isinstance(member, (int, np.integer)):
                     raise TypeError(
                         f"groups[{key!r}] has a non-integer index {member!r}: give integer "
                         f"parameter indices (0 <= i < {n})"
@@ -353,13 +351,13 @@ def layerwise(
     residuals, two work vectors), i.e. that many times n numbers in all.
     """
     started = time.perf_counter()
-    k = _check_int("k", k)
+    k = check_int("k", k)
     if num_products is None:
         num_products = 1000 + 100 * k
-    num_products = _check_int("num_products", num_products, k)
-    num_probes = _check_int("num_probes", num_probes, 2)
-    tol = _check_positive("tol", tol)
-    failure_probability = _check_positive("failure_probability", failure_probability, below=1.0)
+    num_products = check_int("num_products", num_products, minimum=k)
+    num_probes = check_int("num_probes", num_probes, minimum=2)
+    tol = check_float("tol", tol)
+    failure_probability = check_float("failure_probability", failure_probability, below=1.0)
     counter = _as_symmetric_operator(op, "layerwise", check_symmetry)
     n = counter.n
     names, parts, origin = _resolve_groups(op, groups, n)

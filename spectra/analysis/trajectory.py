@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.analysis.subspaces import subspace_overlap
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.estimators.stochastic_trace import trace as estimate_trace
@@ -127,25 +128,12 @@ class SharpnessSettings:
     warm_start: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "trace_products"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer; got {self.seed!r}.")
-        tol = self.tol
-        if (
-            isinstance(tol, bool)
-            or not isinstance(tol, (int, float))
-            or not (tol > 0 and math.isfinite(tol))
-        ):
-            raise ValueError(f"tol must be a positive finite number; got {tol!r}.")
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}; got {self.method!r}.")
-        if self.trace_method not in _TRACE_METHODS:
-            raise ValueError(
-                f"trace_method must be one of {_TRACE_METHODS}; got {self.trace_method!r}."
-            )
+        check_int("top_k", self.top_k)
+        check_int("trace_products", self.trace_products)
+        check_seed("seed", self.seed, allow_none=False, allow_generator=False)
+        check_float("tol", self.tol)
+        check_choice("method", self.method, _METHODS)
+        check_choice("trace_method", self.trace_method, _TRACE_METHODS)
         if self.trace:
             _check_trace_budget(self.trace_method, int(self.trace_products))
 

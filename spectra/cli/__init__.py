@@ -33,7 +33,9 @@ from spectra.cli._parser import build_parser
 
 __all__ = ["main"]
 
-EXIT_OK = 0
+# Exit statuses besides 0 (done, which each command's run returns): an unexpected error, an
+# error in the command or its inputs (argparse's own status for usage errors), and an
+# interrupt (128 + SIGINT, the shell's convention).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
+from spectra._validation import loss_name
 from spectra.analysis.trajectory import SharpnessSettings, explain_null
 from spectra.cli._curvature import curvature_choice
 from spectra.estimators.results import Result
@@ -299,24 +300,11 @@ def compiles_model(args: argparse.Namespace) -> bool:
     return args.loss is None or bool(getattr(args, "preconditioned", False))
 
 
-def loss_text(loss: Any) -> str:
-    """A short name of a loss spec: a name, a loss object's name, a list or dict of them."""
-    if isinstance(loss, str):
-        return loss
-    if isinstance(loss, dict):
-        return "{" + ", ".join(f"{key}: {loss_text(value)}" for key, value in loss.items()) + "}"
-    if isinstance(loss, (list, tuple)):
-        return "[" + ", ".join(loss_text(value) for value in loss) + "]"
-    return str(
-        getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
-    )
-
-
 def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) -> int:
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
     parameters; returns the number of parameters."""
-    from spectra.io.datasets import check_data_fits_model
+    from spectra.operators.data_checks import check_data_fits_model
 
     loss = args.loss if args.loss is not None else getattr(model, "loss", None)
     if loss is None:
@@ -457,7 +445,13 @@ def seed_generator_states(model: Any, seed: int) -> None:
     ordered = [v for v in model.variables if any(v is s for s in states)]
     ordered += [s for s in states if all(s is not v for v in ordered)]
     for j, state in enumerate(ordered):
-        state.assign(np.array([seed, j * 2**20], dtype=state.dtype))
+        state.assign(np.array([seed, j * SEED_STATE_STRIDE], dtype=state.dtype))
+
+
+# The second entries of the Keras seed states are 2²⁰ apart, as the operators space them
+# (spectra.operators.base): each generator's counter may advance 2²⁰ draws before it would
+# reach the next one's stream.
+SEED_STATE_STRIDE = 2**20
 
 
 def data_fingerprint(data: Any) -> str:
@@ -492,7 +486,7 @@ def model_description(path: str | os.PathLike, model: Any, num_parameters: int) 
         "name": model.name,
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
-        "compiled_loss": None if compiled is None else loss_text(compiled),
+        "compiled_loss": None if compiled is None else loss_name(compiled),
     }
 
 
@@ -577,6 +571,13 @@ def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
     return [f"{stem}.{fmt}" for stem in stems for fmt in formats]
 
 
+# An error is written to 2 significant digits (the second one still carries information
+# for a standard error from ~10+ samples), the value to the same decimal place, and no
+# value to more than 12 digits (float64 holds 15-17, the estimates far fewer).
+_ERROR_SIGNIFICANT_DIGITS = 2
+_MOST_SIGNIFICANT_DIGITS = 12
+
+
 def plus_minus(value: float | None, error: float | None) -> str:
     """``value ± error`` with the error to 2 significant digits and the value to the same
     decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6441033 ± 2.0e-06), as
@@ -587,8 +588,12 @@ def plus_minus(value: float | None, error: float | None) -> str:
         return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
     if error <= 0 or value == 0:
         return f"{value:.6g} ± {error:.2g}"
-    digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(error)) + 2
-    return f"{value:.{min(max(digits, 1), 12)}g} ± {error:#.2g}"
+    digits = (
+        math.floor(math.log10(abs(value)))
+        - math.floor(math.log10(error))
+        + _ERROR_SIGNIFICANT_DIGITS
+    )
+    return f"{value:.{min(max(digits, 1), _MOST_SIGNIFICANT_DIGITS)}g} ± {error:#.2g}"
 
 
 # --------------------------------------------------------------------------- bounds
@@ -629,8 +634,8 @@ def bound_note(
     """
     notes = []
     if not converged:
-        if reason is None and None not in (value, bound, tol):
-            limit = tol * abs(value)  # type: ignore[operator]
+        if reason is None and value is not None and bound is not None and tol is not None:
+            limit = tol * abs(value)
             reason = f"error bound {bound:.2g} > tol·|λ| = {limit:.2g}"
         notes.append(f"(not converged: {reason or 'the tolerance was not reached'})")
     if failure_probability is None:

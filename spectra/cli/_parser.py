@@ -1,24 +1,28 @@
-"""The argument parser of the ``spectra`` command line (imports nothing heavy: ``--help``
-answers at once)."""
+"""The argument parser of the ``spectra`` command line.
+
+The options every subcommand shares are argument groups here (:func:`common_options`: data
+and loss, model and computation, output; :func:`eigen_options`; :func:`trace_options`); each
+subcommand module (``spectra/cli/<command>.py``) registers its own parser and options with an
+``add_arguments(commands)`` function and runs with ``run(args, console)``. Adding a
+subcommand is that module plus its name in :data:`COMMANDS`. The command modules import no
+TensorFlow at module level, so ``spectra --help`` never loads it (it imports NumPy and SciPy
+with them: about 0.3 s of CPU).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 from typing import NoReturn
 
 from spectra import __version__
-from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE
+from spectra._validation import MAX_SEED, check_seed
 
-# The landscape's α grid when --points is not given: enough points in the quadratic region.
-LANDSCAPE_POINTS = 41
-# The most loss evaluations (data passes) ``spectra landscape`` runs without --force: 2,000
-# is 2 curves of 1,000 points, or a 2-D surface of 44² points (the default 41 points give
-# 2·41 + 1 = 83 evaluations in 1-D and 41² + 2·41 + 1 = 1,764 with --directions 2).
-LANDSCAPE_MAX_EVALUATIONS = 2000
-# Seeds are non-negative and below 2**62 (the operators' stateless generators).
-MAX_SEED = 2**62
+# The subcommands, in the order ``spectra --help`` lists them: each is the module
+# spectra.cli.<name>, with add_arguments(commands) and run(args, console).
+COMMANDS = ("analyze", "sharpness", "landscape")
 FIGURE_FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
@@ -55,14 +59,17 @@ def _positive_float(text: str) -> float:
 
 
 def _seed(text: str) -> int:
-    """A seed: an integer 0 ≤ s < 2⁶² (what the operators' stateless generators take)."""
+    """A seed: an integer 0 ≤ s < 2⁶² (what the operators' stateless generators take),
+    checked by :func:`spectra._validation.check_seed`."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
-    if not 0 <= value < MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**62, got {text}")
-    return value
+    try:
+        return check_seed("--seed", value, below=MAX_SEED)  # type: ignore[return-value]
+    except ValueError as err:
+        # argparse names the option itself: "argument --seed: must be ...".
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--seed ")) from None
 
 
 def _formats(text: str) -> list[str]:
@@ -75,7 +82,7 @@ def _formats(text: str) -> list[str]:
     return list(dict.fromkeys(formats))
 
 
-def _common_options() -> argparse.ArgumentParser:
+def common_options() -> argparse.ArgumentParser:
     """Options shared by all subcommands: data, loss, model loading, precision, output."""
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("data and loss")
@@ -158,7 +165,8 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def _eigen_options() -> argparse.ArgumentParser:
+def eigen_options() -> argparse.ArgumentParser:
+    """The eigensolver's options (``--method``, ``--tol``)."""
     eigen = argparse.ArgumentParser(add_help=False)
     group = eigen.add_argument_group("eigenvalues")
     group.add_argument(
@@ -178,13 +186,13 @@ def _eigen_options() -> argparse.ArgumentParser:
     return eigen
 
 
-def _trace_options(with_switch: bool) -> argparse.ArgumentParser:
+def trace_options() -> argparse.ArgumentParser:
+    """The trace's options (``--trace``, ``--trace-method``, ``--trace-products``)."""
     options = argparse.ArgumentParser(add_help=False)
     group = options.add_argument_group("trace")
-    if with_switch:
-        group.add_argument(
-            "--trace", action="store_true", help="also estimate the trace of the Hessian"
-        )
+    group.add_argument(
+        "--trace", action="store_true", help="also estimate the trace of the Hessian"
+    )
     group.add_argument(
         "--trace-method",
         choices=("hutchinson", "hutch++", "xtrace"),
@@ -202,7 +210,8 @@ def _trace_options(with_switch: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``spectra`` and its subcommands."""
+    """The parser of ``spectra`` and its subcommands (:data:`COMMANDS`, each registered by
+    its own module's ``add_arguments``)."""
     parser = OneLineParser(
         prog="spectra",
         description="Hessian spectrum analysis of TensorFlow/Keras models: eigenvalues, "
@@ -213,195 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"spectra {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common, eigen, trace = _common_options(), _eigen_options(), _trace_options(True)
-
-    analyze = commands.add_parser(
-        "analyze",
-        parents=[common, eigen, trace],
-        help="eigenvalues, trace, spectral density and per-layer spectra of one model's loss "
-        "Hessian (or GGN, Fisher)",
-        description="Top eigenvalues (with error bounds), optionally the trace (± standard "
-        "error) and the spectral density (stochastic Lanczos quadrature) of the Hessian of a "
-        "model's dataset loss (or of another --curvature matrix). Writes DIR/results.json, "
-        "DIR/eigenvalues.png, with --density DIR/density.png and with --layers "
-        "DIR/layers.png (one file per --format).",
-    )
-    analyze.add_argument(
-        "model",
-        metavar="MODEL",
-        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
-    )
-    analyze.add_argument(
-        "--top-k", type=_positive_int, default=5, metavar="K", help="eigenvalues (default 5)"
-    )
-    analyze.add_argument(
-        "--log-scale", action="store_true", help="eigenvalue figure on a logarithmic axis"
-    )
-    analyze.add_argument(
-        "--curvature",
-        choices=tuple(CURVATURES),
-        default=DEFAULT_CURVATURE,
-        help="the curvature matrix: the loss Hessian, the generalized Gauss-Newton matrix, "
-        "the Monte Carlo Fisher (labels sampled with --seed) or the empirical Fisher "
-        f"(default {DEFAULT_CURVATURE})",
-    )
-    analyze.add_argument(
-        "--layers",
-        action="store_true",
-        help="also the top --top-k eigenvalues of each layer's diagonal block (and, with "
-        "--trace, its Hutchinson trace from --trace-products probes per layer), all layers "
-        "in one data pass per step; writes DIR/layers.png",
-    )
-    group = analyze.add_argument_group("spectral density")
-    group.add_argument("--density", action="store_true", help="estimate the spectral density")
-    group.add_argument(
-        "--density-steps",
-        type=_positive_int,
-        default=80,
-        metavar="M",
-        help="Lanczos steps per probe (default 80)",
-    )
-    group.add_argument(
-        "--density-probes",
-        type=_positive_int,
-        default=10,
-        metavar="P",
-        help="random probes (default 10; one probe gives no standard error)",
-    )
-    analyze.add_argument(
-        "--restart",
-        action="store_true",
-        help="remove the files of the previous spectra run in DIR (those its "
-        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
-        "holding another run's files is refused",
-    )
-    analyze.set_defaults(command_module="analyze")
-
-    sharpness = commands.add_parser(
-        "sharpness",
-        parents=[common, eigen, trace],
-        help="sharpness (top eigenvalue) of every checkpoint of a training run",
-        description="Analyze each checkpoint in step order and write DIR/sharpness.json and "
-        "DIR/sharpness.csv after each one, and DIR/sharpness.png at the end, with the "
-        "stability threshold of the run's optimizer (2/η for gradient descent, Cohen et al. "
-        "2021) when it is known; with --preconditioned the sharpness of P⁻¹H for the "
-        "optimizer state of each checkpoint, against the optimizer's threshold (38/η for "
-        "Adam, Cohen et al. 2022). Each entry also records the overlap of the top "
-        "eigenvector(s) with the previous checkpoint's. Resumable: a rerun with the same "
-        "checkpoints and settings skips the checkpoints already done; anything else is "
-        "refused. Checkpoints of one architecture share one model and one compiled Hessian "
-        "product, and each eigensolve starts from the previous checkpoint's eigenvectors.",
-    )
-    sharpness.add_argument(
-        "checkpoints",
-        metavar="CHECKPOINTS",
-        help="a directory of checkpoints or a glob pattern (quote it), e.g. 'run/ckpt-*.keras'",
-    )
-    sharpness.add_argument(
-        "--top-k", type=_positive_int, default=1, metavar="K", help="eigenvalues (default 1)"
-    )
-    sharpness.add_argument(
-        "--lr",
-        type=_positive_float,
-        help="learning rate η of the run, for the threshold line (default: the optimizer "
-        "recorded in a compiled .keras checkpoint, else 'learning_rate' of a trajectory.json "
-        "beside the checkpoints); alone, it draws gradient descent's 2/η",
-    )
-    sharpness.add_argument(
-        "--steps",
-        type=int,
-        nargs="+",
-        metavar="STEP",
-        help="training steps of the checkpoint files in natural name order (default: the last "
-        "integer in each file name)",
-    )
-    sharpness.add_argument(
-        "--restart",
-        action="store_true",
-        help="discard the results in DIR and start again (removes the files of the previous "
-        "spectra run in DIR, those its .spectra-manifest.json lists, nothing else)",
-    )
-    sharpness.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="record a checkpoint that cannot be loaded or measured as failed, with the "
-        "reason, and go on (exit status 1 if any failed)",
-    )
-    sharpness.add_argument(
-        "--preconditioned",
-        action="store_true",
-        help="measure the preconditioned sharpness λ_max(P⁻¹H) (the eigenvalues of "
-        "P^-1/2 H P^-1/2) with P the diagonal preconditioner of the optimizer state each "
-        "checkpoint carries (Adam, AdamW, RMSprop, Adagrad; a .keras file saved by a "
-        "compiled model after training), against the optimizer's threshold, e.g. "
-        "(2+2β₁)/((1−β₁)η) for Adam (Cohen et al. 2022)",
-    )
-    sharpness.add_argument(
-        "--plot-overlap",
-        action="store_true",
-        help="draw the overlap of consecutive top eigenvectors (recorded either way) on the figure",
-    )
-    sharpness.add_argument(
-        "--cold-start",
-        action="store_true",
-        help="start every eigensolve from a random vector instead of the previous "
-        "checkpoint's eigenvectors",
-    )
-    sharpness.set_defaults(command_module="sharpness")
-
-    landscape = commands.add_parser(
-        "landscape",
-        parents=[common, eigen],
-        help="loss along the top eigenvector(s) and a random direction",
-        description="The loss L(θ + α d) for d the top Hessian eigenvector v₁ (and v₂), and a "
-        "random direction (filter-normalized as in Li et al. 2018, then scaled to unit norm), "
-        "so that α is the Euclidean distance in parameter space for every curve; the quadratic "
-        "model along v₁ is drawn for comparison. Writes DIR/landscape.json, "
-        "DIR/landscape_1d.png and, with --directions 2, the surface L(θ + α v₁ + β v₂) in "
-        "DIR/landscape_2d.png.",
-    )
-    landscape.add_argument(
-        "model",
-        metavar="MODEL",
-        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
-    )
-    landscape.add_argument(
-        "--directions",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="eigenvectors to follow: 1 (v₁) or 2 (v₁, v₂ and the 2-D surface) (default 1)",
-    )
-    landscape.add_argument(
-        "--radius",
-        type=_positive_float,
-        metavar="R",
-        help="α runs over [-R, R], a distance in parameter space (default: scaled to the "
-        "curvature, R = 2·√(2L/λ₁), where the quadratic model along v₁ raises the loss L by 4L)",
-    )
-    landscape.add_argument(
-        "--points",
-        type=_positive_int,
-        default=LANDSCAPE_POINTS,
-        metavar="N",
-        help=f"points per direction; an even N is raised by one so that α = 0 is included, "
-        f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS}). Each point costs one pass "
-        f"over the data: 1-D curves take (directions + 1)·N + 1 passes, --directions 2 adds "
-        f"N² + 1; runs of more than {LANDSCAPE_MAX_EVALUATIONS:,} passes are refused without "
-        "--force",
-    )
-    landscape.add_argument(
-        "--force",
-        action="store_true",
-        help=f"run a landscape of more than {LANDSCAPE_MAX_EVALUATIONS:,} loss evaluations "
-        "(the estimate of its cost is printed first)",
-    )
-    landscape.add_argument(
-        "--restart",
-        action="store_true",
-        help="remove the files of the previous spectra run in DIR (those its "
-        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
-        "holding another run's files is refused",
-    )
-    landscape.set_defaults(command_module="landscape")
+    for name in COMMANDS:
+        importlib.import_module(f"spectra.cli.{name}").add_arguments(commands)
     return parser

@@ -37,7 +37,8 @@ from spectra.cli._common import (
     versions,
     write_outputs,
 )
-from spectra.cli._curvature import curvature_choice
+from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE, curvature_choice
+from spectra.cli._parser import _positive_int, common_options, eigen_options, trace_options
 from spectra.estimators.density import spectral_density, spectral_mass_below
 from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
 from spectra.estimators.results import (
@@ -82,6 +83,71 @@ class AnalysisReport(CommandReport):
     files: dict[str, Any]
     """The paths written (``results``, ``*_figure`` lists), and ``not_written`` (file name
     to reason) when some could not be (a full disk)."""
+
+
+def add_arguments(commands: argparse._SubParsersAction) -> None:
+    """Register ``spectra analyze`` and its options with the subcommand parsers ``commands``."""
+    analyze = commands.add_parser(
+        "analyze",
+        parents=[common_options(), eigen_options(), trace_options()],
+        help="eigenvalues, trace, spectral density and per-layer spectra of one model's loss "
+        "Hessian (or GGN, Fisher)",
+        description="Top eigenvalues (with error bounds), optionally the trace (± standard "
+        "error) and the spectral density (stochastic Lanczos quadrature) of the Hessian of a "
+        "model's dataset loss (or of another --curvature matrix). Writes DIR/results.json, "
+        "DIR/eigenvalues.png, with --density DIR/density.png and with --layers "
+        "DIR/layers.png (one file per --format).",
+    )
+    analyze.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
+    )
+    analyze.add_argument(
+        "--top-k", type=_positive_int, default=5, metavar="K", help="eigenvalues (default 5)"
+    )
+    analyze.add_argument(
+        "--log-scale", action="store_true", help="eigenvalue figure on a logarithmic axis"
+    )
+    analyze.add_argument(
+        "--curvature",
+        choices=tuple(CURVATURES),
+        default=DEFAULT_CURVATURE,
+        help="the curvature matrix: the loss Hessian, the generalized Gauss-Newton matrix, "
+        "the Monte Carlo Fisher (labels sampled with --seed) or the empirical Fisher "
+        f"(default {DEFAULT_CURVATURE})",
+    )
+    analyze.add_argument(
+        "--layers",
+        action="store_true",
+        help="also the top --top-k eigenvalues of each layer's diagonal block (and, with "
+        "--trace, its Hutchinson trace from --trace-products probes per layer), all layers "
+        "in one data pass per step; writes DIR/layers.png",
+    )
+    group = analyze.add_argument_group("spectral density")
+    group.add_argument("--density", action="store_true", help="estimate the spectral density")
+    group.add_argument(
+        "--density-steps",
+        type=_positive_int,
+        default=80,
+        metavar="M",
+        help="Lanczos steps per probe (default 80)",
+    )
+    group.add_argument(
+        "--density-probes",
+        type=_positive_int,
+        default=10,
+        metavar="P",
+        help="random probes (default 10; one probe gives no standard error)",
+    )
+    analyze.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove the files of the previous spectra run in DIR (those its "
+        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
+        "holding another run's files is refused",
+    )
+    analyze.set_defaults(command_module="analyze")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

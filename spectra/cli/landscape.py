@@ -32,10 +32,16 @@ from spectra.cli._common import (
     versions,
     write_outputs,
 )
-from spectra.cli._parser import LANDSCAPE_MAX_EVALUATIONS, LANDSCAPE_POINTS
+from spectra.cli._parser import _positive_float, _positive_int, common_options, eigen_options
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.estimators.results import EigenResult
 
+# The landscape's α grid when --points is not given: enough points in the quadratic region.
+LANDSCAPE_POINTS = 41
+# The most loss evaluations (data passes) ``spectra landscape`` runs without --force: 2,000
+# is 2 curves of 1,000 points, or a 2-D surface of 44² points (the default 41 points give
+# 2·41 + 1 = 83 evaluations in 1-D and 41² + 2·41 + 1 = 1,764 with --directions 2).
+LANDSCAPE_MAX_EVALUATIONS = 2000
 _RESULTS = "landscape.json"
 _FIGURES = ("landscape_1d", "landscape_2d")
 # The default radius is this many times √(2L/λ₁), where the quadratic model along v₁ raises
@@ -110,6 +116,65 @@ def check_cost(args: argparse.Namespace) -> int:
             "it anyway."
         )
     return count
+
+
+def add_arguments(commands: argparse._SubParsersAction) -> None:
+    """Register ``spectra landscape`` and its options with the subcommand parsers ``commands``."""
+    landscape = commands.add_parser(
+        "landscape",
+        parents=[common_options(), eigen_options()],
+        help="loss along the top eigenvector(s) and a random direction",
+        description="The loss L(θ + α d) for d the top Hessian eigenvector v₁ (and v₂), and a "
+        "random direction (filter-normalized as in Li et al. 2018, then scaled to unit norm), "
+        "so that α is the Euclidean distance in parameter space for every curve; the quadratic "
+        "model along v₁ is drawn for comparison. Writes DIR/landscape.json, "
+        "DIR/landscape_1d.png and, with --directions 2, the surface L(θ + α v₁ + β v₂) in "
+        "DIR/landscape_2d.png.",
+    )
+    landscape.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
+    )
+    landscape.add_argument(
+        "--directions",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="eigenvectors to follow: 1 (v₁) or 2 (v₁, v₂ and the 2-D surface) (default 1)",
+    )
+    landscape.add_argument(
+        "--radius",
+        type=_positive_float,
+        metavar="R",
+        help="α runs over [-R, R], a distance in parameter space (default: scaled to the "
+        "curvature, R = 2·√(2L/λ₁), where the quadratic model along v₁ raises the loss L by 4L)",
+    )
+    landscape.add_argument(
+        "--points",
+        type=_positive_int,
+        default=LANDSCAPE_POINTS,
+        metavar="N",
+        help=f"points per direction; an even N is raised by one so that α = 0 is included, "
+        f"N = 1 evaluates α = 0 only (default {LANDSCAPE_POINTS}). Each point costs one pass "
+        f"over the data: 1-D curves take (directions + 1)·N + 1 passes, --directions 2 adds "
+        f"N² + 1; runs of more than {LANDSCAPE_MAX_EVALUATIONS:,} passes are refused without "
+        "--force",
+    )
+    landscape.add_argument(
+        "--force",
+        action="store_true",
+        help=f"run a landscape of more than {LANDSCAPE_MAX_EVALUATIONS:,} loss evaluations "
+        "(the estimate of its cost is printed first)",
+    )
+    landscape.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove the files of the previous spectra run in DIR (those its "
+        ".spectra-manifest.json lists, nothing else) before writing; without it a DIR "
+        "holding another run's files is refused",
+    )
+    landscape.set_defaults(command_module="landscape")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -63,6 +63,13 @@ from spectra.cli._common import (
     user_errors,
     versions,
 )
+from spectra.cli._parser import (
+    _positive_float,
+    _positive_int,
+    common_options,
+    eigen_options,
+    trace_options,
+)
 
 _FIGURE = "sharpness"
 _UNIT_LABELS = {
@@ -71,6 +78,85 @@ _UNIT_LABELS = {
     ("epoch", "file names"): "Epoch (from the file names)",
     ("checkpoint", "file names"): "Checkpoint number (from the file names)",
 }
+
+# --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
+# back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
+_SAME_RATE_RTOL = 1e-6
+
+
+def add_arguments(commands: argparse._SubParsersAction) -> None:
+    """Register ``spectra sharpness`` and its options with the subcommand parsers ``commands``."""
+    sharpness = commands.add_parser(
+        "sharpness",
+        parents=[common_options(), eigen_options(), trace_options()],
+        help="sharpness (top eigenvalue) of every checkpoint of a training run",
+        description="Analyze each checkpoint in step order and write DIR/sharpness.json and "
+        "DIR/sharpness.csv after each one, and DIR/sharpness.png at the end, with the "
+        "stability threshold of the run's optimizer (2/η for gradient descent, Cohen et al. "
+        "2021) when it is known; with --preconditioned the sharpness of P⁻¹H for the "
+        "optimizer state of each checkpoint, against the optimizer's threshold (38/η for "
+        "Adam, Cohen et al. 2022). Each entry also records the overlap of the top "
+        "eigenvector(s) with the previous checkpoint's. Resumable: a rerun with the same "
+        "checkpoints and settings skips the checkpoints already done; anything else is "
+        "refused. Checkpoints of one architecture share one model and one compiled Hessian "
+        "product, and each eigensolve starts from the previous checkpoint's eigenvectors.",
+    )
+    sharpness.add_argument(
+        "checkpoints",
+        metavar="CHECKPOINTS",
+        help="a directory of checkpoints or a glob pattern (quote it), e.g. 'run/ckpt-*.keras'",
+    )
+    sharpness.add_argument(
+        "--top-k", type=_positive_int, default=1, metavar="K", help="eigenvalues (default 1)"
+    )
+    sharpness.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="learning rate η of the run, for the threshold line (default: the optimizer "
+        "recorded in a compiled .keras checkpoint, else 'learning_rate' of a trajectory.json "
+        "beside the checkpoints); alone, it draws gradient descent's 2/η",
+    )
+    sharpness.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        metavar="STEP",
+        help="training steps of the checkpoint files in natural name order (default: the last "
+        "integer in each file name)",
+    )
+    sharpness.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the results in DIR and start again (removes the files of the previous "
+        "spectra run in DIR, those its .spectra-manifest.json lists, nothing else)",
+    )
+    sharpness.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="record a checkpoint that cannot be loaded or measured as failed, with the "
+        "reason, and go on (exit status 1 if any failed)",
+    )
+    sharpness.add_argument(
+        "--preconditioned",
+        action="store_true",
+        help="measure the preconditioned sharpness λ_max(P⁻¹H) (the eigenvalues of "
+        "P^-1/2 H P^-1/2) with P the diagonal preconditioner of the optimizer state each "
+        "checkpoint carries (Adam, AdamW, RMSprop, Adagrad; a .keras file saved by a "
+        "compiled model after training), against the optimizer's threshold, e.g. "
+        "(2+2β₁)/((1−β₁)η) for Adam (Cohen et al. 2022)",
+    )
+    sharpness.add_argument(
+        "--plot-overlap",
+        action="store_true",
+        help="draw the overlap of consecutive top eigenvectors (recorded either way) on the figure",
+    )
+    sharpness.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="start every eigensolve from a random vector instead of the previous "
+        "checkpoint's eigenvectors",
+    )
+    sharpness.set_defaults(command_module="sharpness")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -395,14 +481,16 @@ def _recorded_threshold(
     try:
         recorded = stability_threshold_of(optimizer)
     except ValueError as err:
-        recorded = None
         if args.lr is None:
             notes.append(f"no threshold line: {err}")
             return None, None, None, notes
         notes.append(f"{source}: {err}; the line is gradient descent's 2/η with --lr")
         return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
     threshold = recorded
-    if args.lr is not None and not math.isclose(args.lr, recorded.learning_rate, rel_tol=1e-6):
+    same_rate = args.lr is None or math.isclose(
+        args.lr, recorded.learning_rate, rel_tol=_SAME_RATE_RTOL
+    )
+    if not same_rate:
         notes.append(
             f"--lr {args.lr:g} differs from the learning rate {recorded.learning_rate:g} of the "
             f"{source}; the threshold uses --lr"

@@ -1,4 +1,4 @@
-"""Private helpers shared by the estimators: argument checks, the product counter
+"""Private helpers shared by the estimators: seeds, the product counter
 (which also refuses non-finite products and tests symmetry for free), random
 numbers, running moments, progress bars and Gram–Schmidt reorthogonalization.
 
@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
 from threadpoolctl import ThreadpoolController
 from tqdm import tqdm  # the console bar: no ipywidgets needed in notebooks
+
+from spectra._validation import check_bool, check_seed
 
 SeedLike = int | np.random.Generator | None
 
@@ -38,23 +39,11 @@ _SAFE_EXPONENT = 64
 _SYMMETRY_SEED = 0x5EED
 
 
-# -- argument checks -------------------------------------------------------------------
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, (bool, np.bool_))
-
-
+# -- arguments ---------------------------------------------------------------------------
 def _rng(seed: Any, name: str = "seed") -> np.random.Generator:
-    """A numpy Generator from an int >= 0, None or an existing Generator (used as is)."""
-    if isinstance(seed, np.random.Generator):
-        return seed
-    valid = seed is None or (
-        not _is_bool(seed) and isinstance(seed, (int, np.integer)) and seed >= 0
-    )
-    if not valid:
-        raise ValueError(
-            f"{name} must be an int >= 0, None or a numpy.random.Generator, got {seed!r}"
-        )
-    return np.random.default_rng(seed)
+    """A numpy Generator from a seed :func:`~spectra._validation.check_seed` accepts: an
+    int >= 0, None, or an existing Generator (used as is)."""
+    return np.random.default_rng(check_seed(name, seed))
 
 
 def _seed_setting(seed: SeedLike) -> Any:
@@ -62,33 +51,6 @@ def _seed_setting(seed: SeedLike) -> Any:
     if seed is None:
         return None
     return int(seed) if isinstance(seed, (int, np.integer)) else "generator"
-
-
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """An integer >= minimum; bools are refused (``k=True`` is an error, not k = 1)."""
-    if _is_bool(value) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_positive(name: str, value: Any, below: float | None = None) -> float:
-    """A positive finite real number (numpy floats included, bools refused), < ``below``."""
-    ok = not _is_bool(value) and isinstance(value, numbers.Real)
-    if ok:
-        value = float(value)
-        ok = value > 0 and math.isfinite(value) and (below is None or value < below)
-    if not ok:
-        limit = f" and < {below:g}" if below is not None else ""
-        raise ValueError(f"{name} must be a positive finite number{limit}, got {value!r}")
-    return value
-
-
-def _check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    choices = tuple(choices)
-    if not isinstance(value, str) or value not in choices:
-        valid = ", ".join(repr(choice) for choice in choices)
-        raise ValueError(f"unknown {name} {value!r}; valid values: {valid}")
-    return value
 
 
 def _boundary_dtype(dtype: Any) -> np.dtype:
@@ -309,8 +271,7 @@ def _as_symmetric_operator(op: Any, label: str, check_symmetry: bool = True) -> 
     Requires a square shape. With ``check_symmetry`` the counter tests symmetry on the
     estimator's first products (no extra product, see :class:`_ProductCounter`).
     """
-    if not _is_bool(check_symmetry):
-        raise ValueError(f"check_symmetry must be True or False, got {check_symmetry!r}")
+    check_symmetry = check_bool("check_symmetry", check_symmetry)
     try:
         operator = aslinearoperator(op)
     except TypeError as error:

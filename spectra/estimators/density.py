@@ -16,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
-    _check_choice,
-    _check_int,
-    _check_positive,
     _one_blas_thread,
     _Progress,
     _rademacher,
@@ -66,9 +64,9 @@ def spectral_density(
     one); memory num_probes · num_steps · n float64 numbers for the bases.
     """
     started = time.perf_counter()
-    num_steps = _check_int("num_steps", num_steps)
-    num_probes = _check_int("num_probes", num_probes)
-    distribution = _check_choice("distribution", distribution, ("rademacher", "gaussian"))
+    num_steps = check_int("num_steps", num_steps)
+    num_probes = check_int("num_probes", num_probes)
+    distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, "spectral_density", check_symmetry)
     n = counter.n
@@ -131,12 +129,12 @@ def spectral_mass_below(
     the true λ_max; pass an eigenvalue estimate to pin the threshold). The default
     τ = 0.01 puts the threshold at 1% of λ_max below 0.
     """
-    tau = _check_positive("tau", tau)
+    tau = check_float("tau", tau)
     if lambda_max is None:
         used = density.nodes[density.weights > 0]
         lambda_max = float(used.max())
     else:
-        lambda_max = _check_positive("lambda_max", lambda_max)
+        lambda_max = check_float("lambda_max", lambda_max)
     if not lambda_max > 0:
         raise ValueError(
             f"the mass below −τ·λ_max needs λ_max > 0; the largest node is {lambda_max:.3g}"

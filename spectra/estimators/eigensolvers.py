@@ -90,12 +90,10 @@ import numpy as np
 from scipy.linalg import blas as _blas
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
+from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
-    _check_choice,
-    _check_int,
-    _check_positive,
     _one_blas_thread,
     _orthogonalize,
     _Progress,
@@ -1286,14 +1284,14 @@ def eigenvalues(
     multiplicities up to its block size directly.
     """
     started = time.perf_counter()
-    k = _check_int("k", k)
-    which = _check_choice("which", which, _WHICH)
-    method = _check_choice("method", method, _METHODS)
-    tol = _check_positive("tol", tol)
-    failure_probability = _check_positive("failure_probability", failure_probability, below=1.0)
+    k = check_int("k", k)
+    which = check_choice("which", which, _WHICH)
+    method = check_choice("method", method, _METHODS)
+    tol = check_float("tol", tol)
+    failure_probability = check_float("failure_probability", failure_probability, below=1.0)
     if max_products is None:
         max_products = 1000 + 100 * k
-    max_products = _check_int("max_products", max_products)
+    max_products = check_int("max_products", max_products)
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, f"eigenvalues ({method})", check_symmetry)
     n = counter.n

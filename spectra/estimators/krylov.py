@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from spectra._validation import check_int
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
-    _check_int,
     _one_blas_thread,
     _orthogonalize,
     _ProductCounter,
@@ -117,7 +117,7 @@ def lanczos(
     extra one unless m = 1).
     """
     started = time.perf_counter()
-    num_steps = _check_int("num_steps", num_steps)
+    num_steps = check_int("num_steps", num_steps)
     counter = _as_symmetric_operator(op, "lanczos", check_symmetry)
     n = counter.n
     rng = _rng(seed)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spectra._validation import check_int
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
-    _check_int,
     _Progress,
     _rademacher,
     _rng,
@@ -56,11 +56,11 @@ def diagonal(
     so operators from 1e-300 to 1e300 give the same relative accuracy.
     """
     started = time.perf_counter()
-    num_products = _check_int("num_products", num_products, minimum=2)
+    num_products = check_int("num_products", num_products, minimum=2)
     block_size = (
         min(_DEFAULT_BLOCK_SIZE, num_products)
         if block_size is None
-        else _check_int("block_size", block_size)
+        else check_int("block_size", block_size)
     )
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, "diagonal", check_symmetry)

@@ -42,12 +42,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.linalg import qr, solve_triangular
 
+from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
-    _check_choice,
-    _check_int,
-    _check_positive,
     _one_blas_thread,
     _ProductCounter,
     _Progress,
@@ -70,13 +68,13 @@ _MIN_SAMPLES = 10
 
 
 def _check_rtol(rtol: Any) -> float | None:
-    return None if rtol is None else _check_positive("rtol", rtol)
+    return None if rtol is None else check_float("rtol", rtol)
 
 
 def _block_size(block_size: int | None, budget: int) -> int:
     if block_size is None:
         return min(_DEFAULT_BLOCK_SIZE, budget)
-    return _check_int("block_size", block_size)
+    return check_int("block_size", block_size)
 
 
 def _adaptive_mean(
@@ -159,7 +157,7 @@ def hutchinson_trace(
     product). Reference: Hutchinson, Comm. Stat. Simul. Comput. 18 (1989).
     """
     started = time.perf_counter()
-    num_products = _check_int("num_products", num_products, minimum=2)
+    num_products = check_int("num_products", num_products, minimum=2)
     rtol = _check_rtol(rtol)
     block_size = _block_size(block_size, num_products)
     rng = _rng(seed)
@@ -211,10 +209,10 @@ def hutchpp_trace(
     Optimal stochastic trace estimation", SOSA 2021.
     """
     started = time.perf_counter()
-    num_products = _check_int("num_products", num_products, minimum=4)
+    num_products = check_int("num_products", num_products, minimum=4)
     rtol = _check_rtol(rtol)
     if block_size is not None:
-        block_size = _check_int("block_size", block_size)
+        block_size = check_int("block_size", block_size)
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, "trace (hutch++)", check_symmetry)
     n = counter.n
@@ -510,8 +508,8 @@ def xtrace(
     second call multiplies only rank(AΩ) columns when A has rank < s.
     """
     started = time.perf_counter()
-    num_products = _check_int("num_products", num_products, minimum=4)
-    distribution = _check_choice("distribution", distribution, ("sphere", "rademacher"))
+    num_products = check_int("num_products", num_products, minimum=4)
+    distribution = check_choice("distribution", distribution, ("sphere", "rademacher"))
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, "trace (xtrace)", check_symmetry)
     n = counter.n
@@ -567,7 +565,7 @@ def trace(
     rejects ``rtol``. ``num_products`` is the estimator's budget; the symmetry
     check costs no extra product.
     """
-    method = _check_choice("method", method, _METHODS)
+    method = check_choice("method", method, _METHODS)
     if method == "hutchinson":
         return hutchinson_trace(op, num_products, rtol, block_size, seed, progress, check_symmetry)
     if method == "hutch++":
@@ -598,7 +596,7 @@ def frobenius_norm(
     ``stderr`` stay accurate.
     """
     started = time.perf_counter()
-    num_products = _check_int("num_products", num_products, minimum=2)
+    num_products = check_int("num_products", num_products, minimum=2)
     block_size = _block_size(block_size, num_products)
     rng = _rng(seed)
     counter = _as_symmetric_operator(op, "frobenius_norm", check_symmetry)

@@ -367,6 +367,10 @@ def _require_model(obj: Any, path: Path) -> keras.Model:
 # --------------------------------------------------------------------------- builders
 
 
+# Names of a module listed when a builder function is not found in it: enough to spot a typo.
+_NAMES_SHOWN = 10
+
+
 def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
     """Turn ``"module:function"`` or ``"path/to/file.py:function"`` into the callable it names."""
     if callable(builder):
@@ -397,7 +401,7 @@ def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
         public = sorted(n for n in vars(module) if not n.startswith("_"))
         raise ValueError(
             f"Module '{location}' has no '{attribute}' (builder '{builder}'); it defines "
-            f"{public[:10]}"
+            f"{public[:_NAMES_SHOWN]}"
         ) from err
     if not callable(function):
         raise ValueError(f"Builder '{builder}' names a {type(function).__name__}, not a function.")

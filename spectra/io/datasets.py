@@ -35,29 +35,9 @@ from typing import Any
 
 import numpy as np
 
-BUILTIN_DATASETS = ("digits", "breast_cancer", "diabetes", "iris", "wine")
+from spectra._validation import check_int, check_seed
 
-_SPARSE_LOSSES = {"sparse_categorical_crossentropy", "sparse_categorical_hinge"}
-_CATEGORICAL_LOSSES = {
-    "categorical_crossentropy",
-    "categorical_hinge",
-    "kl_divergence",
-    "kullback_leibler_divergence",
-    "kld",
-}
-_BINARY_LOSSES = {"binary_crossentropy", "binary_focal_crossentropy"}
-_SAME_SHAPE_LOSSES = {
-    "mean_squared_error",
-    "mse",
-    "mean_absolute_error",
-    "mae",
-    "huber",
-    "log_cosh",
-    "mean_squared_logarithmic_error",
-    "msle",
-    "hinge",
-    "squared_hinge",
-}
+BUILTIN_DATASETS = ("digits", "breast_cancer", "diabetes", "iris", "wine")
 
 
 @dataclass
@@ -91,11 +71,13 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
         max_examples: keep a random subset of this many examples, drawn without replacement with
             ``numpy.random.default_rng(seed)`` and kept in their original order. ``None`` (or a
             number not smaller than the data set) keeps everything.
-        seed: the seed of that subset.
+        seed: the seed of that subset, a non-negative integer.
 
     Raises:
         FileNotFoundError: no such file and no such built-in name.
-        ValueError: a file without ``x``/``y`` or with arrays of different lengths.
+        TypeError: ``max_examples`` or ``seed`` not an integer.
+        ValueError: ``max_examples < 1``, ``seed < 0``, a file without ``x``/``y`` or with
+            arrays of different lengths.
         ImportError: a built-in name without scikit-learn installed.
     """
     text = os.fspath(spec)
@@ -114,9 +96,9 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
         description = f"{path} ({len(x)} examples)"
 
     total = len(x)
+    max_examples = check_int("max_examples", max_examples, allow_none=True)
+    check_seed("seed", seed, allow_none=False, allow_generator=False)
     if max_examples is not None:
-        if max_examples < 1:
-            raise ValueError(f"max_examples must be a positive number, got {max_examples}.")
         if max_examples < total:
             index = np.sort(np.random.default_rng(seed).choice(total, max_examples, replace=False))
             x, y = x[index], y[index]
@@ -130,12 +112,17 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
     )
 
 
+# Bytes of a file that is not a .npz archive shown in the error: enough to recognize a text
+# file, an HDF5 or a pickle header.
+_HEAD_BYTES = 16
+
+
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not zipfile.is_zipfile(path):
         # np.load would take it for a pickle and advise allow_pickle, which is unsafe and
         # not the cause: a .npz file is a zip archive.
         with open(path, "rb") as stream:
-            head = stream.read(16)
+            head = stream.read(_HEAD_BYTES)
         raise ValueError(
             f"Could not read '{path}' as a .npz file: it is not the zip archive np.savez "
             f"writes (it begins with {head!r}: a text or other file renamed?). Save the "
@@ -262,105 +249,3 @@ _BUILTIN_LOADERS: dict[str, Callable[[], tuple[np.ndarray, np.ndarray, None, str
     "iris": _iris,
     "wine": _wine,
 }
-
-
-# --------------------------------------------------------------------------- compatibility
-
-
-def check_data_fits_model(model: Any, x: Any, y: Any, loss: Any = None) -> None:
-    """Check cheaply that ``x`` fits the model's input and ``y`` its output under ``loss``.
-
-    Runs the model on the first 2 examples. ``loss`` is a Keras loss name (or an object with a
-    ``name``, such as a ``keras.losses.Loss``); for the common ones the labels are checked
-    against the output: sparse labels must be integers in ``[0, outputs)``, categorical and
-    element-wise losses need ``y`` shaped like the output.
-
-    Raises:
-        ValueError: naming the model's expected shape and the data's shape.
-    """
-    x = np.asarray(x)
-    y = np.asarray(y)
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} examples but y has {len(y)}.")
-    expected = _model_input_shape(model)
-    data_shape = (None, *x.shape[1:])
-    if expected is not None and not _shapes_compatible(expected, data_shape):
-        raise ValueError(
-            f"The data do not fit the model's input: the model expects inputs of shape "
-            f"{expected}, the data x has shape {x.shape} (per example {x.shape[1:]})."
-        )
-    try:
-        output = np.asarray(model(x[:2], training=False))
-    except Exception as err:
-        raise ValueError(
-            f"The model failed on 2 examples of the data: x has shape {x.shape}, the model "
-            f"expects {expected if expected is not None else 'an unknown input shape'}. "
-            f"{type(err).__name__}: {err}"
-        ) from err
-    _check_labels(_loss_name(loss), output.shape, y)
-
-
-def _model_input_shape(model: Any) -> tuple | None:
-    inputs = getattr(model, "inputs", None)
-    try:
-        if inputs and len(inputs) == 1:
-            return tuple(inputs[0].shape)
-    except (AttributeError, ValueError, TypeError):
-        return None
-    return None
-
-
-def _shapes_compatible(expected: tuple, actual: tuple) -> bool:
-    if len(expected) != len(actual):
-        return False
-    return all(a is None or b is None or a == b for a, b in zip(expected, actual, strict=True))
-
-
-def _loss_name(loss: Any) -> str | None:
-    if loss is None:
-        return None
-    if isinstance(loss, str):
-        name = loss
-    else:
-        name = getattr(loss, "name", None) or getattr(loss, "__name__", None)
-        if name is None:
-            return None
-    return name.lower()
-
-
-def _check_labels(loss: str | None, output_shape: tuple, y: np.ndarray) -> None:
-    per_output = tuple(output_shape[1:])
-    per_label = tuple(y.shape[1:])
-    where = f"the model's output has shape {(None, *per_output)}, y has shape {y.shape}"
-    if loss in _SPARSE_LOSSES:
-        if per_label not in ((), (1,)):
-            raise ValueError(
-                f"{loss} needs one integer class per example (y of shape (n,) or (n, 1)), but "
-                f"{where}. For one-hot labels use categorical_crossentropy."
-            )
-        if not np.all(np.isfinite(y)) or not np.all(np.equal(np.mod(y, 1), 0)):
-            raise ValueError(f"{loss} needs integer class labels, but y holds non-integers.")
-        classes = per_output[-1] if per_output else 1
-        if y.size and (y.min() < 0 or y.max() >= classes):
-            raise ValueError(
-                f"{loss} needs labels in [0, {classes}) for a model with {classes} outputs, but "
-                f"y ranges over [{y.min():g}, {y.max():g}]; {where}."
-            )
-    elif loss in _CATEGORICAL_LOSSES:
-        if per_label != per_output:
-            hint = (
-                " y looks like integer classes: use sparse_categorical_crossentropy."
-                if per_label in ((), (1,))
-                else ""
-            )
-            raise ValueError(
-                f"{loss} needs y shaped like the output (one-hot, last dimension "
-                f"{per_output[-1] if per_output else 1}), but {where}.{hint}"
-            )
-    elif loss in _BINARY_LOSSES or loss in _SAME_SHAPE_LOSSES:
-        if per_label != per_output and not (per_label == () and per_output == (1,)):
-            raise ValueError(f"{loss} needs y shaped like the output, but {where}.")
-        if loss in _BINARY_LOSSES and y.size and (y.min() < 0 or y.max() > 1):
-            raise ValueError(
-                f"{loss} needs labels in [0, 1], but y ranges over [{y.min():g}, {y.max():g}]."
-            )

@@ -41,16 +41,11 @@ import numpy as np
 import tensorflow as tf
 from scipy.sparse.linalg import LinearOperator
 
-from spectra._validation import (
-    check_bool,
-    check_int,
-    check_keras_data,
-    check_seed,
-    graph_errors,
-)
+from spectra._validation import MAX_SEED, check_bool, check_int, check_seed
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import Curvature, FunctionProgram, variable_name
+from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.replicas import Replicas
 
@@ -96,11 +91,9 @@ def _default_cache_bytes() -> int:
 
 def _check_seed(seed: Any) -> int | None:
     """None or a non-negative int (a numpy Generator gives one draw)."""
-    seed = check_seed(seed)
+    seed = check_seed("seed", seed, below=MAX_SEED)
     if isinstance(seed, np.random.Generator):
-        return int(seed.integers(2**62))
-    if seed is not None and seed >= 2**62:
-        raise ValueError(f"seed must be below 2**62; got {seed}.")
+        return int(seed.integers(MAX_SEED))
     return seed
 
 
@@ -240,7 +233,7 @@ class CurvatureOperator(LinearOperator):
                 f"the {curvature.name} matrix needs the model's outputs; build it with "
                 "from_keras(model, loss, data)."
             )
-        allow_unused = check_bool(allow_unused, "allow_unused")
+        allow_unused = check_bool("allow_unused", allow_unused)
         user_variables = list(variables)
         if not user_variables:
             raise ValueError("variables is empty: there are no parameters to differentiate.")
@@ -385,9 +378,9 @@ class CurvatureOperator(LinearOperator):
         curvature = cls.curvature_class.for_keras(model, loss, **curvature_options)
         if seed is _DEFAULT:
             seed = cls.default_seed
-        training = check_bool(training, "training")
-        include_regularization = check_bool(include_regularization, "include_regularization")
-        allow_unused = check_bool(allow_unused, "allow_unused")
+        training = check_bool("training", training)
+        include_regularization = check_bool("include_regularization", include_regularization)
+        allow_unused = check_bool("allow_unused", allow_unused)
         seed = _check_seed(seed)
         if data is None:
             raise ValueError(
@@ -492,8 +485,8 @@ class CurvatureOperator(LinearOperator):
             raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
         if max_block_size is None:
             max_block_size = block_size_for(engine.size, engine.dtype.size)
-        max_block_size = check_int(max_block_size, "max_block_size")
-        cache_bytes = check_int(cache_bytes, "cache_bytes", minimum=0, allow_none=True)
+        max_block_size = check_int("max_block_size", max_block_size)
+        cache_bytes = check_int("cache_bytes", cache_bytes, minimum=0, allow_none=True)
         self._engine = engine
         self._batches = batches
         self._replicas = replicas

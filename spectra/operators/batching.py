@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from spectra._validation import check_int, graph_errors
+from spectra._validation import check_int
+from spectra.operators.data_checks import graph_errors
 from spectra.operators.replicas import Replicas
 
 __all__ = ["Batches", "DatasetFunction"]
@@ -204,8 +205,8 @@ class Batches:
         max_batches: int | None = None,
         replicas: Replicas | None = None,
     ) -> None:
-        batch_size = check_int(batch_size, "batch_size", allow_none=True)
-        self._max_batches = check_int(max_batches, "max_batches", allow_none=True)
+        batch_size = check_int("batch_size", batch_size, allow_none=True)
+        self._max_batches = check_int("max_batches", max_batches, allow_none=True)
         self._cast = None if cast_floats_to is None else tf.as_dtype(cast_floats_to)
         self._replicas = Replicas(None) if replicas is None else replicas
         self._dataset: tf.data.Dataset | None = None

@@ -20,10 +20,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from spectra._validation import _loss_function, check_int
+from spectra._validation import check_int
 from spectra.operators import keras_models
 from spectra.operators.base import CurvatureOperator
 from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
+from spectra.operators.data_checks import _loss_function
 from spectra.operators.ggn import OutputSplit
 
 __all__ = [
@@ -213,7 +214,7 @@ class FisherCurvature(Curvature):
         """
         if not isinstance(kind, str) or kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
-        num_samples = check_int(num_samples, "num_samples", minimum=1)
+        num_samples = check_int("num_samples", num_samples, minimum=1)
         if kind == "empirical" and num_samples != 1:
             raise ValueError(
                 "num_samples is for kind='mc'; the empirical Fisher uses the true labels."

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _tf_compat
-from spectra._validation import check_float_dtype
+from spectra._validation import check_float_dtype, loss_name
 
 LossCallable = Callable[..., Any]
 
@@ -100,7 +100,9 @@ def resolve_variables_and_dtype(
             )
         positions.append(matches[0])
     chosen = [all_weights[j] for j in positions]
-    target = check_float_dtype(chosen[0].dtype if dtype is None else dtype, allow_none=False)
+    target = tf.as_dtype(
+        check_float_dtype("dtype", chosen[0].dtype if dtype is None else dtype, allow_none=False)
+    )
     return chosen, positions, target
 
 
@@ -230,15 +232,9 @@ def reduction_of(loss_callable: Any) -> str:
     if reduction is None or reduction == "none":
         return "none"
     raise ValueError(
-        f"the loss {_loss_name(loss_callable)} has reduction={reduction!r}, which spectra "
+        f"the loss {loss_name(loss_callable)} has reduction={reduction!r}, which spectra "
         f"does not know; use one of {[*MEAN_REDUCTIONS, 'sum', 'none']}."
     )
-
-
-def _loss_name(loss: Any) -> str:
-    if isinstance(loss, str):
-        return repr(loss)
-    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
 def compiled_loss(model: keras.Model) -> tuple[Any, Any]:
@@ -438,7 +434,7 @@ class StructuredLoss:
             and sample_weight is not None
         ):
             raise ValueError(
-                f"the loss {_loss_name(loss)} of output {name!r} has "
+                f"the loss {loss_name(loss)} of output {name!r} has "
                 "reduction='mean_with_sample_weight' and the data have sample weights: it "
                 "divides each batch by that batch's total weight, so its Hessian would "
                 "depend on how the data are batched. Use reduction='sum_over_batch_size' "
@@ -465,7 +461,7 @@ class StructuredLoss:
                 raise
             y_shape = getattr(y, "shape", None)
             raise ValueError(
-                f"the loss {_loss_name(loss)} does not fit model output {name!r}: labels of "
+                f"the loss {loss_name(loss)} does not fit model output {name!r}: labels of "
                 f"shape {y_shape} and dtype {getattr(y, 'dtype', type(y).__name__)} against "
                 f"predictions of shape {pred.shape}. {err}"
             ) from err
@@ -477,7 +473,7 @@ class StructuredLoss:
         elif reduction == "sum":
             if sum_scale is None:
                 raise ValueError(
-                    f"the loss {_loss_name(loss)} has reduction='sum': its batch sums need "
+                    f"the loss {loss_name(loss)} has reduction='sum': its batch sums need "
                     "the number of examples of the dataset, which this evaluation lacks."
                 )
             value = value * tf.cast(sum_scale, value.dtype)

@@ -456,7 +456,7 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     elif case == "bad labels":
         x = rng.random((20, 64)).astype(np.float32)
         data = _npz(tmp_path / "labels.npz", x=x, y=np.full(20, 12))
-        expected = "labels in [0, 10)"
+        expected = "needs class indices in [0, 10) for a model with 10 outputs, but y[0] = 12"
     else:
         command, model = "sharpness", str(tmp_path)
         expected = "No checkpoints match"

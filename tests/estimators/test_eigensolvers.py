@@ -581,8 +581,8 @@ def test_result_records_what_was_asked_and_the_defaults():
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"which": "top"}, "unknown which 'top'; valid values: "),
-        ({"method": "arpack"}, "unknown method 'arpack'; valid values: "),
+        ({"which": "top"}, "which must be one of 'largest', 'smallest', 'magnitude', got 'top'"),
+        ({"method": "arpack"}, "method must be one of 'lanczos', 'power', 'lobpcg', got 'arpack'"),
         ({"tol": -1.0}, "tol must be a positive finite number, got -1.0"),
         (
             {"failure_probability": 1.0},

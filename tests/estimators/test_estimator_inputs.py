@@ -127,30 +127,44 @@ def test_numeric_arguments_are_type_strict():
     assert result.settings["tol"] == pytest.approx(1e-3)
     eigenvalues(a, tol=np.float64(1e-4), failure_probability=np.float32(0.01))
     trace(a, rtol=np.float32(0.5), num_products=np.int64(20))
-    for call, name in (
-        (lambda: eigenvalues(a, k=True), "k"),
-        (lambda: eigenvalues(a, tol=True), "tol"),
-        (lambda: eigenvalues(a, max_products=True), "max_products"),
-        (lambda: eigenvalues(a, tol="1e-3"), "tol"),
-        (lambda: eigenvalues(a, failure_probability=1.0), "failure_probability"),
-        (lambda: eigenvalues(a, failure_probability=0), "failure_probability"),
-        (lambda: trace(a, num_products=True), "num_products"),
-        (lambda: trace(a, rtol=True), "rtol"),
-        (lambda: trace(a, block_size=True), "block_size"),
-        (lambda: diagonal(a, num_products=True), "num_products"),
-        (lambda: frobenius_norm(a, num_products=True), "num_products"),
-        (lambda: xtrace(a, num_products=True), "num_products"),
-        (lambda: lanczos(a, True), "num_steps"),
-        (lambda: spectral_density(a, num_probes=True), "num_probes"),
-        (lambda: spectral_density(a, num_steps=np.True_), "num_steps"),
-        (lambda: eigenvalues(a, check_symmetry="yes"), "check_symmetry"),
+    # A wrong type is a TypeError, a wrong value a ValueError; the argument is named first.
+    for call, name, error in (
+        (lambda: eigenvalues(a, k=True), "k", TypeError),
+        (lambda: eigenvalues(a, tol=True), "tol", TypeError),
+        (lambda: eigenvalues(a, max_products=True), "max_products", TypeError),
+        (lambda: eigenvalues(a, tol="1e-3"), "tol", TypeError),
+        (lambda: eigenvalues(a, failure_probability=1.0), "failure_probability", ValueError),
+        (lambda: eigenvalues(a, failure_probability=0), "failure_probability", ValueError),
+        (lambda: eigenvalues(a, k=0), "k", ValueError),
+        (lambda: eigenvalues(a, method=3), "method", TypeError),
+        (lambda: eigenvalues(a, which="top"), "which", ValueError),
+        (lambda: trace(a, num_products=True), "num_products", TypeError),
+        (lambda: trace(a, rtol=True), "rtol", TypeError),
+        (lambda: trace(a, block_size=True), "block_size", TypeError),
+        (lambda: trace(a, num_products=1.0), "num_products", TypeError),
+        (lambda: diagonal(a, num_products=True), "num_products", TypeError),
+        (lambda: frobenius_norm(a, num_products=True), "num_products", TypeError),
+        (lambda: xtrace(a, num_products=True), "num_products", TypeError),
+        (lambda: lanczos(a, True), "num_steps", TypeError),
+        (lambda: spectral_density(a, num_probes=True), "num_probes", TypeError),
+        (lambda: spectral_density(a, num_steps=np.True_), "num_steps", TypeError),
+        (lambda: eigenvalues(a, check_symmetry="yes"), "check_symmetry", TypeError),
     ):
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(error, match=f"^{name} must be "):
             call()
 
 
-@pytest.mark.parametrize("seed", [True, "0", 1.5, -1, np.False_])
-def test_seed_errors_name_the_argument(seed):
+@pytest.mark.parametrize(
+    ("seed", "error", "message"),
+    [
+        (True, TypeError, r"^seed must be None, a non-negative integer or a numpy"),
+        ("0", TypeError, r"^seed must be None, a non-negative integer or a numpy"),
+        (1.5, TypeError, r"^seed must be None, a non-negative integer or a numpy"),
+        (np.False_, TypeError, r"^seed must be None, a non-negative integer or a numpy"),
+        (-1, ValueError, r"^seed must be a non-negative integer, got -1$"),
+    ],
+)
+def test_seed_errors_name_the_argument(seed, error, message):
     a = random_symmetric(20, seed=5)
     for call in (
         lambda: eigenvalues(a, seed=seed),
@@ -159,7 +173,7 @@ def test_seed_errors_name_the_argument(seed):
         lambda: spectral_density(a, seed=seed),
         lambda: lanczos(a, 3, seed=seed),
     ):
-        with pytest.raises(ValueError, match=r"^seed must be an int >= 0, None or a numpy"):
+        with pytest.raises(error, match=message):
             call()
 
 

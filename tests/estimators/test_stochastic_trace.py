@@ -296,7 +296,7 @@ def test_xtrace_defaults_settings_time_and_messages(capsys):
     assert one.estimate == pytest.approx(2.5) and np.isnan(one.stderr)
     with pytest.raises(ValueError, match=r"^num_products must be an integer >= 4, got 3$"):
         xtrace(a, num_products=3)
-    with pytest.raises(ValueError, match=r"^unknown distribution 'gaussian'; valid values"):
+    with pytest.raises(ValueError, match=r"^distribution must be one of .*, got 'gaussian'$"):
         xtrace(a, distribution="gaussian")
     assert_symmetry_checked_unless_disabled(xtrace, num_products=6)
     xtrace(a, num_products=20, progress=True)
@@ -336,7 +336,7 @@ def test_trace_dispatches_every_argument_and_hutchinson_records_its_settings(cap
         hutchinson_trace(a, num_products=1)
     with pytest.raises(ValueError, match=r"^rtol must be a positive finite number, got -1"):
         hutchinson_trace(a, rtol=-1.0)
-    with pytest.raises(ValueError, match=r"^unknown method 'girard'; valid values"):
+    with pytest.raises(ValueError, match=r"^method must be one of 'hutchinson', .*, got 'girard'$"):
         trace(a, method="girard")
     message = r"^rtol is supported by method='hutchinson' and 'hutch\+\+', not 'xtrace'$"
     with pytest.raises(ValueError, match=message):

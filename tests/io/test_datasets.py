@@ -1,13 +1,12 @@
-"""load_data for .npz files and the built-in sets; check_data_fits_model."""
+"""load_data for .npz files and the built-in sets."""
 
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
-from spectra.io.datasets import BUILTIN_DATASETS, Data, check_data_fits_model, load_data
+from spectra.io.datasets import BUILTIN_DATASETS, Data, load_data
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -164,86 +163,12 @@ def test_max_examples_not_smaller_than_data():
     assert data.num_examples == 150 and "subset" not in data.description
 
 
-def test_max_examples_must_be_positive():
-    with pytest.raises(ValueError, match="max_examples must be a positive number"):
+def test_max_examples_and_seed_are_checked():
+    with pytest.raises(ValueError, match=r"^max_examples must be an integer >= 1, got 0$"):
         load_data("iris", max_examples=0)
-
-
-# --------------------------------------------------------------------------- check_data_fits_model
-
-
-@pytest.fixture(scope="module")
-def classifier():
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
-
-
-def test_fitting_data_passes(classifier):
-    x = np.zeros((5, 4), np.float32)
-    check_data_fits_model(
-        classifier, x, np.array([0, 1, 2, 0, 1]), "sparse_categorical_crossentropy"
-    )
-    check_data_fits_model(classifier, x, np.eye(3)[[0, 1, 2, 0, 1]], "categorical_crossentropy")
-    check_data_fits_model(classifier, x, np.zeros((5, 3)), keras.losses.MeanSquaredError())
-    check_data_fits_model(classifier, x, np.array([0, 1, 2, 0, 1]))
-
-
-def test_input_shape_mismatch(classifier):
-    with pytest.raises(ValueError, match=r"expects inputs of shape \(None, 4\).*\(5, 7\)"):
-        check_data_fits_model(classifier, np.zeros((5, 7)), np.zeros(5))
-
-
-def test_model_that_fails_on_the_data():
-    class Picky(keras.Model):
-        def call(self, x):
-            return keras.ops.reshape(x, (-1, 3))
-
-    with pytest.raises(ValueError, match=r"failed on 2 examples.*x has shape \(5, 4\)"):
-        check_data_fits_model(Picky(), np.zeros((5, 4), np.float32), np.zeros(5))
-
-
-def test_sparse_labels_out_of_range(classifier):
-    with pytest.raises(ValueError, match=r"labels in \[0, 3\).*\[0, 7\].*\(None, 3\)"):
-        check_data_fits_model(
-            classifier,
-            np.zeros((2, 4)),
-            np.array([0, 7]),
-            keras.losses.SparseCategoricalCrossentropy(),
-        )
-
-
-def test_sparse_labels_one_hot(classifier):
-    with pytest.raises(ValueError, match=r"one integer class per example.*y has shape \(4, 3\)"):
-        check_data_fits_model(
-            classifier, np.zeros((4, 4)), np.eye(3)[[0, 1, 2, 0]], "sparse_categorical_crossentropy"
-        )
-
-
-def test_sparse_labels_not_integers(classifier):
-    with pytest.raises(ValueError, match="non-integers"):
-        check_data_fits_model(
-            classifier, np.zeros((2, 4)), np.array([0.5, 1.0]), "sparse_categorical_crossentropy"
-        )
-
-
-def test_categorical_loss_with_integer_labels(classifier):
-    with pytest.raises(ValueError, match=r"last dimension 3.*\(None, 3\).*\(4,\).*sparse_cat"):
-        check_data_fits_model(
-            classifier, np.zeros((4, 4)), np.array([0, 1, 2, 0]), "categorical_crossentropy"
-        )
-
-
-def test_binary_labels_out_of_range():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
-    check_data_fits_model(model, np.zeros((3, 4)), np.array([0.0, 1.0, 1.0]), "binary_crossentropy")
-    with pytest.raises(ValueError, match=r"labels in \[0, 1\]"):
-        check_data_fits_model(model, np.zeros((3, 4)), np.array([0, 1, 2]), "binary_crossentropy")
-
-
-def test_regression_target_shape(classifier):
-    with pytest.raises(ValueError, match=r"shaped like the output.*\(None, 3\).*\(4, 2\)"):
-        check_data_fits_model(classifier, np.zeros((4, 4)), np.zeros((4, 2)), "mse")
-
-
-def test_length_mismatch(classifier):
-    with pytest.raises(ValueError, match="x has 4 examples but y has 3"):
-        check_data_fits_model(classifier, np.zeros((4, 4)), np.zeros(3))
+    with pytest.raises(TypeError, match=r"^max_examples must be an integer or None, got 2.5"):
+        load_data("iris", max_examples=2.5)
+    with pytest.raises(ValueError, match=r"^seed must be a non-negative integer, got -1$"):
+        load_data("iris", max_examples=10, seed=-1)
+    with pytest.raises(TypeError, match=r"^seed must be a non-negative integer, got None"):
+        load_data("iris", max_examples=10, seed=None)

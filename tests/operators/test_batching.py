@@ -71,19 +71,19 @@ def test_dataset_batches_and_weights(rng):
 # -- type-strict arguments --------------------------------------------------------------
 @pytest.mark.parametrize("bad", [True, False, np.bool_(True), 2.0, "4"])
 def test_batch_size_must_be_an_integer(bad, rng):
-    with pytest.raises(TypeError, match=r"batch_size must be an integer or None; got"):
+    with pytest.raises(TypeError, match=r"batch_size must be an integer or None, got"):
         Batches(arrays(rng), bad)
 
 
 @pytest.mark.parametrize("bad", [0, -3, np.int32(0)])
 def test_batch_size_must_be_positive(bad, rng):
-    with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1; got"):
+    with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1, got"):
         Batches(arrays(rng), bad)
 
 
 def test_max_batches_must_be_an_integer(rng):
     dataset = tf.data.Dataset.from_tensor_slices(arrays(rng)).batch(4)
-    with pytest.raises(TypeError, match=r"max_batches must be an integer or None; got True"):
+    with pytest.raises(TypeError, match=r"max_batches must be an integer or None, got True"):
         Batches(dataset, max_batches=True)
 
 

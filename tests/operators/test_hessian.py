@@ -697,7 +697,7 @@ def test_mixed_precision_model_gets_full_precision_products(policy, rng):
     assert relative_error(op32.matmat(V).astype(np.float64), H @ V) < 2e-5
     assert relative_error(op64.matmat(V), H @ V) < F64_RTOL
     assert mixed.layers[0].compute_dtype != "float32"  # the model keeps its policy
-    with pytest.raises(TypeError, match="one of float32, float64; got float16"):
+    with pytest.raises(TypeError, match="one of float32, float64, got float16"):
         HessianOperator.from_keras(mixed, SCE, (x, y), dtype="float16")
 
 

@@ -1,0 +1,824 @@
+"""Checks of a Keras model's data, run once before any graph.
+
+TensorFlow reports bad data from inside a compiled graph, as an ``InvalidArgumentError``
+whose first line is "Graph execution error:" and whose cause sits many lines below (or
+not at all: Keras truncates float class labels such as 0.5 to 0 without a word). The
+checks here look at the data and the model *before* anything is traced or run, and raise
+a ``TypeError``/``ValueError`` that names the argument or the input, the offending value
+and the fix:
+
+* inputs (:func:`check_input_dtypes`): strings (or other non-numeric leaves) fed to a
+  numeric model input, named by their path in ``x`` (``x['tokens']``);
+* Embedding indices (:func:`check_embedding_inputs`): integer inputs that feed an
+  ``Embedding`` layer straight from an ``Input`` must lie in ``[0, input_dim)``;
+* labels (:func:`check_labels`): integer, non-negative class indices below the number of
+  classes for sparse categorical losses; ``y`` shaped like the output for the other
+  Keras losses;
+* :func:`check_keras_data` runs all of these for ``from_keras``-style data, per output
+  for multi-output models;
+* :func:`root_cause_first` re-raises a TensorFlow graph error that still escapes with its
+  root cause as the first line.
+
+Cost: dtype and shape checks read only the ``element_spec``; value checks (labels,
+Embedding indices, finiteness of ``y`` and sample weights) read the labels and the
+Embedding inputs once, a few vectorized numpy reductions — for array data at once, for a
+``tf.data.Dataset`` batch by batch during the counting pass that
+:class:`spectra.operators.batching.Batches` makes anyway, so no extra pass. Nothing here runs on the
+Hessian-product path.
+
+The model's structure (its nested inputs and outputs, which layer an ``Input`` feeds) is
+read with :func:`spectra._tf_compat.functional_structure` and
+:func:`~spectra._tf_compat.layer_input_tensors`. A subclassed model declares no structure:
+the checks that need it are skipped, outputs are inferred with ``compute_output_spec``,
+and a graph error still reaches the user with :func:`root_cause_first`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from spectra import _tf_compat
+
+if TYPE_CHECKING:
+    from spectra.operators.batching import Batches
+
+__all__ = [
+    "check_data_fits_model",
+    "check_embedding_inputs",
+    "check_input_dtypes",
+    "check_input_shapes",
+    "check_keras_data",
+    "check_labels",
+    "graph_errors",
+    "root_cause",
+    "root_cause_first",
+]
+
+# -------------------------------------------------------------------------- nested paths
+
+
+def _path_name(root: str, path: Sequence[Any]) -> str:
+    """``x['tokens']``, ``y[1]``: how a user spells a leaf of a nested structure."""
+    return root + "".join(f"[{key!r}]" for key in path)
+
+
+def _leaves_with_paths(structure: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(structure, dict):
+        for key in sorted(structure, key=str):
+            yield from _leaves_with_paths(structure[key], (*path, key))
+    elif isinstance(structure, (list, tuple)):
+        for index, item in enumerate(structure):
+            yield from _leaves_with_paths(item, (*path, index))
+    else:
+        yield path, structure
+
+
+def _unpack(batch: Any) -> tuple[Any, Any, Any] | None:
+    """``(x, y, sample_weight)`` of a Keras batch, None when it is not one."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
+        return batch[0], batch[1], (batch[2] if len(batch) == 3 else None)
+    return None
+
+
+def _dtype(leaf: Any) -> tf.DType:
+    return tf.as_dtype(leaf.dtype)
+
+
+def _is_numeric(dtype: tf.DType) -> bool:
+    return (dtype.is_floating or dtype.is_integer or dtype.is_bool) and not dtype.is_complex
+
+
+def _is_spec(leaf: Any) -> bool:
+    return isinstance(leaf, tf.TensorSpec)
+
+
+def _per_example_shape(leaf: Any) -> tuple[int | None, ...]:
+    shape = tf.TensorShape(leaf.shape)
+    if shape.rank is None:
+        return ()
+    return tuple(shape.as_list()[1:])
+
+
+def _values(leaf: Any) -> np.ndarray:
+    return np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf)
+
+
+def _first_bad(name: str, values: np.ndarray, bad: np.ndarray) -> tuple[str, Any]:
+    """``("y[3]", value)``: the first entry of ``values`` where ``bad`` holds."""
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    return f"{name}[{', '.join(map(str, index))}]", values[index]
+
+
+def _show(value: Any) -> str:
+    """A numpy scalar as the user typed it (5, 0.5), not as np.int64(5)."""
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
+def _at(where: str | None) -> str:
+    return f" in {where}" if where else ""
+
+
+# -------------------------------------------------------------------------- model structure
+
+
+def _model_inputs(model: keras.Model) -> list[tuple[tuple, Any]]:
+    """``(path in x, KerasTensor)`` for each declared input (empty for subclassed models)."""
+    structure = _tf_compat.functional_structure(model)
+    if structure is None:
+        return []
+    return list(_leaves_with_paths(structure[0]))
+
+
+def _leaf_at(x: Any, path: tuple, tensor: Any, single: bool) -> tuple[Any, tuple] | None:
+    """The leaf of ``x`` feeding a model input, and its path in ``x`` (None if not found).
+
+    Follows Keras: a single-input model takes ``x`` itself (or its only element); dict
+    data are matched by key, or by the input's name.
+    """
+    leaves = list(_leaves_with_paths(x))
+    if single and len(leaves) == 1:
+        return leaves[0][1], leaves[0][0]
+    node, walked = x, []
+    for key in path:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            node = None
+            break
+        walked.append(key)
+    if node is not None and not isinstance(node, (dict, list, tuple)):
+        return node, tuple(walked)
+    name = getattr(tensor, "name", None)
+    if isinstance(x, dict) and name in x:
+        return x[name], (name,)
+    return None
+
+
+def _keras_tensor(spec: tf.TensorSpec) -> keras.KerasTensor:
+    return keras.KerasTensor(tuple(spec.shape.as_list()), dtype=spec.dtype.name)
+
+
+def _model_outputs(model: keras.Model, x_spec: Any) -> Any:
+    """The nested output structure (KerasTensors) of ``model``, or None if unknown."""
+    structure = _tf_compat.functional_structure(model)
+    if structure is not None:
+        return structure[1]
+    try:
+        return model.compute_output_spec(tf.nest.map_structure(_keras_tensor, x_spec))
+    except (ValueError, TypeError, NotImplementedError, AttributeError):
+        return None
+
+
+def _output_names(model: keras.Model, outputs: Any) -> list[str] | None:
+    names = getattr(model, "output_names", None)
+    if isinstance(outputs, (list, tuple)) and names and len(names) == len(outputs):
+        return list(names)
+    return None
+
+
+# -------------------------------------------------------------------------- inputs
+
+
+def check_input_dtypes(model: keras.Model, x: Any) -> None:
+    """Refuse non-numeric leaves of ``x`` (strings, complex numbers) fed to numeric inputs.
+
+    ``x`` is the input part of the data: arrays, tensors or ``tf.TensorSpec`` leaves (a
+    dataset's ``element_spec``), possibly nested. Checked against the model's declared
+    ``Input`` dtypes: a string leaf is fine for an ``Input(dtype="string")`` (text
+    preprocessing inside the model). Models that declare no inputs (subclassed models)
+    are not checked. Raises ``TypeError`` naming the leaf (``x['tokens']``).
+    """
+    inputs = _model_inputs(model)
+    for path, tensor in inputs:
+        found = _leaf_at(x, path, tensor, single=len(inputs) == 1)
+        if found is None:
+            continue
+        leaf, where = found
+        got, expected = _dtype(leaf), tf.as_dtype(tensor.dtype)
+        if _is_numeric(got) or not _is_numeric(expected):
+            continue
+        what = "strings" if got == tf.string else f"values of dtype {got.name}"
+        fix = (
+            " Turn text into numbers first (keras.layers.StringLookup or TextVectorization), "
+            "or give the model an Input(dtype='string') that does it."
+            if got == tf.string
+            else ""
+        )
+        input_name = getattr(tensor, "name", "") or ""
+        named = "" if input_name.startswith("keras_tensor") else f" {input_name!r}"
+        raise TypeError(
+            f"{_path_name('x', where)} holds {what}, but the model's input{named} expects "
+            f"{expected.name} numbers.{fix}"
+        )
+
+
+def check_input_shapes(model: keras.Model, x: Any) -> None:
+    """Refuse leaves of ``x`` whose per-example shape does not fit the model's ``Input``.
+
+    ``x`` as in :func:`check_input_dtypes`. A leaf of the input's rank with a different
+    known dimension (e.g. 5 features for an ``Input((4,))``) raises a ``ValueError``
+    naming the leaf and both shapes, before Keras' multi-line error from inside the
+    model's call. Other ranks are left to Keras (it expands some).
+    """
+    inputs = _model_inputs(model)
+    for path, tensor in inputs:
+        found = _leaf_at(x, path, tensor, single=len(inputs) == 1)
+        if found is None or getattr(found[0], "shape", None) is None:
+            continue
+        leaf, where = found
+        got = _per_example_shape(leaf)
+        expected = tuple(tensor.shape[1:]) if tensor.shape is not None else ()
+        if len(got) != len(expected):
+            continue
+        if any(g is not None and e is not None and g != e for g, e in zip(got, expected)):
+            input_name = getattr(tensor, "name", "") or ""
+            named = "" if input_name.startswith("keras_tensor") else f" {input_name!r}"
+            raise ValueError(
+                f"{_path_name('x', where)} has examples of shape {got} but the model's "
+                f"input{named} expects {expected} (the shape of one example, batch "
+                "dimension left out). Pass data with the model's number of features, or "
+                "the model the data were made for."
+            )
+
+
+def _embedding_inputs(model: keras.Model) -> list[tuple[tuple, Any, keras.layers.Embedding]]:
+    """``(input path, input KerasTensor, Embedding layer)`` for Embeddings fed by an Input."""
+    inputs = _model_inputs(model)
+    by_id = {id(tensor): (path, tensor) for path, tensor in inputs}
+    found = []
+    structure = _tf_compat.functional_structure(model)
+    layers = structure[2] if structure is not None else []
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Embedding):
+            continue
+        for tensor in _tf_compat.layer_input_tensors(layer):
+            if id(tensor) in by_id:
+                path, source = by_id[id(tensor)]
+                found.append((path, source, layer))
+    return found
+
+
+def check_embedding_inputs(model: keras.Model, x: Any, *, where: str | None = None) -> None:
+    """Refuse indices outside the vocabulary of an ``Embedding`` fed straight by an Input.
+
+    ``x`` holds values (arrays or tensors; ``tf.TensorSpec`` leaves are skipped). For
+    each ``Embedding(input_dim, ...)`` whose input is one of the model's ``Input``
+    tensors, every index must be an integer in ``[0, input_dim)`` (float inputs must be
+    integral, as Keras casts them to int). Embeddings behind other layers (lookups,
+    nested models) are not checked. ``where`` (e.g. "batch 3 of the dataset") is added to
+    the message. Cost: a min and a max over those inputs. Raises ``ValueError`` naming
+    the layer, the input, the offending value and its position.
+    """
+    inputs = _model_inputs(model)
+    for path, tensor, layer in _embedding_inputs(model):
+        found = _leaf_at(x, path, tensor, single=len(inputs) == 1)
+        if found is None or _is_spec(found[0]) or not _is_numeric(_dtype(found[0])):
+            continue
+        leaf, leaf_path = found
+        values = _values(leaf)
+        if values.size == 0:
+            continue
+        name = _path_name("x", leaf_path)
+        if values.dtype.kind == "f":
+            bad = ~np.isfinite(values) | (values != np.round(values))
+            if bad.any():
+                entry, value = _first_bad(name, values, bad)
+                raise ValueError(
+                    f"{name} feeds Embedding layer {layer.name!r}, which needs integer "
+                    f"indices, but {entry} = {_show(value)}{_at(where)}. Pass integer token ids."
+                )
+        low, high = values.min(), values.max()
+        if low < 0 or high >= layer.input_dim:
+            entry, value = _first_bad(name, values, (values < 0) | (values >= layer.input_dim))
+            raise ValueError(
+                f"{name} feeds Embedding layer {layer.name!r} with input_dim="
+                f"{layer.input_dim}, so its indices must lie in [0, {layer.input_dim}), but "
+                f"{entry} = {_show(value)}{_at(where)} (range of {name}: [{_show(low)}, "
+                f"{_show(high)}]). Map tokens outside the vocabulary to a reserved index, or "
+                "build the Embedding with a larger input_dim."
+            )
+
+
+# -------------------------------------------------------------------------- labels
+
+
+def _loss_function(loss: Any) -> tuple[Any, dict[str, Any], str] | None:
+    """``(Keras per-example function, its keyword arguments, display name)`` of a Keras
+    loss, or None for losses these checks do not know (custom callables, classes)."""
+    if isinstance(loss, str):
+        try:
+            resolved = keras.losses.get(loss)
+        except (ValueError, TypeError):
+            return None
+        found = _loss_function(resolved)
+        return None if found is None else (found[0], found[1], loss)
+    fn = getattr(loss, "fn", None)
+    if isinstance(loss, keras.losses.Loss) and callable(fn):
+        return fn, _tf_compat.loss_function_kwargs(loss), fn.__name__
+    if callable(loss) and (getattr(loss, "__module__", "") or "").startswith("keras"):
+        return loss, {}, getattr(loss, "__name__", "loss")
+    return None
+
+
+def _keras_losses(*names: str) -> frozenset[Any]:
+    return frozenset(f for f in (getattr(keras.losses, n, None) for n in names) if f is not None)
+
+
+_SPARSE_LOSSES = _keras_losses("sparse_categorical_crossentropy")
+# Losses that compare y with the output entry by entry (or class vector by class vector).
+_DENSE_LOSSES = _keras_losses(
+    "categorical_crossentropy", "categorical_focal_crossentropy", "categorical_hinge",
+    "kl_divergence", "mean_squared_error", "mean_absolute_error", "mean_absolute_percentage_error",
+    "mean_squared_logarithmic_error", "huber", "log_cosh", "binary_crossentropy",
+    "binary_focal_crossentropy", "hinge", "squared_hinge", "poisson", "cosine_similarity",
+)  # fmt: skip
+
+
+# Losses of a probability y in [0, 1] against the output (a subset of _DENSE_LOSSES).
+_BINARY_LOSSES = _keras_losses("binary_crossentropy", "binary_focal_crossentropy")
+
+
+def _compatible(a: Sequence[int | None], b: Sequence[int | None]) -> bool:
+    return len(a) == len(b) and all(p is None or q is None or p == q for p, q in zip(a, b))
+
+
+def _same_rank_as_keras(
+    y: tuple[int | None, ...], out: tuple[int | None, ...]
+) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+    """Keras' only reshaping of ``y`` against the output: ranks that differ by one lose the
+    trailing 1 of the longer shape, (n,) vs (n, 1) (``squeeze_or_expand_to_same_rank``)."""
+    if len(y) == len(out) + 1 and y and y[-1] == 1:
+        return y[:-1], out
+    if len(out) == len(y) + 1 and out and out[-1] == 1:
+        return y, out[:-1]
+    return y, out
+
+
+def check_labels(
+    loss: Any,
+    y: Any,
+    output: Any,
+    *,
+    name: str = "y",
+    where: str | None = None,
+) -> None:
+    """Check labels ``y`` against the model output they are compared with under ``loss``.
+
+    ``loss``: a Keras loss name, ``keras.losses.Loss`` or Keras loss function (anything
+    else, e.g. a custom callable, is not checked). ``y``: an array/tensor (dtype, shape and
+    values checked) or a ``tf.TensorSpec`` (dtype and shape only). ``output``: the
+    output's shape including the batch dimension (a tuple, ``TensorShape``,
+    ``TensorSpec`` or ``KerasTensor``).
+
+    * Sparse categorical cross-entropy: ``y`` holds one class index per prediction,
+      shape = output shape without its class axis (a trailing 1 allowed). Indices must be
+      integers (integer dtype, or floats with integral values, which Keras casts
+      exactly; 0.5 is refused rather than truncated to 0), non-negative and below the
+      number of classes C (the output's last dimension), the loss's ``ignore_class``
+      excepted.
+    * Other Keras losses (categorical/binary cross-entropy, MSE, MAE, hinge, ...): ``y``
+      has the output's shape, up to the one reshaping Keras does itself, a trailing 1 on
+      one side ((n,) vs (n, 1)). Broadcasting that Keras would also accept silently, e.g.
+      y of shape (n, 1) against (n, 3), is refused: it almost always means class
+      indices given to a per-output loss. Values must be finite.
+
+    Raises ``TypeError`` (non-numeric ``y``) or ``ValueError`` naming the loss, ``name``
+    and the fix (e.g. ``sparse_categorical_crossentropy`` for integer labels given to
+    ``mse`` against a multi-class output).
+    """
+    resolved = _loss_function(loss)
+    if resolved is None:
+        return
+    fn, kwargs, loss_name = resolved
+    if fn not in _SPARSE_LOSSES and fn not in _DENSE_LOSSES:
+        return
+    dtype = _dtype(y)
+    if not _is_numeric(dtype):
+        raise TypeError(
+            f"{name} has dtype {dtype.name}, but the loss {loss_name} needs numbers"
+            f"{_at(where)}. Encode the labels as integers (class indices) or floats."
+        )
+    out = tuple(tf.TensorShape(getattr(output, "shape", output)).as_list())
+    out_shape, y_shape = out[1:], _per_example_shape(y)
+    shown = tuple(tf.TensorShape(y.shape).as_list())
+    described = f"{name} has shape {shown} and the model's output {out}"
+    if fn in _SPARSE_LOSSES:
+        _check_sparse_labels(loss_name, kwargs, y, y_shape, out_shape, name, described, where)
+        return
+    y_cmp, out_cmp = _same_rank_as_keras(y_shape, out_shape)
+    if not _compatible(y_cmp, out_cmp):
+        classes = out_shape[-1] if out_shape else None
+        looks_sparse = y_shape in ((), (1,)) and classes is not None and classes > 1
+        if looks_sparse and (dtype.is_integer or dtype.is_bool):
+            hint = (
+                f" {name} holds integer class labels, but {loss_name} compares {name} with "
+                f"the {classes} outputs entry by entry. For classification use "
+                "loss='sparse_categorical_crossentropy' (from_logits=True if the model "
+                "outputs logits), or one-hot encode the labels "
+                "(keras.utils.to_categorical) for a per-class loss."
+            )
+        elif looks_sparse:
+            hint = f" If {name} holds class indices, use loss='sparse_categorical_crossentropy'."
+        else:
+            hint = f" Reshape {name} to the output's shape."
+        raise ValueError(
+            f"the loss {loss_name} needs {name} shaped like the model's output, but "
+            f"{described}{_at(where)}.{hint}"
+        )
+    if not _is_spec(y) and dtype.is_floating:
+        values = _values(y)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            entry, _ = _first_bad(name, values, bad)
+            raise ValueError(
+                f"{name} holds {int(bad.sum())} NaN or infinite values{_at(where)}, first at "
+                f"{entry}; the loss would be NaN. Remove or repair those examples."
+            )
+    if fn in _BINARY_LOSSES and not _is_spec(y):
+        values = _values(y)
+        bad = (values < 0) | (values > 1)
+        if bad.any():
+            entry, value = _first_bad(name, values, bad)
+            raise ValueError(
+                f"the loss {loss_name} needs labels in [0, 1] (probabilities of the positive "
+                f"class), but {entry} = {_show(value)}{_at(where)} ({int(bad.sum())} of "
+                f"{values.size} labels outside). For more than two classes use "
+                "loss='sparse_categorical_crossentropy' with one output per class."
+            )
+
+
+def _check_sparse_labels(
+    loss_name: str,
+    kwargs: dict[str, Any],
+    y: Any,
+    y_shape: tuple[int | None, ...],
+    out_shape: tuple[int | None, ...],
+    name: str,
+    described: str,
+    where: str | None,
+) -> None:
+    if not out_shape:
+        raise ValueError(
+            f"the loss {loss_name} needs class scores along the output's last axis, but "
+            f"{described}{_at(where)}. Give the model one output per class."
+        )
+    classes, expected = out_shape[-1], out_shape[:-1]
+    if not (_compatible(y_shape, expected) or _compatible(y_shape, (*expected, 1))):
+        hint = (
+            " It looks one-hot encoded: use loss='categorical_crossentropy', or pass the "
+            "class indices (y.argmax(-1))."
+            if _compatible(y_shape, out_shape)
+            else ""
+        )
+        raise ValueError(
+            f"the loss {loss_name} needs one class index per prediction ({name} of shape "
+            f"{(None, *expected)} or {(None, *expected, 1)}), but {described}{_at(where)}.{hint}"
+        )
+    if _is_spec(y):
+        return
+    values = _values(y)
+    if values.size == 0:
+        return
+    ignored = kwargs.get("ignore_class")
+    counted = values != ignored if ignored is not None else np.ones(values.shape, bool)
+    if values.dtype.kind == "f":
+        bad = counted & (~np.isfinite(values) | (values != np.round(values)))
+        if bad.any():
+            entry, value = _first_bad(name, values, bad)
+            raise ValueError(
+                f"the loss {loss_name} needs integer class indices, but {entry} = "
+                f"{_show(value)}{_at(where)} ({int(bad.sum())} of {values.size} labels are not "
+                "integers; Keras would truncate them silently). Pass integer class indices, "
+                "or use loss='categorical_crossentropy' with soft (probability) labels of the "
+                "output's shape."
+            )
+    if classes is None:
+        return
+    bad = counted & ((values < 0) | (values >= classes))
+    if bad.any():
+        entry, value = _first_bad(name, values, bad)
+        problem = "negative" if value < 0 else f"not below the number of classes, {classes}"
+        raise ValueError(
+            f"the loss {loss_name} needs class indices in [0, {classes}) for a model with "
+            f"{classes} outputs, but {entry} = {int(value)}{_at(where)} is {problem} "
+            f"({int(bad.sum())} of {values.size} labels out of range). Renumber the classes "
+            "0 .. C-1, or give the model one output per class."
+        )
+
+
+def _per_output(
+    model: keras.Model, loss: Any, y: Any, outputs: Any
+) -> list[tuple[Any, Any, Any, str]]:
+    """``(loss, y, output, name)`` for each output with a loss and labels to check."""
+    leaves = list(_leaves_with_paths(outputs))
+    if len(leaves) == 1:
+        single = loss
+        if isinstance(loss, dict) and len(loss) == 1:
+            single = next(iter(loss.values()))
+        elif isinstance(loss, (list, tuple)) and len(loss) == 1:
+            single = loss[0]
+        label = y
+        if isinstance(y, dict) and len(y) == 1:
+            label = next(iter(y.values()))
+        elif isinstance(y, (list, tuple)) and len(y) == 1:
+            label = y[0]
+        if isinstance(label, (dict, list, tuple)):
+            return []
+        return [(single, label, leaves[0][1], "y")]
+    names = _output_names(model, outputs)
+    result = []
+    for position, (path, output) in enumerate(leaves):
+        key = path[0] if isinstance(outputs, dict) else position
+        output_name: str | None
+        if isinstance(outputs, dict):
+            output_name = str(key)
+        else:
+            output_name = names[position] if names else None
+        if isinstance(loss, dict):
+            output_loss = loss.get(output_name, loss.get(key))
+        elif isinstance(loss, (list, tuple)):
+            output_loss = loss[position] if position < len(loss) else None
+        else:
+            output_loss = loss
+        if output_loss is None or _loss_function(output_loss) is None:
+            continue
+        if isinstance(y, dict):
+            chosen = output_name if output_name in y else key
+            if chosen not in y:
+                continue
+            label, label_name = y[chosen], _path_name("y", (chosen,))
+        elif isinstance(y, (list, tuple)):
+            if position >= len(y):
+                continue
+            label, label_name = y[position], _path_name("y", (position,))
+        else:
+            raise ValueError(
+                f"the model has {len(leaves)} outputs but y is a single array; give one "
+                "label array per output, as a dict keyed by output name or a list."
+            )
+        result.append((output_loss, label, output, label_name))
+    return result
+
+
+def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) -> None:
+    """Check cheaply that arrays ``x`` fit the model's input and ``y`` its output under
+    ``loss``, before a model or data set is used for anything longer.
+
+    ``x`` and ``y`` need as many examples; a single-input model's declared input shape must
+    fit ``x`` (per example); the model must run on the first 2 examples; and the labels are
+    checked against that output by :func:`check_labels` (class indices in ``[0, C)`` for
+    sparse categorical losses, ``y`` shaped like the output for the others, ``[0, 1]`` for
+    binary cross-entropy). ``loss``: as for :func:`check_labels`; None (or a loss it does
+    not know, such as a dict of losses per output) checks no labels. Cost: the model on 2
+    examples and a few reductions over ``y``. Raises ``ValueError`` naming the model's
+    expected shape and the data's, or the labels' problem.
+    """
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} examples but y has {len(y)}.")
+    expected = _single_input_shape(model)
+    if expected is not None and not _compatible(expected, (None, *x.shape[1:])):
+        raise ValueError(
+            f"The data do not fit the model's input: the model expects inputs of shape "
+            f"{expected}, the data x has shape {x.shape} (per example {x.shape[1:]})."
+        )
+    try:
+        output = np.asarray(model(x[:2], training=False))
+    except Exception as err:  # anything the model's call raises is the data not fitting it
+        raise ValueError(
+            f"The model failed on 2 examples of the data: x has shape {x.shape}, the model "
+            f"expects {expected if expected is not None else 'an unknown input shape'}. "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    if loss is not None:
+        check_labels(loss, y, (None, *output.shape[1:]))
+
+
+def _single_input_shape(model: keras.Model) -> tuple | None:
+    """The declared input shape of a single-input model (batch dimension first), or None."""
+    inputs = getattr(model, "inputs", None)
+    try:
+        if inputs and len(inputs) == 1:
+            return tuple(inputs[0].shape)
+    except (AttributeError, ValueError, TypeError):
+        return None
+    return None
+
+
+def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
+    """All checks for the data ``(x, y[, sample_weight])`` of a Keras model and loss.
+
+    Before any graph: the input dtypes (:func:`check_input_dtypes`) and the labels' dtype
+    and shape per output (:func:`check_labels`) from ``batches.element_spec``. The
+    values — class indices, Embedding indices (:func:`check_embedding_inputs`), finite
+    labels and sample weights — for array data now, for a dataset batch by batch during
+    its counting pass (``batches.check_values``), so at no extra pass; the error then
+    names the batch. ``loss`` may be one loss, or a dict/list of losses per output of a
+    multi-output model (with ``y`` a dict/list). Data that are not ``(x, y[, w])``, and
+    losses these checks do not know, are left to the loss itself.
+    """
+    parts = _unpack(batches.element_spec)
+    if parts is None:
+        spec = batches.element_spec
+        if batches.dataset is not None:
+            what = f"data is a tf.data.Dataset whose elements are {_describe_structure(spec)}"
+        else:
+            what = f"data is {_describe_structure(spec)}"
+        raise ValueError(
+            f"{what}; for a Keras model it must be (x, y) or (x, y, sample_weight) (a "
+            "dataset must yield such tuples). Pair the inputs with their labels, e.g. "
+            "(x, y), tf.data.Dataset.zip((inputs, labels)) or dataset.map(lambda x: (x, y))."
+        )
+    x_spec, y_spec, w_spec = parts
+    check_input_dtypes(model, x_spec)
+    check_input_shapes(model, x_spec)
+    outputs = _model_outputs(model, x_spec)
+    if outputs is not None and batches.dataset is not None:
+        # Dtypes and shapes of a dataset's labels now; arrays get them with their values.
+        for output_loss, label, output, label_name in _per_output(model, loss, y_spec, outputs):
+            check_labels(output_loss, label, output, name=label_name)
+    if w_spec is not None:
+        for path, leaf in _leaves_with_paths(w_spec):
+            if not _is_numeric(_dtype(leaf)):
+                raise TypeError(
+                    f"{_path_name('sample_weight', path)} has dtype {_dtype(leaf).name}; "
+                    "sample weights must be numbers."
+                )
+    embeddings = _embedding_inputs(model)
+
+    def check_values(batch: Any, where: str | None) -> None:
+        x, y, sample_weight = _unpack(batch)  # type: ignore[misc]
+        if embeddings:
+            check_embedding_inputs(model, x, where=where)
+        if outputs is not None:
+            for output_loss, label, output, label_name in _per_output(model, loss, y, outputs):
+                check_labels(output_loss, label, output, name=label_name, where=where)
+        if sample_weight is not None:
+            for path, leaf in _leaves_with_paths(sample_weight):
+                weights = _values(leaf)
+                if weights.dtype.kind == "f" and not np.all(np.isfinite(weights)):
+                    raise ValueError(
+                        f"{_path_name('sample_weight', path)} holds NaN or infinite values"
+                        f"{_at(where)}; the loss would be NaN."
+                    )
+
+    batches.check_values(check_values)
+
+
+def _describe_structure(spec: Any) -> str:
+    """``a tensor of shape (None, 4)``, ``a tuple of 4 parts``: how errors name a batch."""
+    if isinstance(spec, (tuple, list)):
+        return f"a {type(spec).__name__} of {len(spec)} part{'s' if len(spec) != 1 else ''}"
+    if isinstance(spec, dict):
+        return f"a dict with keys {sorted(map(str, spec))}"
+    shape = getattr(spec, "shape", None)
+    if shape is not None:
+        return f"a single tensor of shape {tuple(tf.TensorShape(shape).as_list())}"
+    return f"a {type(spec).__name__}"
+
+
+# -------------------------------------------------------------------------- graph errors
+
+_GRAPH_ERROR = "Graph execution error:"
+# Errors raised while a compiled function (an iterator's GetNext) runs start with it.
+_FUNCTION_NODE = re.compile(r"^\s*\{\{function_node [^}]*\}\}\s*")
+# "... passed to MapDataset:4 transformation with iterator: Iterator::Root::Map: cause"
+_ITERATOR = re.compile(r" with iterator: [\w:]+:")
+_NODE = re.compile(r"Detected at node '?(?P<node>[^'\s]+)'? defined at")
+_ROOT_ERRORS = re.compile(r"^\(\d+\)\s+[A-Z_]+:\s*")
+_NOISE = re.compile(
+    r"^(\d+ root error\(s\) found\.|\d+ successful operations\.|\d+ derived errors)"
+)
+_HINTS = (
+    (
+        re.compile(r"label value of .* outside the valid range"),
+        "Class labels must be indices in [0, number of outputs).",
+    ),
+    (
+        re.compile(r"indices\[.*\] = .* is not in \["),
+        "An index (e.g. an Embedding input) lies outside its table.",
+    ),
+    (
+        re.compile(r"Cast string to"),
+        "The data hold strings where the model computes with numbers.",
+    ),
+    (
+        re.compile(r"Incompatible shapes"),
+        "The labels' shape does not match the model's output under this loss.",
+    ),
+)
+_LONGEST_CAUSE = 500
+
+
+def root_cause(message: str) -> str | None:
+    """The root cause of a "Graph execution error:" message, or None for other messages.
+
+    That is the first line of the error itself, after the "Detected at node ... defined
+    at" traceback and without the ``[[{{node ...}}]]`` and ``[Op:...]`` decorations,
+    followed by the node's name when TensorFlow gives one.
+    """
+    if not message.startswith(_GRAPH_ERROR):
+        return None
+    node = None
+    cause = None
+    for line in message[len(_GRAPH_ERROR) :].splitlines():
+        text = line.strip()
+        match = _NODE.search(text)
+        if match:
+            node = node or match.group("node")
+            continue
+        if (
+            not text
+            or line.startswith("  File ")
+            or line.startswith("    ")
+            or text.startswith("[[")
+            or text.startswith("[Op:")
+            or text == "<stack traces unavailable>"
+            or _NOISE.match(text)
+        ):
+            continue
+        text = _ROOT_ERRORS.sub("", text)
+        text = _ITERATOR.sub(":", text)
+        text = re.sub(r"\s*\[\[\{\{node [^}]*\}\}\]\].*$", "", text)
+        text = re.sub(r"\s*\[Op:[^\]]*\]\s*$", "", text).strip()
+        if text:
+            cause = text
+            break
+    if cause is None:
+        return None
+    if len(cause) > _LONGEST_CAUSE:
+        cause = cause[: _LONGEST_CAUSE - 3] + "..."
+    notes = [h for pattern, h in _HINTS if pattern.search(cause)][:1]
+    if node:
+        notes.append(f"(TensorFlow op {node}; the full error is chained above.)")
+    return "\n".join([cause, " ".join(notes)]) if notes else cause
+
+
+def _function_cause(message: str) -> str | None:
+    """The root cause of an error raised while a compiled function ran outside a graph
+    (``{{function_node __wrapped__IteratorGetNext...}} cause [[{{node ...}}]]``, as a
+    dataset's iterator raises it), or None for other messages."""
+    match = _FUNCTION_NODE.match(message)
+    if match is None:
+        return None
+    return root_cause(f"{_GRAPH_ERROR}\n{message[match.end() :]}")
+
+
+def _with_root_cause(error: tf.errors.OpError) -> tf.errors.OpError | None:
+    cause = root_cause(error.message)
+    if cause is None:
+        return None
+    try:
+        return type(error)(error.node_def, error.op, cause)
+    except TypeError:
+        return tf.errors.OpError(error.node_def, error.op, cause, error.error_code)
+
+
+@contextlib.contextmanager
+def graph_errors(what: str) -> Iterator[None]:
+    """Re-raise a TensorFlow error with where it happened (``what``, e.g. "batch 3") and
+    its root cause on the first line ("batch 3: assertion failed: ..."); the original is
+    chained, and the error keeps its class (``InvalidArgumentError``, ...)."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        cause = (
+            root_cause(err.message)
+            or _function_cause(err.message)
+            or err.message.strip()
+            or type(err).__name__
+        )
+        first, _, rest = cause.partition("\n")
+        message = f"{what}: {first}" + (f"\n{rest}" if rest else "")
+        try:
+            raised = type(err)(err.node_def, err.op, message)
+        except TypeError:
+            raised = tf.errors.OpError(err.node_def, err.op, message, err.error_code)
+        raise raised from err
+
+
+@contextlib.contextmanager
+def root_cause_first() -> Iterator[None]:
+    """Re-raise TensorFlow graph errors with their root cause as the first line.
+
+    A ``tf.errors.OpError`` (``InvalidArgumentError``, ``UnimplementedError``, ...) whose
+    message starts with "Graph execution error:" is raised again as the same class, with
+    :func:`root_cause` as its message and the original chained (``raise ... from``), so
+    the traceback ends with the cause. Other errors pass unchanged. Usable as a context
+    manager or a decorator; costs one ``try`` per use.
+    """
+    try:
+        yield
+    except tf.errors.OpError as error:
+        clearer = _with_root_cause(error)
+        if clearer is None:
+            raise
+        raise clearer from error
