@@ -181,7 +181,7 @@ def eigen_options() -> argparse.ArgumentParser:
         default=1e-8,
         metavar="T",
         help="relative eigenvalue tolerance (default 1e-8; float32 products limit the "
-        "accuracy to about 1e-7 of the largest eigenvalue)",
+        "accuracy to about 1.2e-6 of the largest eigenvalue)",
     )
     return eigen
 

@@ -40,7 +40,7 @@ from spectra.cli._common import (
 from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE, curvature_choice
 from spectra.cli._parser import _positive_int, common_options, eigen_options, trace_options
 from spectra.estimators.density import spectral_density, spectral_mass_below
-from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
+from spectra.estimators.eigensolvers import FLOOR_FACTOR, eigenvalue_ratio, eigenvalues
 from spectra.estimators.results import (
     EigenResult,
     SpectralDensity,
@@ -340,8 +340,8 @@ def _print(report: AnalysisReport, console: Console) -> None:
     )
     console.info(f"top {eig.eigenvalues.size} eigenvalues ({eig.method}, ± error bound):")
     if dtype != "float64":
-        eps = np.finfo(dtype).eps
-        console.info(f"  ({dtype} products: accurate to about {eps:.0e}·λ1 at best)")
+        floor = FLOOR_FACTOR * np.finfo(dtype).eps
+        console.info(f"  ({dtype} products: bounds no tighter than {floor:.1e}·λ1)")
     for index, (value, bound, residual, converged) in enumerate(
         zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
     ):

@@ -109,7 +109,7 @@ _METHODS = ("lanczos", "power", "lobpcg")
 # Breakdown of a Lanczos step when β <= factor · eps · ‖A‖ (estimate).
 _BREAKDOWN_FACTOR = 100.0
 # Eigenvalue errors below factor · eps · ‖A‖ count as converged whatever ``tol``.
-_FLOOR_FACTOR = 10.0
+FLOOR_FACTOR = 10.0
 _DEFAULT_FAILURE_PROBABILITY = 1e-4
 # A pair is locked only once its residual is at most this fraction of its target: a
 # locked vector is frozen, and its residual also enters the residuals of the vectors
@@ -638,7 +638,7 @@ class _KrylovSchur:
         self.size = keep_count
 
     def _floor(self) -> float:
-        return _FLOOR_FACTOR * self.eps * self.anorm
+        return FLOOR_FACTOR * self.eps * self.anorm
 
     # -- decisions -----------------------------------------------------------------
     def _evaluate(self) -> _Evaluation:
@@ -857,7 +857,7 @@ class _PowerIteration:
             shifted_value = float(vector @ image)
             residual = float(np.linalg.norm(image - shifted_value * vector))
             value = shifted_value - self.shift
-            target = max(self.tol * abs(value), _FLOOR_FACTOR * counter.eps * self.anorm)
+            target = max(self.tol * abs(value), FLOOR_FACTOR * counter.eps * self.anorm)
             if residual <= target and use_shift and self.shift == 0.0 and value < 0:
                 if self.found.shape[0] < n - 1:
                     # The dominant value is negative: restart on B + |μ| I.
@@ -1061,7 +1061,7 @@ def _lobpcg_rounds(counter, x, k, which, tol, budget, bar) -> _BlockFit:
         residuals = np.linalg.norm(image - x * theta, axis=0)
         order = _order(theta, which)[:k]
         bounds = _certified_bounds(theta, residuals, rest=(-np.inf, np.inf))[order]
-        floor = _FLOOR_FACTOR * counter.eps * anorm
+        floor = FLOOR_FACTOR * counter.eps * anorm
         targets = np.maximum(tol * np.abs(theta[order]), floor)
         converged = bounds <= targets
         ratios = np.where(converged, 0.0, bounds / np.maximum(targets, _TINY_TARGET))
@@ -1188,7 +1188,7 @@ def _report(
         counter.norm_estimate,
         float(info.pop("norm_estimate", 0.0)),
     )
-    floor = _FLOOR_FACTOR * counter.eps * norm
+    floor = FLOOR_FACTOR * counter.eps * norm
     error_bounds = np.maximum(np.asarray(pairs.bounds, dtype=np.float64), floor)
     values = np.asarray(pairs.values, dtype=np.float64)
     targets = np.maximum(tol * np.abs(values), floor)
