@@ -22,7 +22,7 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
 * :func:`flatten_layers` lists a model's layers recursively (``Layer._flatten_layers``);
   fallback: a walk over the public ``layers`` attributes.
 * :func:`seed_state_variables` finds the state variables of a model's
-  ``keras.random.SeedGenerator``s (``Layer._seed_generators``); fallback: the
+  ``keras.random.SeedGenerator`` objects (``Layer._seed_generators``); fallback: the
   non-trainable variables whose path ends in ``seed_generator_state``.
 * :func:`optimizer_slots` reads the per-variable state of a Keras optimizer (Adam's second
   moments, ...) from its private slot lists (``_velocities``, ``_velocity_hats``,
@@ -150,7 +150,7 @@ def functional_structure(model: Any) -> tuple[Any, Any, list[Any]] | None:
     """``(inputs, outputs, layers)`` of a functional or Sequential model's graph.
 
     ``inputs`` and ``outputs`` are nested as the model was built (the KerasTensors of its
-    ``Input``s and of its outputs: a dict, list or single tensor); None for a subclassed
+    ``Input`` layers and of its outputs: a dict, list or single tensor); None for a subclassed
     model, which declares neither.
     """
     graph = model if hasattr(model, "_inputs_struct") else getattr(model, "_functional", None)
@@ -179,7 +179,7 @@ def layer_input_tensors(layer: Any) -> list[Any]:
 
 
 def seed_state_variables(model: Any) -> list[Any]:
-    """The state variables of the ``SeedGenerator``s used by ``model``'s layers."""
+    """The state variables of the ``SeedGenerator`` objects used by ``model``'s layers."""
     layers = [model, *flatten_layers(model)]
     if all(hasattr(layer, "_seed_generators") for layer in layers):
         states: list[Any] = []

@@ -124,8 +124,9 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         more_handles, more_labels = holder.get_legend_handles_labels()
         handles += more_handles
         labels += more_labels
-        if holder.get_legend() is not None:
-            holder.get_legend().remove()
+        previous = holder.get_legend()
+        if previous is not None:
+            previous.remove()
     figure = axes[0].figure
     # A figure legend speaks for the whole figure: only for a figure of these axes alone
     # (another panel beside them gets a legend of its own axes instead).
@@ -979,12 +980,12 @@ def plot_loss_landscape_1d(
         name: _curve(f"losses[{name!r}]", curve, alpha_array) for name, curve in curves.items()
     }
     extra = {}
-    for name, pair in dict(references or {}).items():
+    for label, pair in dict(references or {}).items():
         if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in checked):
             raise ValueError(
-                f"references[{name!r}] must be (label of one of the losses, curve), got {pair!r}"
+                f"references[{label!r}] must be (label of one of the losses, curve), got {pair!r}"
             )
-        extra[name] = (pair[0], _curve(f"references[{name!r}]", pair[1], alpha_array))
+        extra[label] = (pair[0], _curve(f"references[{label!r}]", pair[1], alpha_array))
 
     if ax is None:
         ax = _new_axes()
@@ -1096,11 +1097,12 @@ def plot_loss_landscape_2d(
 
 def _root_figure(fig_or_ax: Any) -> Figure:
     from matplotlib.artist import Artist
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure, SubFigure
 
     if isinstance(fig_or_ax, Figure):
         return fig_or_ax
     if isinstance(fig_or_ax, Artist):
+        figure: Figure | SubFigure | None
         try:
             figure = fig_or_ax.get_figure(root=True)
         except TypeError:  # matplotlib < 3.10

@@ -64,3 +64,89 @@ def test_the_site_builds_without_warnings(tmp_path):
     assert "--top-k" in (out / "reference" / "cli.html").read_text()
     assert "<img" in (out / "gallery" / "01_quickstart.html").read_text()
     assert "1 process × 2 threads" in (out / "benchmarks.html").read_text()
+
+
+def _docs_extension():
+    pytest.importorskip("docutils", reason="the [docs] extra is not installed")
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import spectra_docs
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    return spectra_docs
+
+
+def test_docstring_problems_fail_the_build_outside_the_exempted_files():
+    import logging
+
+    extension = _docs_extension()
+    markup = extension._DocstringMarkup(frozenset({"spectra/callback.py"}))
+
+    def passes(location: str, level: int = logging.WARNING) -> bool:
+        record = logging.LogRecord("docutils", level, "", 0, "Unexpected indentation.", (), None)
+        record.location = location
+        return markup.filter(record)
+
+    exempt = f"{ROOT / 'spectra' / 'callback.py'}:docstring of spectra.callback.X:9"
+    assert not passes(exempt)  # recorded, not a warning
+    assert markup.messages == [f"{exempt}: Unexpected indentation."]
+    assert markup.files == {"spectra/callback.py"}
+    assert passes(f"{ROOT / 'spectra' / 'plotting.py'}:docstring of spectra.plotting.f:3")
+    assert passes(f"{ROOT / 'docs' / 'index.md'}:12")  # a page, not a docstring
+    assert passes(exempt, logging.INFO)
+    # The exemption list names existing files only (a renamed file would exempt nothing).
+    assert all((ROOT / name).is_file() for name in extension.EXEMPT_DOCSTRING_FILES)
+
+
+def _documented_functions():
+    """(qualified name, object whose docstring is read, its signature) of every function,
+    method and class defined in a spectra module (a class: its ``__init__``'s signature)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import spectra
+
+    names = [m.name for m in pkgutil.walk_packages(spectra.__path__, "spectra.")]
+    for module_name in ["spectra", *(n for n in names if not n.endswith("__main__"))]:
+        module = importlib.import_module(module_name)
+        for name, obj in vars(module).items():
+            if getattr(obj, "__module__", None) != module_name:
+                continue
+            if inspect.isfunction(obj):
+                yield f"{module_name}.{name}", obj, inspect.signature(obj)
+            elif inspect.isclass(obj):
+                yield f"{module_name}.{name}", obj, inspect.signature(obj.__init__)
+                for method_name, method in vars(obj).items():
+                    if inspect.isfunction(method):
+                        qualified = f"{module_name}.{name}.{method_name}"
+                        yield qualified, method, inspect.signature(method)
+
+
+def test_parameter_sections_name_only_parameters():
+    # A NumPy-style Parameters section runs to the next section header: prose after it
+    # without one ("Cost: ...") is read as more parameters, and "name : text" makes the
+    # text a type. Napoleon's reading must name parameters of the signature only.
+    import inspect
+    import re
+
+    napoleon = pytest.importorskip("sphinx.ext.napoleon", reason="the [docs] extra is missing")
+    from sphinx.ext.napoleon.docstring import NumpyDocstring
+
+    config = napoleon.Config(napoleon_google_docstring=False, napoleon_numpy_docstring=True)
+    wrong = []
+    for qualified, obj, signature in _documented_functions():
+        doc = inspect.getdoc(obj)
+        if not doc or "\n----------" not in doc:
+            continue
+        lines = NumpyDocstring(doc, config, what="function").lines()
+        documented = [m.group(1) for m in map(re.compile(r":param (.*?):").match, lines) if m]
+        unknown = [
+            name
+            for entry in documented
+            for name in entry.split(", ")
+            if name.lstrip("*") not in signature.parameters
+        ]
+        if unknown:
+            wrong.append(f"{qualified}: {unknown[:3]}")
+    assert not wrong, wrong

@@ -133,6 +133,8 @@ def loss_landscape(
     alphas, betas:
         The step sizes, in units of the directions (see the module docstring).
 
+    Notes
+    -----
     Cost: one pass over the data per point (len(alphas) per curve, or
     len(alphas)·len(betas) for the grid) plus one for ``base_loss``. The model's variables
     are read, never assigned.

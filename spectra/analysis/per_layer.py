@@ -74,7 +74,7 @@ class LayerwiseResult(Result):
     (‖H_ll x − θx‖ recomputed with one final product of the Ritz vectors),
     ``error_bounds`` (certified for some eigenvalue of H_ll, and for the i-th largest
     with probability; never below eps·‖H_ll‖; see the module docstring), ``converged``
-    (bound <= tol·|θ|) and ``num_steps`` (Lanczos products of the group).
+    (bound <= ``tol·|θ|``) and ``num_steps`` (Lanczos products of the group).
     ``traces``/``trace_stderr`` are Hutchinson estimates of tr(H_ll) and their standard
     errors (None unless asked for). ``num_products`` counts every vector multiplied,
     ``num_operator_calls`` the ``matmat`` calls (data passes of a Hessian).
@@ -315,12 +315,16 @@ def layerwise(
 
     Parameters
     ----------
-    op : symmetric LinearOperator (a :class:`~spectra.HessianOperator`, a preconditioned
+    op
+        symmetric LinearOperator (a :class:`~spectra.HessianOperator`, a preconditioned
         one...) or dense array, n × n.
-    k : eigenvalues per group (a group with fewer parameters gets all of its own).
-    trace : also estimate tr(H_ll) per group (Hutchinson, ``num_probes`` Rademacher
+    k
+        eigenvalues per group (a group with fewer parameters gets all of its own).
+    trace
+        also estimate tr(H_ll) per group (Hutchinson, ``num_probes`` Rademacher
         probes restricted to each group), with standard errors.
-    groups : mapping of group names to lists of variables of ``op.variables`` (or of
+    groups
+        mapping of group names to lists of variables of ``op.variables`` (or of
         their positions in it). Default: one group per Keras layer with trainable
         weights (the parent of ``variable.path``, e.g. "dense_1/kernel" → "dense_1"; a
         prefix shared by all groups, like "sequential/", is dropped), or one group per
@@ -328,19 +332,27 @@ def layerwise(
         ``variables`` (e.g. a dense matrix), a mapping of names to parameter indices
         is required. Groups must not overlap and must cover every parameter (a missing
         one is an error naming it: put the rest in a group of its own, e.g. "other").
-    tol : relative eigenvalue error at which a group stops: its k error bounds (see the
-        module docstring) <= tol·|θ|, or below 10·eps·‖H_ll‖ (the operator's rounding).
-    num_products : at most this many Lanczos products per group (>= k; default
+    tol
+        relative eigenvalue error at which a group stops: its k error bounds (see the
+        module docstring) <= ``tol·|θ|``, or below 10·eps·‖H_ll‖ (the operator's rounding).
+    num_products
+        at most this many Lanczos products per group (>= k; default
         1000 + 100k); a group that has not converged by then reports ``converged=False``.
-    num_probes : Hutchinson probes per group (>= 2) when ``trace``.
-    seed : seed of the start vectors and probes.
-    check_symmetry : a randomized symmetry test (2 products, in the first pass).
-    failure_probability : each group runs until, with at least 1 − failure_probability /
+    num_probes
+        Hutchinson probes per group (>= 2) when ``trace``.
+    seed
+        seed of the start vectors and probes.
+    check_symmetry
+        a randomized symmetry test (2 products, in the first pass).
+    failure_probability
+        each group runs until, with at least 1 − failure_probability /
         (number of groups) over its random start, no eigenvalue of its block lies beyond
         the reported ones by more than the error bounds; all bounds of all groups then
         hold together with probability at least ``1 − result.failure_probability``
         (default 1e-4).
 
+    Notes
+    -----
     Cost: each pass is ONE ``matmat`` holding one Lanczos column per still-running group
     (column l is zero outside group l, and the group-l rows of its product are H_ll v_l),
     the trace probes (one per group and pass while Lanczos runs, then 16 per group),

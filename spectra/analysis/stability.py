@@ -272,9 +272,11 @@ def stability_threshold_of(
     serialized ``{"class_name": ..., "config": ...}`` a compiled ``.keras`` file stores.
     ``learning_rate`` overrides the optimizer's η.
 
-    Raises:
-        ValueError: an optimizer without a known threshold, or a dictionary with a
-            learning-rate schedule (no single η) and no ``learning_rate``.
+    Raises
+    ------
+    ValueError
+        an optimizer without a known threshold, or a dictionary with a
+        learning-rate schedule (no single η) and no ``learning_rate``.
     """
     if isinstance(optimizer, Mapping):
         name, config = _name_and_config(optimizer)
@@ -294,6 +296,8 @@ def stability_threshold_of(
         else:
             rate, values = _optimizer_hyperparameters(optimizer, kind)
             learning_rate = rate if learning_rate is None else learning_rate
+    # stability_threshold has refused a name without a learning rate.
+    assert learning_rate is not None
     rate = float(learning_rate)
     momentum = float(values.get("momentum", 0.0) or 0.0)
     parameters: dict[str, float] = {}

@@ -133,10 +133,12 @@ def gradient_overlap(
     top = eigenvalues(
         op, k=k, tol=tol, max_products=max_products, return_eigenvectors=True, seed=seed
     )
+    vectors = top.eigenvectors
+    assert vectors is not None  # return_eigenvectors=True
     unit = gradient / gradient_norm
-    per_direction = (top.eigenvectors.T @ unit) ** 2
+    per_direction = (vectors.T @ unit) ** 2
     return GradientOverlapResult(
-        overlap=float(subspace_overlap(unit, top.eigenvectors)),
+        overlap=float(subspace_overlap(unit, vectors)),
         per_direction=per_direction,
         eigenvalues=top.eigenvalues,
         error_bounds=top.error_bounds,

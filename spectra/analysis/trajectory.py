@@ -242,9 +242,11 @@ def measure_sharpness(
     eigensolver's products (fewer from a good ``v0``), ``trace_products`` for the trace; the
     overlaps need no product.
 
-    Raises:
-        ValueError: ``top_k`` larger than the number of parameters, or a loss or eigenvalue
-            that is not finite (NaN weights, a diverged run).
+    Raises
+    ------
+    ValueError
+        ``top_k`` larger than the number of parameters, or a loss or eigenvalue
+        that is not finite (NaN weights, a diverged run).
     """
     started = time.perf_counter()
     seed = int(settings.seed if seed is None else seed)
@@ -266,6 +268,8 @@ def measure_sharpness(
         return_eigenvectors=True,
         v0=start,
     )
+    vectors = eig.eigenvectors
+    assert vectors is not None  # return_eigenvectors=True
     if not np.all(np.isfinite(eig.eigenvalues)):
         raise ValueError(
             f"the eigenvalues are not finite ({eig.eigenvalues.tolist()}): the Hessian "
@@ -283,11 +287,12 @@ def measure_sharpness(
         )
         products += int(trace_result.num_products)
     passes = None
-    if passes_before is not None:
-        passes = int(_data_passes(operator)) - int(passes_before)
+    passes_after = _data_passes(operator)
+    if passes_before is not None and passes_after is not None:
+        passes = passes_after - passes_before
     gradient_fraction = None
     if gradient_overlap:
-        gradient_fraction = _gradient_overlap(operator, eig.eigenvectors)
+        gradient_fraction = _gradient_overlap(operator, vectors)
     return SharpnessMeasurement(
         loss=loss,
         eigenvalues=[float(v) for v in eig.eigenvalues],
@@ -302,12 +307,12 @@ def measure_sharpness(
         wall_time=time.perf_counter() - started,
         seed=seed,
         warm_start=start is not None,
-        eigenvector_overlap=_eigenspace_overlap(previous, eig.eigenvectors),
+        eigenvector_overlap=_eigenspace_overlap(previous, vectors),
         gradient_overlap=gradient_fraction,
         failure_probability=(
             None if eig.failure_probability is None else float(eig.failure_probability)
         ),
-        eigenvectors=eig.eigenvectors,
+        eigenvectors=vectors,
     )
 
 
@@ -591,12 +596,16 @@ class SharpnessRun:
         record (:func:`spectra.io.files.claim_outputs`), and the temporary files a killed run
         left of them are removed.
 
-        Raises:
-            ResumeRefused: stored results of another run or other settings (unless
-                ``restart``), or a file that is not a sharpness record of this format.
-            OutputInUse: the directory holds another command's files, or files no manifest
-                lists at the names written here.
-            UnsafeOutput: a name written here is a symbolic link or not a regular file.
+        Raises
+        ------
+        ResumeRefused
+            stored results of another run or other settings (unless
+            ``restart``), or a file that is not a sharpness record of this format.
+        OutputInUse
+            the directory holds another command's files, or files no manifest
+            lists at the names written here.
+        UnsafeOutput
+            a name written here is a symbolic link or not a regular file.
         """
         header = dict(header or {})
         if self._claim is None:
@@ -634,8 +643,10 @@ class SharpnessRun:
         files the previous manifest lists (:func:`spectra.io.files.claim_outputs`); temporary
         files of a killed run are removed.
 
-        Raises:
-            OutputInUse, UnsafeOutput: see :meth:`start`.
+        Raises
+        ------
+        OutputInUse, UnsafeOutput
+            see :meth:`start`.
         """
         names = list(dict.fromkeys([JSON_NAME, CSV_NAME, WARM_START_NAME, *extra_outputs]))
         self._removed = remove_temporaries(self.out, [*names, MANIFEST_NAME])
@@ -804,8 +815,10 @@ class SharpnessRun:
         JSON in one step, the JSON last. When that fails, the JSON alone is tried: the
         results are kept if it fits.
 
-        Raises:
-            NotWritten: naming the files not written and the cause, and what is kept.
+        Raises
+        ------
+        NotWritten
+            naming the files not written and the cause, and what is kept.
         """
         if not self._started:
             raise RuntimeError("call start() first")

@@ -6,7 +6,7 @@ Three methods, all driven through ``matvec``/``matmat`` only:
   symmetric A equivalent to thick-restart Lanczos, Wu & Simon 2000) with full
   reorthogonalization.
 * ``"power"``: power iteration with deflation, as in PyHessian (Yao et al. 2020).
-  Its convergence factor per product is |λ₂/λ₁| instead of Lanczos'
+  Its convergence factor per product is ``|λ₂/λ₁|`` instead of Lanczos'
   Chebyshev-accelerated rate, so it needs many more products; it is here for parity
   with published numbers.
 * ``"lobpcg"``: scipy's LOBPCG (Knyazev 2001) on a block of k + extra vectors,
@@ -17,7 +17,7 @@ What a result can and cannot promise
 From products alone one can certify that *some* eigenvalue lies near a Ritz value θ
 with residual r = ‖Av − θv‖: within r, and within r²/δ (Kato–Temple; Parlett, "The
 Symmetric Eigenvalue Problem", §10.2 and §11.7) when no other eigenvalue is closer than
-δ. The Ritz values give such a gap δ = |θ − θ'| − r − r' for the nearest other Ritz
+δ. The Ritz values give such a gap ``δ = |θ − θ'| − r − r'`` for the nearest other Ritz
 value θ' (both localized by their residuals); it holds unless an eigenvalue that the
 Krylov space has not seen at all lies inside it.
 
@@ -27,7 +27,7 @@ the top eigenvector never sees it. It can be made improbable. For a start q draw
 uniformly on the sphere, m Lanczos steps satisfy, for every eigenvalue λ_j with
 eigenvector u_j, ``|u_jᵀq| · |p_m(λ_j)| <= 1`` where p_m = χ_m/(β₁⋯β_m) is the
 normalized Lanczos polynomial (χ_m the characteristic polynomial of the tridiagonal
-T_m; the identity ‖p_m(A)q‖ = ‖q_{m+1}‖ = 1). Since P(|u_1ᵀq| < δ) <= δ·sqrt(2(n−1)/π),
+T_m; the identity ‖p_m(A)q‖ = ‖q_{m+1}‖ = 1). Since ``P(|u_1ᵀq| < δ) <= δ·sqrt(2(n−1)/π)``,
 with probability at least 1 − δ·sqrt(2(n−1)/π)
 
     λ_max <= U,  the root above θ_max of  Π_i (U − θ_i) = β₁⋯β_m / δ,
@@ -63,7 +63,7 @@ over the random start. Otherwise ``converged`` is False, and
 the operator B it iterates (see :func:`_power_method`): its reported bound is the larger
 of the residual and the probabilistic one at the requested failure probability, and it
 iterates until that meets ``tol``. The probabilistic part shrinks only like
-|λ|·log(1/failure_probability)/products, so power iteration converges at loose
+``|λ|·log(1/failure_probability)/products``, so power iteration converges at loose
 tolerances (0.1: about 150 products) and reports ``converged=False`` at tight ones
 (without this rule, ``spectra analyze --method power --tol 0.1`` on the digits MLP
 printed λ₁ = 9.52 ± 0.84 "converged" after a few products, truth 10.47, with failure
@@ -1235,22 +1235,30 @@ def eigenvalues(
 
     Parameters
     ----------
-    op : LinearOperator, dense array or sparse matrix, symmetric, n × n.
-    k : number of eigenvalues, 1 <= k <= n.
-    which : "largest" (algebraic, largest first), "smallest" (most negative
-        first) or "magnitude" (by decreasing |λ|).
-    method : "lanczos" (default), "power" or "lobpcg" (see the module docstring).
-    tol : relative accuracy: pair i is converged when its error bound is at most
+    op
+        LinearOperator, dense array or sparse matrix, symmetric, n × n.
+    k
+        number of eigenvalues, 1 <= k <= n.
+    which
+        "largest" (algebraic, largest first), "smallest" (most negative
+        first) or "magnitude" (by decreasing ``|λ|``).
+    method
+        "lanczos" (default), "power" or "lobpcg" (see the module docstring).
+    tol
+        relative accuracy: pair i is converged when its error bound is at most
         ``max(tol·|λ_i|, 10·eps·‖A‖)``. With a float32 operator the bounds never go
         below 10·eps·‖A‖ ≈ 1.2e-6·‖A‖ whatever ``tol`` (the products' rounding).
-    max_products : cap on the products (default 1000 + 100·k). When it is hit the
+    max_products
+        cap on the products (default 1000 + 100·k). When it is hit the
         current estimates are returned with ``converged=False``. No product is spent
         outside the iteration (residuals come from the iteration; the symmetry check
         uses its first products, and makes a second one when the cap is 1). "lobpcg"
         works in whole blocks and may go beyond the cap by up to two blocks (its norm
         estimate and its closing Rayleigh–Ritz step).
-    return_eigenvectors : include the unit-norm eigenvectors (n × k).
-    v0 : optional start, shape (n,) or (n, j): e.g. the eigenvectors of a nearby
+    return_eigenvectors
+        include the unit-norm eigenvectors (n × k).
+    v0
+        optional start, shape (n,) or (n, j): e.g. the eigenvectors of a nearby
         operator (the previous checkpoint of a training run). "lanczos" starts from
         the normalized sum of the columns plus a Gaussian vector of the same norm;
         "power" and "lobpcg" use the columns (plus the same noise for "power") as
@@ -1258,19 +1266,25 @@ def eigenvalues(
         probabilistic statement valid; a warm start then saves the products of
         converging, not those of ruling out a larger eigenvalue elsewhere, so it pays
         mostly for k > 1.
-    failure_probability : every method runs until, with at least this probability over
+    failure_probability
+        every method runs until, with at least this probability over
         its random start, no eigenvalue lies beyond the reported ones by more than the
         error bounds (default 1e-4; see the module docstring); a pair that does not get
         there within ``max_products`` has ``converged=False``. Smaller values cost a
         few steps more (the bound depends on log(1/failure_probability)); for "power"
         many more (see the module docstring).
 
-    Returns an :class:`EigenResult`; its ``error_bounds`` are certified for some
-    eigenvalue and hold for the true i-th one with probability at least
-    ``1 − result.failure_probability``. ``converged[i]``: that bound meets ``tol`` and
-    ``result.failure_probability`` is at most the requested one; when a pair is not
-    converged, ``settings["not_converged_reason"]`` is a one-line reason (else None).
+    Returns
+    -------
+    EigenResult
+        Its ``error_bounds`` are certified for some eigenvalue and hold for the true i-th
+        one with probability at least ``1 − result.failure_probability``.
+        ``converged[i]``: that bound meets ``tol`` and ``result.failure_probability`` is
+        at most the requested one; when a pair is not converged,
+        ``settings["not_converged_reason"]`` is a one-line reason (else None).
 
+    Notes
+    -----
     Floating point: the products are scaled by a power of two (exact) when they are
     far from 1 (see :class:`spectra.estimators._products._ProductCounter`), so operators
     from 1e-300 to 1e300 give the same relative accuracy; an eigenvalue that overflows

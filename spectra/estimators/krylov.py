@@ -75,6 +75,7 @@ def _lanczos_recurrence(
         alpha = float(q @ w)
         w -= alpha * q + beta_previous * q_previous
         if reorthogonalize:
+            assert basis is not None  # stored whenever reorthogonalizing
             w, _ = _orthogonalize(w, basis[: step + 1])
         beta = float(np.linalg.norm(w))
         alphas.append(alpha)

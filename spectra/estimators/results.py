@@ -292,7 +292,7 @@ class SpectralDensity(Result):
         hides the discreteness of the quadrature while keeping any feature wider
         than 1 % of the spectral range. If the spectrum is dominated by a few
         far outliers the bulk gets smoothed too: pass a smaller ``sigma``.
-        A zero range (e.g. the zero matrix) falls back to 1e-3·max(1, |node|).
+        A zero range (e.g. the zero matrix) falls back to ``1e-3·max(1, |node|)``.
         """
         used = self.nodes[self.weights > 0]
         spread = float(used.max() - used.min())
@@ -354,7 +354,8 @@ class SpectralDensity(Result):
     def _exact_rows(self) -> np.ndarray:
         """Probes whose quadrature is exact: their Krylov space is invariant (breakdown
         before the requested steps) or the whole space."""
-        planned = min(int(self.settings.get("num_steps", self.nodes.shape[1])), self.dimension)
+        steps = int(self.nodes.shape[1])
+        planned = min(int(self.settings.get("num_steps", steps)), self.dimension)
         return (self.steps_taken < planned) | (self.steps_taken >= self.dimension)
 
     def mass_below(self, threshold: float) -> SpectralMass:

@@ -13,12 +13,26 @@ degree < 2m (Golub & Meurant, "Matrices, Moments and Quadrature with Application
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 from scipy.linalg import eigh_tridiagonal
 
 __all__ = ["gauss_quadrature", "tridiagonal_eigh"]
 
 
+@overload
+def tridiagonal_eigh(
+    alpha: np.ndarray, beta: np.ndarray, eigenvectors: Literal[True] = ...
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def tridiagonal_eigh(
+    alpha: np.ndarray, beta: np.ndarray, eigenvectors: Literal[False]
+) -> tuple[np.ndarray, None]: ...
+@overload
+def tridiagonal_eigh(
+    alpha: np.ndarray, beta: np.ndarray, eigenvectors: bool
+) -> tuple[np.ndarray, np.ndarray | None]: ...
 def tridiagonal_eigh(
     alpha: np.ndarray, beta: np.ndarray, eigenvectors: bool = True
 ) -> tuple[np.ndarray, np.ndarray | None]:

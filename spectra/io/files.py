@@ -158,11 +158,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     ``path`` is replaced by the file, never followed. On any error the temporary file is
     removed and ``path`` is left as it was.
 
-    Raises:
-        IsADirectoryError: ``path`` is a directory.
-        NotADirectoryError: a part of its parent is a file.
-        OSError: the write failed (a full disk, no permission), of the class and ``errno``
-            of the cause, with a one-line message naming ``path``.
+    Raises
+    ------
+    IsADirectoryError
+        ``path`` is a directory.
+    NotADirectoryError
+        a part of its parent is a file.
+    OSError
+        the write failed (a full disk, no permission), of the class and ``errno``
+        of the cause, with a one-line message naming ``path``.
     """
     return atomic_write_files([(path, write)])[0]
 
@@ -326,11 +330,16 @@ def prepare_directory(path: str | os.PathLike, what: str = "the output directory
 
     ``path`` itself must not be a symbolic link (see the module docstring); its parents may be.
 
-    Raises:
-        ValueError: ``path`` is empty.
-        UnsafeOutput: ``path`` is a symbolic link (dangling or not).
-        NotADirectoryError: ``path`` (or a parent) is a file.
-        PermissionError, OSError: it cannot be created or written, with the reason.
+    Raises
+    ------
+    ValueError
+        ``path`` is empty.
+    UnsafeOutput
+        ``path`` is a symbolic link (dangling or not).
+    NotADirectoryError
+        ``path`` (or a parent) is a file.
+    PermissionError, OSError
+        it cannot be created or written, with the reason.
     """
     if not str(path):
         raise ValueError(f"{what} is empty: give a directory (it is created if missing).")
@@ -372,8 +381,10 @@ def check_outputs(directory: str | os.PathLike, names: Iterable[str]) -> None:
     is a symbolic link or anything but a regular file: files are written where the user
     said, nowhere else.
 
-    Raises:
-        UnsafeOutput: naming the first such entry.
+    Raises
+    ------
+    UnsafeOutput
+        naming the first such entry.
     """
     directory = Path(directory)
     for name in dict.fromkeys([*names, _LOCK_NAME, MANIFEST_NAME]):
@@ -504,9 +515,11 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The manifest ``DIR/.spectra-manifest.json`` of the run that wrote ``directory``, or
     None when there is none.
 
-    Raises:
-        OutputInUse: the file is not a spectra manifest (or lists a name with a directory
-            part: a manifest names files of its own directory only).
+    Raises
+    ------
+    OutputInUse
+        the file is not a spectra manifest (or lists a name with a directory
+        part: a manifest names files of its own directory only).
     """
     path = Path(directory) / MANIFEST_NAME
     if not os.path.lexists(path):
@@ -603,9 +616,11 @@ class OutputClaim:
     def finish(self) -> None:
         """Record the files written in the manifest.
 
-        Raises:
-            NotWritten: some files (or the manifest) could not be written; the message
-                names them with the reason, and those that were written.
+        Raises
+        ------
+        NotWritten
+            some files (or the manifest) could not be written; the message
+            names them with the reason, and those that were written.
         """
         manifest_error = None
         try:
@@ -651,8 +666,10 @@ def claim_outputs(
 
     Returns the claim and the previous manifest (None if there was none).
 
-    Raises:
-        UnsafeOutput, OutputInUse: as above, in one line naming the files and what to do.
+    Raises
+    ------
+    UnsafeOutput, OutputInUse
+        as above, in one line naming the files and what to do.
     """
     directory = Path(directory)
     check_outputs(directory, outputs)
@@ -672,7 +689,8 @@ def claim_outputs(
     if manifest is None and adopt:
         previous = [name for name in adopt if os.path.lexists(directory / name)]
         own = True
-    if previous and not own and not restart:
+    # Files not this run's own are those a previous manifest lists (an adopted run is own).
+    if manifest is not None and previous and not own and not restart:
         what = manifest.get("command_line") or manifest.get("command") or "another run"
         raise OutputInUse(
             f"'{directory}' holds the files of another spectra run ({what}): "

@@ -1,4 +1,4 @@
-"""Curvature matrices of a loss as SciPy ``LinearOperator``s.
+"""Curvature matrices of a loss as SciPy ``LinearOperator`` objects.
 
 :class:`CurvatureOperator` (``base``) owns the snapshot of the weights, batches, caching,
 blocks, replicas, counters, flattening and the one ``from_keras``; each matrix is one

@@ -7,7 +7,7 @@ C_b is comes from a :class:`~spectra.operators.curvature.Curvature` (the Hessian
 :mod:`spectra.operators.hessian`); this module owns everything else:
 
 * **snapshot**: an operator is the matrix at the weights it was built with. The values
-  (or, for a ``loss_fn`` reading ``tf.Variable``s, copies of the variables) are taken at
+  (or, for a ``loss_fn`` reading ``tf.Variable`` objects, copies of the variables) are taken at
   construction and fed to the compiled functions as inputs; training on, loading other
   weights or building another operator on the same model changes nothing in it, in
   every cache mode and dtype;

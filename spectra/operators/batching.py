@@ -90,7 +90,7 @@ def _fingerprint(batch: Any) -> int:
             leaf = tf.strings.to_hash_bucket_fast(leaf, 2**62)
         array = np.ascontiguousarray(leaf.numpy())
         crc = zlib.crc32(f"{array.dtype.str}{array.shape}".encode(), crc)
-        crc = zlib.crc32(array.reshape(-1).view(np.uint8), crc)
+        crc = zlib.crc32(array.reshape(-1).view(np.uint8).data, crc)
     return crc
 
 
@@ -166,6 +166,8 @@ class Batches:
         Where the batches run (:class:`spectra.operators.replicas.Replicas`); default: one device.
         With several workers, a dataset is sharded across them (module docstring).
 
+    Notes
+    -----
     Iterating yields ``(batch, weight)`` pairs for every batch this process reads, where
     ``batch`` has the structure of the data with tensors as leaves;
     :meth:`assigned` yields the batches this process computes, with their replicas.
@@ -293,10 +295,11 @@ class Batches:
 
     @staticmethod
     def _count_arrays(arrays: Any) -> int:
-        dims = _leading_dims(arrays)
-        if not dims:
+        leading = _leading_dims(arrays)
+        if not leading:
             raise ValueError("data is empty: it holds no arrays.")
-        if any(d is None for d in dims):
+        dims = [d for d in leading if d is not None]
+        if len(dims) != len(leading):
             raise ValueError("every array in data needs a leading example dimension; got a scalar.")
         if len(set(dims)) != 1:
             raise ValueError(
@@ -305,7 +308,7 @@ class Batches:
             )
         if dims[0] == 0:
             raise ValueError("data is empty: it has 0 examples.")
-        return int(dims[0])
+        return dims[0]
 
     def _check_cardinality(self, dataset: tf.data.Dataset) -> None:
         cardinality = int(dataset.cardinality())
@@ -517,13 +520,15 @@ class Batches:
                     "If it never ends, cut it with dataset.take(num_batches); otherwise raise "
                     "max_batches."
                 )
-            dims = {d for d in _leading_dims(element)}
+            # Every component has a leading dimension: _check_dataset_spec refused rank 0 and
+            # unknown ranks, and an eager tensor's dimensions are known.
+            dims = {int(leaf.shape[0]) for leaf in tf.nest.flatten(element)}
             if len(dims) != 1:
                 raise ValueError(
                     "all components of a dataset element must have the same batch size; "
                     f"got {sorted(dims)}."
                 )
-            n = int(dims.pop())
+            n = dims.pop()
             self.examples_read += n
             self.bytes_read += _nbytes(element)
             yield element, n

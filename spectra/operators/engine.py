@@ -141,6 +141,8 @@ class Engine:
         Split the graph (default: :func:`split_enabled`). False computes every product
         with the recomputing fallback.
 
+    Notes
+    -----
     Inputs of every compiled part, in order: the values of the traced graph's captured
     tensors (variable handles of a ``loss_fn``; see :attr:`captures`), the state, the
     per-batch seed (int64, shape (2,)), the batch leaves — then the vector or block.

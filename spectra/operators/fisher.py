@@ -1,4 +1,4 @@
-"""Fisher matrices of a Keras model's loss as ``LinearOperator``s: Monte Carlo and empirical.
+"""Fisher matrices of a Keras model's loss as ``LinearOperator`` objects: Monte Carlo and empirical.
 
 Both are sums of outer products of gradients, Jᵀ (Σ g gᵀ) J with g a gradient of the loss
 in the model's outputs z, and both are computed like the generalized Gauss-Newton

@@ -93,6 +93,8 @@ class HessianOperator(CurvatureOperator):
         estimator, same seed; each reads only its shard of a dataset (by file, or from a
         dataset function).
 
+    Notes
+    -----
     **Snapshot.** The operator is the Hessian at the weights it was built with. The
     constructor copies every ``tf.Variable`` the traced ``loss_fn`` reads (the
     ``variables`` and any other, e.g. BatchNorm statistics) and feeds the copies to the

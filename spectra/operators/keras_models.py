@@ -27,7 +27,7 @@ import random
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import keras
 import numpy as np
@@ -650,6 +650,13 @@ def sum_scale(batch: Any, num_examples: Any, dtype: tf.DType) -> tf.Tensor | Non
     return tf.cast(num_examples, dtype) / tf.cast(count, dtype)
 
 
+class BatchLoss(Protocol):
+    """What :func:`keras_loss_fn` returns: ``loss_fn(batch)``, the mean loss of a batch, or
+    ``loss_fn(batch, num_examples)`` with N for losses with ``reduction="sum"``."""
+
+    def __call__(self, batch: Any, num_examples: Any = None) -> tf.Tensor: ...
+
+
 def keras_loss_fn(
     model: Any,
     loss: Any,
@@ -657,7 +664,7 @@ def keras_loss_fn(
     dtype: tf.DType,
     training: bool,
     include_regularization: bool,
-) -> Callable[[Any], tf.Tensor]:
+) -> BatchLoss:
     """``loss_fn(batch)``: the mean loss of ``model`` on ``(x, y[, sample_weight])``.
 
     The model is evaluated at what ``model.trainable_variables`` and

@@ -411,6 +411,29 @@ def test_components_of_unknown_rank_are_refused(rng):
     assert Batches(known).num_examples == 12
 
 
+def test_dataset_elements_without_one_batch_dimension_are_refused(rng):
+    # A scalar component is refused from the element spec, before any batch is read (so
+    # counting never meets a component without a leading dimension); components of
+    # different batch sizes are refused when the batch is read, naming both sizes.
+    x, y = arrays(rng)
+    scalar = tf.data.Dataset.from_tensor_slices((x, y.astype("float64")))
+    with pytest.raises(ValueError) as raised:
+        Batches(scalar)
+    assert str(raised.value) == (
+        "dataset elements must be batches (a leading example dimension); got scalar "
+        "components. Batch the dataset, e.g. dataset.batch(256)."
+    )
+    with pytest.raises(ValueError) as raised:
+        Batches(lambda context: scalar)
+    assert "got scalar components" in str(raised.value)
+    uneven = generator_dataset(lambda: [(x[:3], y[:4])])
+    with pytest.raises(ValueError) as raised:
+        Batches(uneven).synchronize()
+    assert str(raised.value) == (
+        "all components of a dataset element must have the same batch size; got [3, 4]."
+    )
+
+
 class _Workers:
     """What sharding reads of a strategy: W workers, this one's index, R replicas."""
 
