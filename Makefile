@@ -66,7 +66,7 @@ ruff-check: $(VENV)/.installed-dev
 lint: ruff-check format-check typecheck
 
 # -E: a fresh build every time, so that every page's warnings are seen (an incremental
-# build rereads only what changed). Docstring markup problems are listed apart: docs/_ext.
+# build rereads only what changed); docstring markup problems are warnings too.
 docs: $(VENV)/.installed-dev
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs $(OUT)/site
 

@@ -252,6 +252,7 @@ class SharpnessCallback(keras.callbacks.Callback):
 
     # -- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: check the loss, optimizer and log file and build the operator."""
         self._resolved_loss = self._resolve_loss()
         self._current_step()  # a compiled model (it has an optimizer)
         if self.preconditioned:
@@ -267,6 +268,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         self._fit_started = True
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: measure at the start of a fit, unless that point is measured."""
         self._epochs_completed = int(epoch)
         if not self._fit_started:
             return
@@ -278,6 +280,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         self._next_step = (step // self.every + 1) * self.every
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: with ``unit="step"``, measure every ``every`` optimizer steps."""
         if self.unit != "step":
             return
         step = self._current_step()
@@ -286,6 +289,7 @@ class SharpnessCallback(keras.callbacks.Callback):
             self._next_step = (step // self.every + 1) * self.every
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: with ``unit="epoch"``, measure every ``every`` epochs."""
         self._epochs_completed = int(epoch) + 1
         if self.unit != "epoch" or self._epochs_completed % self.every != 0:
             return

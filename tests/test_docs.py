@@ -66,38 +66,6 @@ def test_the_site_builds_without_warnings(tmp_path):
     assert "1 process × 2 threads" in (out / "benchmarks.html").read_text()
 
 
-def _docs_extension():
-    pytest.importorskip("docutils", reason="the [docs] extra is not installed")
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        import spectra_docs
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
-    return spectra_docs
-
-
-def test_docstring_problems_fail_the_build_outside_the_exempted_files():
-    import logging
-
-    extension = _docs_extension()
-    markup = extension._DocstringMarkup(frozenset({"spectra/callback.py"}))
-
-    def passes(location: str, level: int = logging.WARNING) -> bool:
-        record = logging.LogRecord("docutils", level, "", 0, "Unexpected indentation.", (), None)
-        record.location = location
-        return markup.filter(record)
-
-    exempt = f"{ROOT / 'spectra' / 'callback.py'}:docstring of spectra.callback.X:9"
-    assert not passes(exempt)  # recorded, not a warning
-    assert markup.messages == [f"{exempt}: Unexpected indentation."]
-    assert markup.files == {"spectra/callback.py"}
-    assert passes(f"{ROOT / 'spectra' / 'plotting.py'}:docstring of spectra.plotting.f:3")
-    assert passes(f"{ROOT / 'docs' / 'index.md'}:12")  # a page, not a docstring
-    assert passes(exempt, logging.INFO)
-    # The exemption list names existing files only (a renamed file would exempt nothing).
-    assert all((ROOT / name).is_file() for name in extension.EXEMPT_DOCSTRING_FILES)
-
-
 def _documented_functions():
     """(qualified name, object whose docstring is read, its signature) of every function,
     method and class defined in a spectra module (a class: its ``__init__``'s signature)."""

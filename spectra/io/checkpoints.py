@@ -71,23 +71,32 @@ def load_model(
 ) -> keras.Model:
     """Load a trained Keras model.
 
-    Args:
-        path: a ``.keras`` file, a legacy full-model ``.h5`` file, a ``.weights.h5`` file,
-            or a ``tf.train.Checkpoint`` directory (its latest checkpoint is used) or prefix
-            (e.g. ``run/ckpt-1200``).
-        builder: for weights files and ``tf.train.Checkpoint``\\ s: a callable with no arguments
-            returning the built (not necessarily compiled) model, or ``"module:function"`` /
-            ``"path/to/file.py:function"`` naming one.
-        compile: passed to ``keras.models.load_model`` for full-model files; a builder's model
-            is returned as the builder made it.
-        custom_objects: passed to ``keras.models.load_model`` for custom layers and losses.
-        checkpoint_key: the attribute under which the model was saved in a
-            ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model)`` -> ``"model"``).
+    Parameters
+    ----------
+    path
+        a ``.keras`` file, a legacy full-model ``.h5`` file, a ``.weights.h5`` file,
+        or a ``tf.train.Checkpoint`` directory (its latest checkpoint is used) or prefix
+        (e.g. ``run/ckpt-1200``).
+    builder
+        for weights files and ``tf.train.Checkpoint``\\ s: a callable with no arguments
+        returning the built (not necessarily compiled) model, or ``"module:function"`` /
+        ``"path/to/file.py:function"`` naming one.
+    compile
+        passed to ``keras.models.load_model`` for full-model files; a builder's model
+        is returned as the builder made it.
+    custom_objects
+        passed to ``keras.models.load_model`` for custom layers and losses.
+    checkpoint_key
+        the attribute under which the model was saved in a
+        ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model)`` -> ``"model"``).
 
-    Raises:
-        FileNotFoundError: the path does not exist, or a directory holds no checkpoint.
-        ValueError: a corrupted or unrecognized file, a missing or failing builder, or weights
-            that do not match the builder's model.
+    Raises
+    ------
+    FileNotFoundError
+        the path does not exist, or a directory holds no checkpoint.
+    ValueError
+        a corrupted or unrecognized file, a missing or failing builder, or weights
+        that do not match the builder's model.
     """
     path = Path(path)
     name = path.name.lower()
@@ -462,19 +471,25 @@ def find_checkpoints(
 ) -> list[CheckpointRef]:
     """Find the checkpoints of a training run, ordered by training step.
 
-    Args:
-        spec: a directory (all ``.keras``, ``.weights.h5``, ``.h5`` files and
-            ``tf.train.Checkpoint`` prefixes in it), a glob pattern (``"run/ckpt-*.keras"``),
-            or a list of paths.
-        steps: by default the step is the last integer in the file name without its suffix
-            (``ckpt-1200.keras`` -> 1200, ``epoch_005.keras`` -> 5, ``step=300.weights.h5`` ->
-            300). Otherwise a sequence of steps paired with the files in natural name order
-            (``a2`` before ``a10``), or a mapping from file name (or path) to step.
+    Parameters
+    ----------
+    spec
+        a directory (all ``.keras``, ``.weights.h5``, ``.h5`` files and
+        ``tf.train.Checkpoint`` prefixes in it), a glob pattern (``"run/ckpt-*.keras"``),
+        or a list of paths.
+    steps
+        by default the step is the last integer in the file name without its suffix
+        (``ckpt-1200.keras`` -> 1200, ``epoch_005.keras`` -> 5, ``step=300.weights.h5`` ->
+        300). Otherwise a sequence of steps paired with the files in natural name order
+        (``a2`` before ``a10``), or a mapping from file name (or path) to step.
 
-    Raises:
-        FileNotFoundError: nothing matches ``spec``.
-        ValueError: a file name without a step, two files with the same step, or ``steps`` that
-            do not pair up with the files.
+    Raises
+    ------
+    FileNotFoundError
+        nothing matches ``spec``.
+    ValueError
+        a file name without a step, two files with the same step, or ``steps`` that
+        do not pair up with the files.
     """
     paths = _checkpoint_paths(spec)
     if steps is None:

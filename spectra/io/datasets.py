@@ -65,20 +65,29 @@ class Data:
 def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: int = 0) -> Data:
     """Load a ``.npz`` file (arrays ``x``, ``y``, optional ``sample_weight``) or a built-in set.
 
-    Args:
-        spec: a path to a ``.npz`` file, or one of ``digits``, ``breast_cancer``, ``diabetes``,
-            ``iris``, ``wine`` (preprocessing in the module docstring).
-        max_examples: keep a random subset of this many examples, drawn without replacement with
-            ``numpy.random.default_rng(seed)`` and kept in their original order. ``None`` (or a
-            number not smaller than the data set) keeps everything.
-        seed: the seed of that subset, a non-negative integer.
+    Parameters
+    ----------
+    spec
+        a path to a ``.npz`` file, or one of ``digits``, ``breast_cancer``, ``diabetes``,
+        ``iris``, ``wine`` (preprocessing in the module docstring).
+    max_examples
+        keep a random subset of this many examples, drawn without replacement with
+        ``numpy.random.default_rng(seed)`` and kept in their original order. ``None`` (or a
+        number not smaller than the data set) keeps everything.
+    seed
+        the seed of that subset, a non-negative integer.
 
-    Raises:
-        FileNotFoundError: no such file and no such built-in name.
-        TypeError: ``max_examples`` or ``seed`` not an integer.
-        ValueError: ``max_examples < 1``, ``seed < 0``, a file without ``x``/``y`` or with
-            arrays of different lengths.
-        ImportError: a built-in name without scikit-learn installed.
+    Raises
+    ------
+    FileNotFoundError
+        no such file and no such built-in name.
+    TypeError
+        ``max_examples`` or ``seed`` not an integer.
+    ValueError
+        ``max_examples < 1``, ``seed < 0``, a file without ``x``/``y`` or with
+        arrays of different lengths.
+    ImportError
+        a built-in name without scikit-learn installed.
     """
     text = os.fspath(spec)
     if text in BUILTIN_DATASETS:
