@@ -11,7 +11,7 @@ LINTED := spectra tests benchmarks data notebooks docs .ci
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
-	@echo "make test      ruff check, ruff format --check and the test suite"
+	@echo "make test      make lint, then the test suite"
 	@echo "make lint      ruff check, ruff format --check and mypy (make typecheck)"
 	@echo "make docs      build the documentation site into $(OUT)/site (warnings are errors)"
 	@echo "make bench     run the benchmarks (ratios to a compiled gradient)"
@@ -45,10 +45,8 @@ run: $(VENV)/.installed-run
 	@echo "Figures: $(OUT)/analyze/eigenvalues.png $(OUT)/analyze/density.png" \
 		"$(OUT)/sharpness/sharpness.png (add --format png,pdf,svg for more formats)"
 
-# The type checker is not part of make test yet (make lint runs it).
-test: $(VENV)/.installed-dev
-	$(BIN)/ruff check $(LINTED)
-	$(BIN)/ruff format --check $(LINTED)
+# make lint (ruff check, ruff format --check, mypy), then the suite.
+test: lint
 	$(BIN)/python -m pytest -q --timeout=900
 
 test-fast: $(VENV)/.installed-dev
