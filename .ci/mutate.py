@@ -3,8 +3,9 @@
 Runs mutmut (configured in the ``[mutmut]`` section of setup.cfg: the files it mutates, the
 fast test files it runs) on one module at a time, then writes a report: per module the
 mutants killed, survived, timed out and without covering tests, the score, and every
-surviving mutant's diff. Mutants listed in tests/MUTANTS.md as equivalent (same function,
-same changed lines) are counted apart and left out of the score:
+surviving mutant's diff. Mutants listed in tests/MUTANTS.md as equivalent (same module, same
+changed source lines, whichever function they are in) are counted apart and left out of the
+score:
 
     score = (killed + timeout) / (mutants - listed equivalents)
 
@@ -42,6 +43,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENTS_FILE = ROOT / "tests" / "MUTANTS.md"
@@ -121,31 +123,119 @@ def _status(code: int | None) -> str:
     return STATUS.get(code, "suspicious")
 
 
-def _function_of(mutant: str) -> str:
-    return mutant.rsplit("__mutmut_", 1)[0]
+def module_of(mutant: str) -> str:
+    """The dotted module of a mutmut mutant name: ``spectra.estimators.krylov`` for
+    ``spectra.estimators.krylov.x__batched_lanczos__mutmut_103``, and ``spectra.operators.base``
+    for a method's ``spectra.operators.base.xǁCurvatureOperatorǁ_matmat__mutmut_125``."""
+    match = re.match(r"^([\w.]+?)\.x(?:ǁ|_)\w", mutant)
+    if match is None or "__mutmut_" not in mutant:
+        raise ValueError(
+            f"mutant: {mutant!r} is not a mutmut mutant name (module.x_function__mutmut_N)"
+        )
+    return match.group(1)
 
 
-def _changed_lines(diff: str) -> tuple[str, ...]:
-    return tuple(
-        line[0] + line[1:].strip()
-        for line in diff.splitlines()
-        if line[:1] in "+-" and not line.startswith(("+++", "---"))
-    )
+def changed_lines(diff: str) -> tuple[str, ...]:
+    """A mutant's key: the source lines its unified ``diff`` removes ("-...") and adds
+    ("+..."), in order, each with its whitespace collapsed; file headers and "@@" lines are
+    skipped. A text both removed and added (difflib re-aligning the closing ")" of a call
+    whose argument line was removed) is left out as often as it occurs on both sides."""
+    lines = diff.splitlines()
+    if len(lines) >= 2 and lines[0].startswith("--- ") and lines[1].startswith("+++ "):
+        lines = lines[2:]
+    changed = [
+        line[0] + " ".join(line[1:].split())
+        for line in lines
+        if line[:1] in ("+", "-") and not line.startswith("@@")
+    ]
+    removed = Counter(line[1:] for line in changed if line[0] == "-")
+    added = Counter(line[1:] for line in changed if line[0] == "+")
+    cancel = {"-": removed & added, "+": removed & added}
+    cancel["+"] = Counter(cancel["+"])  # two budgets, spent apart
+    key = []
+    for line in changed:
+        if cancel[line[0]][line[1:]] > 0:
+            cancel[line[0]][line[1:]] -= 1
+        else:
+            key.append(line)
+    return tuple(key)
 
 
-def load_equivalents(path: Path = EQUIVALENTS_FILE) -> dict[tuple[str, tuple[str, ...]], str]:
-    """(function, changed lines) -> reason, from the '### mutant' entries of MUTANTS.md:
-    a heading with the mutant's name, a ```diff block with its changed lines, a reason."""
+class Equivalent(NamedTuple):
+    """An entry of MUTANTS.md: why its mutants are equivalent or harmless, and the functions
+    they were found in (a hint for the reader; never matched)."""
+
+    reason: str
+    hint: str
+
+
+def load_equivalents(
+    path: Path = EQUIVALENTS_FILE,
+) -> dict[tuple[str, tuple[str, ...]], Equivalent]:
+    """(module, changed lines) -> Equivalent, from the "Equivalent and harmless mutants"
+    section of MUTANTS.md: per module a ``### `dotted.module` `` heading, then reasons, each a
+    paragraph followed by a ```diff block whose entries are an "@@ hint" line and the
+    entry's "-"/"+" lines. Raises ValueError, naming the line, for a malformed section."""
     if not path.exists():
         return {}
     text = path.read_text()
-    pattern = re.compile(
-        r"^### `?([\w.ǁ]+)`?[^\n]*\n+```diff\n(.*?)```\s*\n+(.*?)(?=^#|\Z)", re.S | re.M
-    )
-    return {
-        (_function_of(name), _changed_lines(diff)): " ".join(reason.split())
-        for name, diff, reason in pattern.findall(text)
-    }
+    heading = re.search(r"^## Equivalent and harmless mutants$", text, re.M)
+    if heading is None:
+        raise ValueError(f"{path}: no '## Equivalent and harmless mutants' section")
+    start = heading.start()
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end >= 0 else len(text)]
+    first_line = text[:start].count("\n") + 1
+    entries: dict[tuple[str, tuple[str, ...]], Equivalent] = {}
+    module, paragraph, block = None, [], None
+    hint, lines = None, []
+
+    def close_entry(number: int) -> None:
+        if hint is None:
+            return
+        key = changed_lines("\n".join(lines))
+        if not key:
+            raise ValueError(f"{path}:{number}: entry '@@ {hint}' changes no line")
+        if (module, key) in entries:
+            raise ValueError(f"{path}:{number}: entry '@@ {hint}' is listed twice in {module}")
+        entries[module, key] = Equivalent(" ".join(" ".join(paragraph).split()), hint)
+
+    for number, line in enumerate(section.splitlines(), start=first_line):
+        if block is not None:  # inside a ```diff block
+            if line.startswith("```"):
+                close_entry(number)
+                block, hint, lines, paragraph = None, None, [], []
+            elif line.startswith("@@"):
+                close_entry(number)
+                hint, lines = line[2:].strip(), []
+            elif line[:1] in ("-", "+") and hint is not None:
+                lines.append(line)
+            else:
+                raise ValueError(
+                    f"{path}:{number}: expected '@@ hint', '-line' or '+line' in a diff block, "
+                    f"got {line!r}"
+                )
+        elif line.startswith("### "):
+            module, paragraph = line[4:].strip().strip("`"), []
+        elif line.startswith("```diff"):
+            if module is None or not paragraph:
+                raise ValueError(f"{path}:{number}: a diff block without a module or a reason")
+            block = True
+        elif line.startswith("```"):
+            raise ValueError(f"{path}:{number}: only ```diff blocks list mutants")
+        elif line.strip() and module is not None:
+            paragraph.append(line)
+    if block is not None:
+        raise ValueError(f"{path}: the last diff block is not closed")
+    return entries
+
+
+def find_equivalent(
+    equivalents: dict[tuple[str, tuple[str, ...]], Equivalent], mutant: str, diff: str
+) -> Equivalent | None:
+    """The entry that lists ``mutant`` (whose unified diff is ``diff``): the same module
+    and the same changed lines, whatever function it is in now; None when none does."""
+    return equivalents.get((module_of(mutant), changed_lines(diff)))
 
 
 def _mutmut(*args: str, log=None) -> subprocess.CompletedProcess:
@@ -267,12 +357,12 @@ def module_report(name: str, meta_file: str, patterns: list[str], equivalents) -
         if _status(code) in (*DETECTED, "not run"):
             continue
         diff = diff_of(mutant)
-        reason = equivalents.get((_function_of(mutant), _changed_lines(diff)))
+        listed = find_equivalent(equivalents, mutant, diff)
         entry = {"mutant": mutant, "status": _status(code), "diff": diff}
-        if reason is None:
+        if listed is None:
             survivors.append(entry)
         else:
-            equivalent.append({**entry, "reason": reason})
+            equivalent.append({**entry, "reason": listed.reason, "listed_in": listed.hint})
     total = len(results) - counts["not run"]
     detected = counts["killed"] + counts["timeout"]
     relevant = total - len(equivalent)
