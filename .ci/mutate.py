@@ -103,6 +103,15 @@ MODULES: list[tuple[str, str, list[str]]] = [
     ),
     ("eigenvalues", "spectra/estimators/eigensolvers.py", ["spectra.estimators.eigensolvers.*"]),
 ]
+# The modules' file names, accepted for the short names above.
+ALIASES = {
+    "krylov": "lanczos",
+    "stochastic_diagonal": "diagonal",
+    "stochastic_trace": "trace",
+    "batching": "data",
+    "base": "operators/base",
+    "eigensolvers": "eigenvalues",
+}
 # Code that matters only with several processes or replicas (a failing worker's NaN that
 # poisons the all-reduce, the zeros of a replica without a batch, the pass named in
 # WorkerFailed) runs in the worker processes of tests/operators/test_distributed.py, where mutmut
@@ -446,7 +455,12 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = [name.split(" ")[0] for name, _, _ in MODULES]
-    parser.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(names))
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help=", ".join(names) + " (or the module's file name: " + ", ".join(ALIASES) + ")",
+    )
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", 2)))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
     parser.add_argument("--report-only", action="store_true")
@@ -467,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         import mutmut  # noqa: F401
     except ImportError:
         parser.error("mutmut is not installed: pip install -e '.[test]'")
+    args.modules = [ALIASES.get(name, name) for name in args.modules]
     unknown = sorted(set(args.modules) - set(names))
     if unknown:
         parser.error(f"unknown module(s) {unknown}; choose from {', '.join(names)}")

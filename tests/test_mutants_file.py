@@ -137,3 +137,9 @@ def test_module_of_reads_functions_and_methods() -> None:
     )
     with pytest.raises(ValueError, match="mutant: 'krylov' is not a mutmut mutant name"):
         mutate.module_of("krylov")
+
+
+def test_module_aliases_are_the_file_names_of_the_modules_they_name() -> None:
+    files = {name.split(" ")[0]: Path(meta).stem for name, meta, _ in mutate.MODULES}
+    for alias, name in mutate.ALIASES.items():
+        assert files[name] == alias
