@@ -6,7 +6,8 @@ Each notebook runs in a fresh kernel that imports this checkout's spectra (PYTHO
 whichever is installed. The selected notebooks run in parallel kernels, two on a machine of two
 or more cores (SPECTRA_NOTEBOOK_WORKERS overrides), the longest first, each kernel's TensorFlow
 and BLAS limited to its share of the cores so that the kernels do not fight over them: on two
-cores that halves the wall time against one kernel after the other."""
+cores that halves the wall time against one kernel after the other. Under pytest-xdist each
+worker process runs the notebooks of its own tests, one kernel each."""
 
 from __future__ import annotations
 
@@ -75,31 +76,44 @@ def _execute(path: Path, env: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def executed(request: pytest.FixtureRequest) -> dict[str, dict]:
-    """The notebooks whose execution test is selected, executed in parallel kernels."""
+def executed(request: pytest.FixtureRequest):
+    """path -> the notebook executed (see _execute). Without pytest-xdist, the notebooks
+    whose execution test is selected run first, in parallel kernels; under pytest-xdist, which
+    spreads the tests over processes itself, each runs its own notebook in one kernel."""
     pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
-    selected = {
-        item.callspec.params["path"]
-        for item in request.session.items
-        if item.originalname == "test_notebook_executes"
-    }
-    # The longest first, so that no long one starts last.
-    rank = {stem: i for i, stem in enumerate(LONGEST_FIRST)}
-    paths = sorted(selected, key=lambda path: (rank.get(path.stem, len(rank)), path.name))
-    workers = min(_workers(), len(paths)) or 1
-    env = _kernel_env(workers)
-    with ThreadPoolExecutor(workers) as pool:
-        results = dict(zip(paths, pool.map(lambda path: _execute(path, env), paths)))
-    return {path.name: result for path, result in results.items()}
+    results: dict[str, dict] = {}
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        env = _kernel_env(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    else:
+        selected = {
+            item.callspec.params["path"]
+            for item in request.session.items
+            if item.originalname == "test_notebook_executes"
+        }
+        # The longest first, so that no long one starts last.
+        rank = {stem: i for i, stem in enumerate(LONGEST_FIRST)}
+        paths = sorted(selected, key=lambda path: (rank.get(path.stem, len(rank)), path.name))
+        workers = min(_workers(), len(paths)) or 1
+        env = _kernel_env(workers)
+        with ThreadPoolExecutor(workers) as pool:
+            for path, result in zip(paths, pool.map(lambda path: _execute(path, env), paths)):
+                results[path.name] = result
+
+    def get(path: Path) -> dict:
+        if path.name not in results:
+            results[path.name] = _execute(path, env)
+        return results[path.name]
+
+    return get
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path: Path, executed: dict[str, dict], record_property) -> None:
+def test_notebook_executes(path: Path, executed, record_property) -> None:
     import nbformat
 
-    result = executed[path.name]
+    result = executed(path)
     record_property("seconds", round(result["seconds"], 1))
     if result["error"] is not None:
         raise result["error"]
