@@ -13,6 +13,8 @@ score:
     python .ci/mutate.py lanczos trace         # some modules
     python .ci/mutate.py --jobs 1 --out DIR    # one worker; another report directory
     python .ci/mutate.py --report-only         # rewrite the report from the last run
+    python .ci/mutate.py --rekey REV           # MUTANTS.md's stale entries edited as the
+                                               # code was since REV (where they were current)
     python .ci/mutate.py trace \
         --only 'spectra.estimators.stochastic_trace.x_hutchinson_trace__mutmut_*'
                                                # some functions (the rest stay 'not run')
@@ -35,6 +37,7 @@ not fork-safe once it has run, so setup.cfg sets mutmut's forkserver isolation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -452,6 +455,136 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
     return path
 
 
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _merge_line(base: str, edited: str, mutated: str) -> str | None:
+    """``mutated`` (a mutant of the line ``base``) with the edit that turned ``base`` into
+    ``edited`` applied too: a three-way merge of tokens; None when the two changes touch the
+    same tokens."""
+    from difflib import SequenceMatcher
+
+    tokens = [_TOKEN.findall(line) for line in (base, edited, mutated)]
+    changes = []
+    for side in (1, 2):
+        matcher = SequenceMatcher(None, tokens[0], tokens[side], autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                changes.append((i1, i2, side, tokens[side][j1:j2]))
+    changes.sort(key=lambda change: (change[0], change[1]))
+    for (i1, i2, side, _), (k1, k2, other, _) in itertools.pairwise(changes):
+        if side != other and (k1 < i2 or (i1 == i2 == k1 == k2)):
+            return None  # both edit the same tokens (or insert at the same place)
+    merged, at = [], 0
+    for i1, i2, _, replacement in changes:
+        merged += tokens[0][at:i1] + replacement
+        at = i2
+    merged += tokens[0][at:]
+    return " ".join("".join(merged).split())
+
+
+def _edited_line(line: str, before: list[str], after: list[str]) -> str | None:
+    """What the source line ``line`` (whitespace collapsed) of ``before`` became in ``after``:
+    the line at its place in difflib's alignment of the two; None when it was deleted, occurs
+    more than once, or its place is ambiguous."""
+    from difflib import SequenceMatcher, get_close_matches
+
+    if before.count(line) != 1:
+        return None
+    index = before.index(line)
+    matcher = SequenceMatcher(None, before, after, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if not i1 <= index < i2:
+            continue
+        if tag == "equal":
+            return after[j1 + index - i1]
+        if tag == "replace" and i2 - i1 == j2 - j1:
+            return after[j1 + index - i1]
+        if tag == "replace":
+            close = get_close_matches(line, after[j1:j2], n=1, cutoff=0.6)
+            return close[0] if close else None
+        return None
+    return None
+
+
+def rekey(text: str, revision: str) -> tuple[str, list[str], list[str]]:
+    """MUTANTS.md ``text`` with its stale entries (a removed line the module no longer has)
+    edited as the code was edited since ``revision`` (a git revision where they were
+    current): each stale "-" line becomes the line at its place now, and its "+" line gets the
+    same edit (a three-way merge of tokens). Returns the text, the entries re-keyed and those
+    left stale (to edit by hand)."""
+    lines = text.split("\n")
+    module, block, sources = None, False, {}
+    rekeyed, left = [], []
+
+    def source(name: str) -> tuple[list[str], list[str]]:
+        if name not in sources:
+            path = name.replace(".", "/") + ".py"
+            old = subprocess.run(
+                ["git", "show", f"{revision}:{path}"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            new = (ROOT / path).read_text()
+            sources[name] = tuple(
+                [" ".join(line.split()) for line in code.splitlines()] for code in (old, new)
+            )
+        return sources[name]
+
+    def fix(start: int, end: int) -> None:  # the entry lines[start:end], "@@" first
+        before, after = source(module)
+        current = set(after)
+        body = lines[start + 1 : end]
+        stale = [line for line in body if line[0] == "-" and line[1:].strip() not in current]
+        if not stale:
+            return
+        where = f"{module} {lines[start]}"
+        edits = {}
+        for line in body:
+            if line[0] == "-":
+                text = " ".join(line[1:].split())
+                edits[text] = text if text in current else _edited_line(text, before, after)
+        if None in edits.values():
+            left.append(where)
+            return
+        removed = [" ".join(line[1:].split()) for line in body if line[0] == "-"]
+        out = []
+        for line in body:
+            text = " ".join(line[1:].split())
+            if line[0] == "-":
+                out.append("-" + edits[text])
+                continue
+            from difflib import get_close_matches
+
+            base = (get_close_matches(text, removed, n=1, cutoff=0.0) or [None])[0]
+            merged = None if base is None else _merge_line(base, edits[base], text)
+            if merged is None:
+                left.append(where)
+                return
+            out.append("+" + merged)
+        lines[start + 1 : end] = out
+        rekeyed.append(where)
+
+    index, entry = 0, None
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("## "):
+            module = None
+        elif line.startswith("### "):
+            module = line[4:].strip().strip("`")
+        elif module and line.startswith("```diff"):
+            block, entry = True, None
+        elif block and (line.startswith("@@") or line.startswith("```")):
+            if entry is not None:
+                fix(entry, index)
+            entry = index if line.startswith("@@") else None
+            block = not line.startswith("```")
+        index += 1
+    return "\n".join(lines), rekeyed, left
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = [name.split(" ")[0] for name, _, _ in MODULES]
@@ -465,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument(
+        "--rekey",
+        metavar="REVISION",
+        help="edit the stale entries of tests/MUTANTS.md as the code was edited since "
+        "REVISION (a git revision where they were current), and stop",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         metavar="GLOB",
@@ -477,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which mutants to test: those without a result (default), the survivors, all",
     )
     args = parser.parse_args(argv)
+    if args.rekey:
+        text, rekeyed, left = rekey(EQUIVALENTS_FILE.read_text(), args.rekey)
+        EQUIVALENTS_FILE.write_text(text)
+        print(f"{len(rekeyed)} entries re-keyed; {len(left)} left stale, to edit by hand:")
+        print("\n".join(f"  {where}" for where in left))
+        return 0
     try:
         import mutmut  # noqa: F401
     except ImportError:

@@ -68,7 +68,8 @@ def test_every_entry_is_well_formed() -> None:
 def test_every_entry_quotes_lines_its_module_still_has() -> None:
     # An entry whose removed line the module no longer has (a variable renamed, a constant
     # named) lists no mutant any more: its mutants come back as survivors and count against
-    # the score. Edit the entry's "-" and "+" lines as the code was edited (or drop it).
+    # the score. `python .ci/mutate.py --rekey REV` (REV: a commit where the entries were
+    # current) edits those it can as the code was edited; edit or drop the rest by hand.
     sources = {module: _normalized_source(module) for module, _ in EQUIVALENTS}
     stale = [
         f"{module} @@ {entry.hint}: {line}"
@@ -152,3 +153,21 @@ def test_module_aliases_are_the_file_names_of_the_modules_they_name() -> None:
     files = {name.split(" ")[0]: Path(meta).stem for name, meta, _ in mutate.MODULES}
     for alias, name in mutate.ALIASES.items():
         assert files[name] == alias
+
+
+def test_rekey_edits_an_entry_as_the_code_was_edited() -> None:
+    # What `.ci/mutate.py --rekey REV` does to a stale entry: its "-" line becomes the line at
+    # its place in the code now, and its "+" line gets the same edit, token by token.
+    before = ["a = 1", "np.fill_diagonal(cosines, 0.0)", "return a"]
+    after = ["a = 1", "np.fill_diagonal(differences, 0.0)", "return a"]
+    edited = mutate._edited_line("np.fill_diagonal(cosines, 0.0)", before, after)
+    assert edited == "np.fill_diagonal(differences, 0.0)"
+    assert mutate._merge_line(
+        "np.fill_diagonal(cosines, 0.0)", edited, "np.fill_diagonal(cosines, 1.0)"
+    ) == ("np.fill_diagonal(differences, 1.0)")
+    assert mutate._merge_line("x < 1e300", "x < LARGEST", "x <= 1e300") == "x <= LARGEST"
+    # The mutated token itself was edited (a constant named): left to a person.
+    assert mutate._merge_line("x < 1e300", "x < LARGEST", "x < 1e301") is None
+    # A line deleted, or one that occurs twice, has no one place now.
+    assert mutate._edited_line("return a", before, ["a = 1"]) is None
+    assert mutate._edited_line("a = 1", [*before, "a = 1"], after) is None
