@@ -3,8 +3,9 @@
 Runs mutmut (configured in the ``[mutmut]`` section of setup.cfg: the files it mutates, the
 fast test files it runs) on one module at a time, then writes a report: per module the
 mutants killed, survived, timed out and without covering tests, the score, and every
-surviving mutant's diff. Mutants listed in tests/MUTANTS.md as equivalent (same function,
-same changed lines) are counted apart and left out of the score:
+surviving mutant's diff. Mutants listed in tests/MUTANTS.md as equivalent (same module, same
+changed source lines, whichever function they are in) are counted apart and left out of the
+score:
 
     score = (killed + timeout) / (mutants - listed equivalents)
 
@@ -12,6 +13,8 @@ same changed lines) are counted apart and left out of the score:
     python .ci/mutate.py lanczos trace         # some modules
     python .ci/mutate.py --jobs 1 --out DIR    # one worker; another report directory
     python .ci/mutate.py --report-only         # rewrite the report from the last run
+    python .ci/mutate.py --rekey REV           # MUTANTS.md's stale entries edited as the
+                                               # code was since REV (where they were current)
     python .ci/mutate.py trace \
         --only 'spectra.estimators.stochastic_trace.x_hutchinson_trace__mutmut_*'
                                                # some functions (the rest stay 'not run')
@@ -34,6 +37,7 @@ not fork-safe once it has run, so setup.cfg sets mutmut's forkserver isolation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -42,6 +46,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENTS_FILE = ROOT / "tests" / "MUTANTS.md"
@@ -101,6 +106,15 @@ MODULES: list[tuple[str, str, list[str]]] = [
     ),
     ("eigenvalues", "spectra/estimators/eigensolvers.py", ["spectra.estimators.eigensolvers.*"]),
 ]
+# The modules' file names, accepted for the short names above.
+ALIASES = {
+    "krylov": "lanczos",
+    "stochastic_diagonal": "diagonal",
+    "stochastic_trace": "trace",
+    "batching": "data",
+    "base": "operators/base",
+    "eigensolvers": "eigenvalues",
+}
 # Code that matters only with several processes or replicas (a failing worker's NaN that
 # poisons the all-reduce, the zeros of a replica without a batch, the pass named in
 # WorkerFailed) runs in the worker processes of tests/operators/test_distributed.py, where mutmut
@@ -121,31 +135,119 @@ def _status(code: int | None) -> str:
     return STATUS.get(code, "suspicious")
 
 
-def _function_of(mutant: str) -> str:
-    return mutant.rsplit("__mutmut_", 1)[0]
+def module_of(mutant: str) -> str:
+    """The dotted module of a mutmut mutant name: ``spectra.estimators.krylov`` for
+    ``spectra.estimators.krylov.x__batched_lanczos__mutmut_103``, and ``spectra.operators.base``
+    for a method's ``spectra.operators.base.xǁCurvatureOperatorǁ_matmat__mutmut_125``."""
+    match = re.match(r"^([\w.]+?)\.x(?:ǁ|_)\w", mutant)
+    if match is None or "__mutmut_" not in mutant:
+        raise ValueError(
+            f"mutant: {mutant!r} is not a mutmut mutant name (module.x_function__mutmut_N)"
+        )
+    return match.group(1)
 
 
-def _changed_lines(diff: str) -> tuple[str, ...]:
-    return tuple(
-        line[0] + line[1:].strip()
-        for line in diff.splitlines()
-        if line[:1] in "+-" and not line.startswith(("+++", "---"))
-    )
+def changed_lines(diff: str) -> tuple[str, ...]:
+    """A mutant's key: the source lines its unified ``diff`` removes ("-...") and adds
+    ("+..."), in order, each with its whitespace collapsed; file headers and "@@" lines are
+    skipped. A text both removed and added (difflib re-aligning the closing ")" of a call
+    whose argument line was removed) is left out as often as it occurs on both sides."""
+    lines = diff.splitlines()
+    if len(lines) >= 2 and lines[0].startswith("--- ") and lines[1].startswith("+++ "):
+        lines = lines[2:]
+    changed = [
+        line[0] + " ".join(line[1:].split())
+        for line in lines
+        if line[:1] in ("+", "-") and not line.startswith("@@")
+    ]
+    removed = Counter(line[1:] for line in changed if line[0] == "-")
+    added = Counter(line[1:] for line in changed if line[0] == "+")
+    cancel = {"-": removed & added, "+": removed & added}
+    cancel["+"] = Counter(cancel["+"])  # two budgets, spent apart
+    key = []
+    for line in changed:
+        if cancel[line[0]][line[1:]] > 0:
+            cancel[line[0]][line[1:]] -= 1
+        else:
+            key.append(line)
+    return tuple(key)
 
 
-def load_equivalents(path: Path = EQUIVALENTS_FILE) -> dict[tuple[str, tuple[str, ...]], str]:
-    """(function, changed lines) -> reason, from the '### mutant' entries of MUTANTS.md:
-    a heading with the mutant's name, a ```diff block with its changed lines, a reason."""
+class Equivalent(NamedTuple):
+    """An entry of MUTANTS.md: why its mutants are equivalent or harmless, and the functions
+    they were found in (a hint for the reader; never matched)."""
+
+    reason: str
+    hint: str
+
+
+def load_equivalents(
+    path: Path = EQUIVALENTS_FILE,
+) -> dict[tuple[str, tuple[str, ...]], Equivalent]:
+    """(module, changed lines) -> Equivalent, from the "Equivalent and harmless mutants"
+    section of MUTANTS.md: per module a ``### `dotted.module` `` heading, then reasons, each a
+    paragraph followed by a ```diff block whose entries are an "@@ hint" line and the
+    entry's "-"/"+" lines. Raises ValueError, naming the line, for a malformed section."""
     if not path.exists():
         return {}
     text = path.read_text()
-    pattern = re.compile(
-        r"^### `?([\w.ǁ]+)`?[^\n]*\n+```diff\n(.*?)```\s*\n+(.*?)(?=^#|\Z)", re.S | re.M
-    )
-    return {
-        (_function_of(name), _changed_lines(diff)): " ".join(reason.split())
-        for name, diff, reason in pattern.findall(text)
-    }
+    heading = re.search(r"^## Equivalent and harmless mutants$", text, re.M)
+    if heading is None:
+        raise ValueError(f"{path}: no '## Equivalent and harmless mutants' section")
+    start = heading.start()
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end >= 0 else len(text)]
+    first_line = text[:start].count("\n") + 1
+    entries: dict[tuple[str, tuple[str, ...]], Equivalent] = {}
+    module, paragraph, block = None, [], None
+    hint, lines = None, []
+
+    def close_entry(number: int) -> None:
+        if hint is None:
+            return
+        key = changed_lines("\n".join(lines))
+        if not key:
+            raise ValueError(f"{path}:{number}: entry '@@ {hint}' changes no line")
+        if (module, key) in entries:
+            raise ValueError(f"{path}:{number}: entry '@@ {hint}' is listed twice in {module}")
+        entries[module, key] = Equivalent(" ".join(" ".join(paragraph).split()), hint)
+
+    for number, line in enumerate(section.splitlines(), start=first_line):
+        if block is not None:  # inside a ```diff block
+            if line.startswith("```"):
+                close_entry(number)
+                block, hint, lines, paragraph = None, None, [], []
+            elif line.startswith("@@"):
+                close_entry(number)
+                hint, lines = line[2:].strip(), []
+            elif line[:1] in ("-", "+") and hint is not None:
+                lines.append(line)
+            else:
+                raise ValueError(
+                    f"{path}:{number}: expected '@@ hint', '-line' or '+line' in a diff block, "
+                    f"got {line!r}"
+                )
+        elif line.startswith("### "):
+            module, paragraph = line[4:].strip().strip("`"), []
+        elif line.startswith("```diff"):
+            if module is None or not paragraph:
+                raise ValueError(f"{path}:{number}: a diff block without a module or a reason")
+            block = True
+        elif line.startswith("```"):
+            raise ValueError(f"{path}:{number}: only ```diff blocks list mutants")
+        elif line.strip() and module is not None:
+            paragraph.append(line)
+    if block is not None:
+        raise ValueError(f"{path}: the last diff block is not closed")
+    return entries
+
+
+def find_equivalent(
+    equivalents: dict[tuple[str, tuple[str, ...]], Equivalent], mutant: str, diff: str
+) -> Equivalent | None:
+    """The entry that lists ``mutant`` (whose unified diff is ``diff``): the same module
+    and the same changed lines, whatever function it is in now; None when none does."""
+    return equivalents.get((module_of(mutant), changed_lines(diff)))
 
 
 def _mutmut(*args: str, log=None) -> subprocess.CompletedProcess:
@@ -267,12 +369,12 @@ def module_report(name: str, meta_file: str, patterns: list[str], equivalents) -
         if _status(code) in (*DETECTED, "not run"):
             continue
         diff = diff_of(mutant)
-        reason = equivalents.get((_function_of(mutant), _changed_lines(diff)))
+        listed = find_equivalent(equivalents, mutant, diff)
         entry = {"mutant": mutant, "status": _status(code), "diff": diff}
-        if reason is None:
+        if listed is None:
             survivors.append(entry)
         else:
-            equivalent.append({**entry, "reason": reason})
+            equivalent.append({**entry, "reason": listed.reason, "listed_in": listed.hint})
     total = len(results) - counts["not run"]
     detected = counts["killed"] + counts["timeout"]
     relevant = total - len(equivalent)
@@ -353,13 +455,154 @@ def write_report(out: Path, modules: list[dict], runs: dict[str, dict]) -> Path:
     return path
 
 
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _merge_line(base: str, edited: str, mutated: str) -> str | None:
+    """``mutated`` (a mutant of the line ``base``) with the edit that turned ``base`` into
+    ``edited`` applied too: a three-way merge of tokens; None when the two changes touch the
+    same tokens."""
+    from difflib import SequenceMatcher
+
+    tokens = [_TOKEN.findall(line) for line in (base, edited, mutated)]
+    changes = []
+    for side in (1, 2):
+        matcher = SequenceMatcher(None, tokens[0], tokens[side], autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                changes.append((i1, i2, side, tokens[side][j1:j2]))
+    changes.sort(key=lambda change: (change[0], change[1]))
+    for (i1, i2, side, _), (k1, k2, other, _) in itertools.pairwise(changes):
+        if side != other and (k1 < i2 or (i1 == i2 == k1 == k2)):
+            return None  # both edit the same tokens (or insert at the same place)
+    merged, at = [], 0
+    for i1, i2, _, replacement in changes:
+        merged += tokens[0][at:i1] + replacement
+        at = i2
+    merged += tokens[0][at:]
+    return " ".join("".join(merged).split())
+
+
+def _edited_line(line: str, before: list[str], after: list[str]) -> str | None:
+    """What the source line ``line`` (whitespace collapsed) of ``before`` became in ``after``:
+    the line at its place in difflib's alignment of the two; None when it was deleted, occurs
+    more than once, or its place is ambiguous."""
+    from difflib import SequenceMatcher, get_close_matches
+
+    if before.count(line) != 1:
+        return None
+    index = before.index(line)
+    matcher = SequenceMatcher(None, before, after, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if not i1 <= index < i2:
+            continue
+        if tag == "equal":
+            return after[j1 + index - i1]
+        if tag == "replace" and i2 - i1 == j2 - j1:
+            return after[j1 + index - i1]
+        if tag == "replace":
+            close = get_close_matches(line, after[j1:j2], n=1, cutoff=0.6)
+            return close[0] if close else None
+        return None
+    return None
+
+
+def rekey(text: str, revision: str) -> tuple[str, list[str], list[str]]:
+    """MUTANTS.md ``text`` with its stale entries (a removed line the module no longer has)
+    edited as the code was edited since ``revision`` (a git revision where they were
+    current): each stale "-" line becomes the line at its place now, and its "+" line gets the
+    same edit (a three-way merge of tokens). Returns the text, the entries re-keyed and those
+    left stale (to edit by hand)."""
+    lines = text.split("\n")
+    module, block, sources = None, False, {}
+    rekeyed, left = [], []
+
+    def source(name: str) -> tuple[list[str], list[str]]:
+        if name not in sources:
+            path = name.replace(".", "/") + ".py"
+            old = subprocess.run(
+                ["git", "show", f"{revision}:{path}"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            new = (ROOT / path).read_text()
+            sources[name] = tuple(
+                [" ".join(line.split()) for line in code.splitlines()] for code in (old, new)
+            )
+        return sources[name]
+
+    def fix(start: int, end: int) -> None:  # the entry lines[start:end], "@@" first
+        before, after = source(module)
+        current = set(after)
+        body = lines[start + 1 : end]
+        stale = [line for line in body if line[0] == "-" and line[1:].strip() not in current]
+        if not stale:
+            return
+        where = f"{module} {lines[start]}"
+        edits = {}
+        for line in body:
+            if line[0] == "-":
+                text = " ".join(line[1:].split())
+                edits[text] = text if text in current else _edited_line(text, before, after)
+        if None in edits.values():
+            left.append(where)
+            return
+        removed = [" ".join(line[1:].split()) for line in body if line[0] == "-"]
+        out = []
+        for line in body:
+            text = " ".join(line[1:].split())
+            if line[0] == "-":
+                out.append("-" + edits[text])
+                continue
+            from difflib import get_close_matches
+
+            base = (get_close_matches(text, removed, n=1, cutoff=0.0) or [None])[0]
+            merged = None if base is None else _merge_line(base, edits[base], text)
+            if merged is None:
+                left.append(where)
+                return
+            out.append("+" + merged)
+        lines[start + 1 : end] = out
+        rekeyed.append(where)
+
+    index, entry = 0, None
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("## "):
+            module = None
+        elif line.startswith("### "):
+            module = line[4:].strip().strip("`")
+        elif module and line.startswith("```diff"):
+            block, entry = True, None
+        elif block and (line.startswith("@@") or line.startswith("```")):
+            if entry is not None:
+                fix(entry, index)
+            entry = index if line.startswith("@@") else None
+            block = not line.startswith("```")
+        index += 1
+    return "\n".join(lines), rekeyed, left
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = [name.split(" ")[0] for name, _, _ in MODULES]
-    parser.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(names))
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help=", ".join(names) + " (or the module's file name: " + ", ".join(ALIASES) + ")",
+    )
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", 2)))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--rekey",
+        metavar="REVISION",
+        help="edit the stale entries of tests/MUTANTS.md as the code was edited since "
+        "REVISION (a git revision where they were current), and stop",
+    )
     parser.add_argument(
         "--only",
         action="append",
@@ -373,10 +616,17 @@ def main(argv: list[str] | None = None) -> int:
         help="which mutants to test: those without a result (default), the survivors, all",
     )
     args = parser.parse_args(argv)
+    if args.rekey:
+        text, rekeyed, left = rekey(EQUIVALENTS_FILE.read_text(), args.rekey)
+        EQUIVALENTS_FILE.write_text(text)
+        print(f"{len(rekeyed)} entries re-keyed; {len(left)} left stale, to edit by hand:")
+        print("\n".join(f"  {where}" for where in left))
+        return 0
     try:
         import mutmut  # noqa: F401
     except ImportError:
         parser.error("mutmut is not installed: pip install -e '.[test]'")
+    args.modules = [ALIASES.get(name, name) for name in args.modules]
     unknown = sorted(set(args.modules) - set(names))
     if unknown:
         parser.error(f"unknown module(s) {unknown}; choose from {', '.join(names)}")

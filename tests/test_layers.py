@@ -1,0 +1,163 @@
+"""The layers of spectra import one way (DESIGN.md): io below everything; operators
+(TensorFlow) and estimators (NumPy/SciPy, never TensorFlow) side by side; analysis above both;
+plotting, callback and the CLI on top. Every module of spectra/ is read with ``ast`` (imports
+inside functions count too), and the estimators are also imported in a fresh interpreter to
+check that TensorFlow stays out of ``sys.modules``."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "spectra"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The modules ``name`` imports, absolute: ``from spectra import _tf_compat`` is
+    spectra._tf_compat, ``from . import x`` is resolved against the package, and a name
+    that is not a module (``from spectra import __version__``) is the package itself."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in MODULES else module)
+    return found
+
+
+IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _violations(importers: str, allowed=None, forbidden=()) -> list[str]:
+    """'importer -> imported' for each module under ``importers`` that imports a module
+    under one of ``forbidden``, or (with ``allowed``) a spectra module under none of
+    ``allowed``."""
+    bad = []
+    for name, imported in sorted(IMPORTS.items()):
+        if not _within(name, importers):
+            continue
+        for module in sorted(imported):
+            spectra_module = _within(module, "spectra")
+            if any(_within(module, prefix) for prefix in forbidden) or (
+                allowed is not None
+                and spectra_module
+                and not any(_within(module, prefix) for prefix in allowed)
+            ):
+                bad.append(f"{name} -> {module}")
+    return bad
+
+
+def test_the_parser_sees_the_package() -> None:
+    # The checks below are only as good as the import graph they read.
+    assert {"spectra.io.files", "spectra.estimators.krylov", "spectra.cli.analyze"} <= set(MODULES)
+    assert "spectra.estimators.tridiagonal" in IMPORTS["spectra.estimators.krylov"]
+    assert "spectra._tf_compat" in IMPORTS["spectra.operators.engine"]  # from spectra import ...
+    assert "spectra" in IMPORTS["spectra.cli._parser"]  # from spectra import __version__
+    # and the checker reports an import that a rule forbids
+    assert "spectra.analysis.per_layer -> spectra.estimators.eigensolvers" in _violations(
+        "spectra.analysis", forbidden=["spectra.estimators"]
+    )
+    assert "spectra.estimators.results -> spectra.io.files" in _violations(
+        "spectra.estimators", allowed=["spectra.estimators"]
+    )
+
+
+LAYERS = "spectra.estimators", "spectra.analysis", "spectra.plotting", "spectra.callback"
+RULES = {
+    # _validation's generic argument checks sit below every layer (once it is split: see the
+    # xfail below), so io, like the estimators, may use them.
+    "io imports no other spectra package": dict(
+        importers="spectra.io", allowed=["spectra.io", "spectra._validation"]
+    ),
+    "estimators import only estimators, _validation and io.files, never TensorFlow": dict(
+        importers="spectra.estimators",
+        allowed=["spectra.estimators", "spectra._validation", "spectra.io.files"],
+        forbidden=["tensorflow", "keras", "tf_keras"],
+    ),
+    "operators import no estimators, analysis, plotting, callback or cli": dict(
+        importers="spectra.operators", forbidden=[*LAYERS, "spectra.cli"]
+    ),
+    "analysis imports no plotting, callback or cli": dict(
+        importers="spectra.analysis",
+        forbidden=["spectra.plotting", "spectra.callback", "spectra.cli"],
+    ),
+    "plotting imports no callback or cli": dict(
+        importers="spectra.plotting", forbidden=["spectra.callback", "spectra.cli"]
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_layer_imports_one_way(rule: str) -> None:
+    assert not _violations(**RULES[rule]), rule
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    # spectra/__main__.py is `python -m spectra`, the CLI's other entry point.
+    entry_points = ("spectra.cli", "spectra.__main__")
+    bad = [
+        f"{name} -> {module}"
+        for name, imported in sorted(IMPORTS.items())
+        if not any(_within(name, entry) for entry in entry_points)
+        for module in sorted(imported)
+        if _within(module, "spectra.cli")
+    ]
+    assert not bad
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known exception being removed: spectra/_validation.py, imported by operators, "
+    "analysis and the CLI (and allowed for the estimators), still mixes generic argument "
+    "checks with the Keras data checks, so it imports TensorFlow, Keras and "
+    "spectra.operators.batching; once it is split this passes and the xfail must go",
+)
+def test_validation_imports_no_layer_and_no_tensorflow() -> None:
+    assert not _violations(
+        "spectra._validation",
+        allowed=["spectra._validation"],
+        forbidden=["tensorflow", "keras", "tf_keras"],
+    )
+
+
+def test_estimators_run_without_tensorflow() -> None:
+    estimators = sorted(name for name in MODULES if _within(name, "spectra.estimators"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {estimators!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras', 'tf_keras'))\n"
+        "print(len(sys.modules), loaded[:5])\n"
+        "sys.exit(1 if loaded else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
