@@ -90,8 +90,8 @@ def test_the_parser_sees_the_package() -> None:
 
 LAYERS = "spectra.estimators", "spectra.analysis", "spectra.plotting", "spectra.callback"
 RULES = {
-    # _validation's generic argument checks sit below every layer (once it is split: see the
-    # xfail below), so io, like the estimators, may use them.
+    # _validation's generic argument checks (NumPy only) sit below every layer, so io, like
+    # the estimators, may use them.
     "io imports no other spectra package": dict(
         importers="spectra.io", allowed=["spectra.io", "spectra._validation"]
     ),
@@ -131,13 +131,6 @@ def test_only_the_cli_imports_the_cli() -> None:
     assert not bad
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known exception being removed: spectra/_validation.py, imported by operators, "
-    "analysis and the CLI (and allowed for the estimators), still mixes generic argument "
-    "checks with the Keras data checks, so it imports TensorFlow, Keras and "
-    "spectra.operators.batching; once it is split this passes and the xfail must go",
-)
 def test_validation_imports_no_layer_and_no_tensorflow() -> None:
     assert not _violations(
         "spectra._validation",

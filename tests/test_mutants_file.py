@@ -47,8 +47,10 @@ def _diff(before: str, after: str) -> str:
 def test_the_file_parses_into_entries_of_the_mutated_modules() -> None:
     # 225 mutants were listed by name before the entries were keyed by module and changed
     # lines: 5 repeated another's change in the same module and share its entry, and 12
-    # quoted lines the code no longer had (dropped), which leaves 208 entries.
-    assert len(EQUIVALENTS) >= 208
+    # quoted lines the code no longer had (dropped), which left 208 entries. The rewrite of
+    # XTrace's sketch algebra and of the eigensolver's drivers dropped 31 more (their mutants
+    # are to be analysed again at the next make mutate): 177.
+    assert len(EQUIVALENTS) >= 177
     mutated = {meta.removesuffix(".py").replace("/", ".") for _, meta, _ in mutate.MODULES}
     assert {module for module, _ in EQUIVALENTS} <= mutated
 
