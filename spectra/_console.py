@@ -162,10 +162,21 @@ def quiet_tensorflow(verbose: bool = False) -> ModuleType:
     ``TF_CPP_MIN_LOG_LEVEL`` is set to 3 (C++ fatal lines only) unless the environment sets it,
     the import and ``tf.config.list_physical_devices()`` (where the CUDA probing happens) run
     with descriptor 2 captured (:func:`native_stderr_captured`), and TensorFlow's and absl's
-    Python loggers are set to ERROR, unless TensorFlow was imported before spectra. The device
+    Python loggers are set to ERROR, unless TensorFlow was already imported other than through
+    the quiet import ``import spectra`` set up (the user's loggers stay as they are). The device
     probe does not initialize the devices, so GPU options (memory growth) can still be set
     afterwards. Only the first import has an effect on the C++ lines. Cost: the import itself
     (seconds) the first time.
+
+    Parameters
+    ----------
+    verbose : bool
+        show every TensorFlow log line (the CLI's ``--verbose``).
+
+    Returns
+    -------
+    module
+        the ``tensorflow`` module.
     """
     imported_before_spectra = "tensorflow" in sys.modules and not _State.level_set_by_spectra
     if verbose:
