@@ -21,7 +21,9 @@ The package is layered; each layer imports only from the ones before it:
 * :mod:`spectra.plotting`, :mod:`spectra.callback`, :mod:`spectra.cli` on top.
 
 Names are imported on first use (PEP 562): ``import spectra`` and the NumPy-only
-estimators do not import TensorFlow; ``spectra.HessianOperator`` does.
+estimators do not import TensorFlow; ``spectra.HessianOperator`` does, without TensorFlow's
+C++ start-up log lines: unless ``TF_CPP_MIN_LOG_LEVEL`` is set, ``import spectra`` sets it to 3
+and makes the first import of TensorFlow quiet (:mod:`spectra._console`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from spectra._console import install_quiet_import
 from spectra.operators.registry import operator_class_names
+
+install_quiet_import()
 
 __version__ = "0.1.0"
 

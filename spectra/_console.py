@@ -1,35 +1,54 @@
 """A quiet console: TensorFlow imported without its C++ start-up log lines.
 
 TensorFlow's C++ runtime writes to file descriptor 2 directly. Some of its start-up lines
-(oneDNN notices, "Could not find cuda drivers", CPU feature hints, the absl banner) appear
-before its logging is set up, so ``TF_CPP_MIN_LOG_LEVEL`` does not hold them back, and probing
-the devices on a machine without a GPU logs ``failed call to cuInit`` as an error. They are
-noise to a user: :func:`quiet_tensorflow` imports TensorFlow and probes the devices with
-descriptor 2 routed to a temporary file, and keeps later C++ log lines below FATAL out
-(``TF_CPP_MIN_LOG_LEVEL=3``): oneDNN's "falling back to Eigen" notices for int64 or bool
-kernels are logged as errors, while a failing op reaches Python as an exception with its
-message, so nothing a user needs is dropped (``--verbose`` shows every line). If the
-import fails, what was captured is written back to stderr, so nothing that explains a
-failure is lost.
+(oneDNN notices, "Could not find cuda drivers", the absl banner "All log messages before
+absl::InitializeLog() is called are written to STDERR") are written while its shared libraries
+load, before its logging is set up, so ``TF_CPP_MIN_LOG_LEVEL`` does not hold them back; later
+ones (CPU feature hints, ``failed call to cuInit`` when probing the devices of a machine without
+a GPU) obey it. They are noise to a user, so spectra keeps them out without being asked:
 
-The command line calls it first; notebooks call ``spectra.quiet_tensorflow()`` in their first
-cell. It has an effect only before TensorFlow is first imported.
+* ``import spectra`` calls :func:`install_quiet_import`: unless the environment already sets
+  ``TF_CPP_MIN_LOG_LEVEL`` (then the user's choice stands and nothing here applies), it sets it to
+  3 (C++ lines below FATAL are dropped: oneDNN's "falling back to Eigen" notices for int64 or bool
+  kernels are logged as errors, while a failing op reaches Python as an exception with its
+  message, so nothing a user needs is dropped) and adds an import hook that, the first time
+  TensorFlow is imported (by spectra or by the user), runs that import with descriptor 2 routed
+  to a temporary file (:func:`native_stderr_captured`). If the import fails, what was captured is
+  written back to stderr, so nothing that explains a failure is lost.
+* :func:`quiet_tensorflow` imports TensorFlow that way at once, also probes the devices quietly
+  and sets TensorFlow's and absl's Python loggers to ERROR; the command line calls it first.
+  ``quiet_tensorflow(verbose=True)`` (the CLI's ``--verbose``) undoes what ``import spectra`` set
+  up, so every line is shown.
+
+Nothing here has an effect once TensorFlow is imported: lines printed by an import that came
+before ``import spectra`` are TensorFlow's own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
+from typing import Any
 
-__all__ = ["native_stderr_captured", "quiet_tensorflow"]
+__all__ = ["install_quiet_import", "native_stderr_captured", "quiet_tensorflow"]
 
 # C++ log lines below FATAL are dropped (op failures still raise Python exceptions).
 _QUIET_CPP_LEVEL = "3"
+_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+
+
+class _State:
+    """What :func:`install_quiet_import` did, so that ``verbose`` can undo it."""
+
+    level_set_by_spectra = False
+    hook: _QuietTensorFlowFinder | None = None
 
 
 @contextlib.contextmanager
@@ -65,27 +84,114 @@ def native_stderr_captured() -> Iterator[None]:
                 os.write(2, capture.read())
 
 
+class _QuietLoader(importlib.abc.Loader):
+    """The real loader of ``tensorflow``, executing the module with descriptor 2 captured."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        _remove_hook()
+        with native_stderr_captured():
+            self.loader.exec_module(module)
+
+
+class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
+    """A ``sys.meta_path`` entry that finds ``tensorflow`` with the other finders and wraps its
+    loader in :class:`_QuietLoader`; it is removed when TensorFlow is first executed (a mere
+    ``importlib.util.find_spec("tensorflow")`` leaves it in place)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "tensorflow":
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _QuietLoader(spec.loader)
+                return spec
+        return None
+
+
+def _remove_hook() -> None:
+    hook, _State.hook = _State.hook, None
+    if hook is not None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(hook)
+
+
+def install_quiet_import() -> None:
+    """Make the first import of TensorFlow quiet, unless the user chose a log level.
+
+    Called by ``import spectra``. Does nothing when TensorFlow is already imported or the
+    environment sets ``TF_CPP_MIN_LOG_LEVEL`` (any value: the user's choice is respected).
+    Otherwise sets ``TF_CPP_MIN_LOG_LEVEL=3`` and adds the import hook described in this
+    module's docstring. Costs nothing until TensorFlow is imported.
+    """
+    if "tensorflow" in sys.modules or _State.hook is not None:
+        return
+    if _LEVEL_VARIABLE in os.environ:
+        return
+    os.environ[_LEVEL_VARIABLE] = _QUIET_CPP_LEVEL
+    _State.level_set_by_spectra = True
+    _State.hook = _QuietTensorFlowFinder()
+    sys.meta_path.insert(0, _State.hook)
+
+
+def _show_tensorflow_logs() -> None:
+    """Undo :func:`install_quiet_import` (before TensorFlow is imported)."""
+    _remove_hook()
+    if _State.level_set_by_spectra and os.environ.get(_LEVEL_VARIABLE) == _QUIET_CPP_LEVEL:
+        del os.environ[_LEVEL_VARIABLE]
+    _State.level_set_by_spectra = False
+
+
 def quiet_tensorflow(verbose: bool = False) -> ModuleType:
     """Import TensorFlow (and probe its devices) without C++ log lines; return the module.
 
-    With ``verbose=True`` TensorFlow is imported as it is, every log line shown. Otherwise
+    With ``verbose=True`` TensorFlow is imported as it is, every log line shown (what
+    ``import spectra`` set up to keep them out is undone first). Otherwise
     ``TF_CPP_MIN_LOG_LEVEL`` is set to 3 (C++ fatal lines only) unless the environment sets it,
     the import and ``tf.config.list_physical_devices()`` (where the CUDA probing happens) run
     with descriptor 2 captured (:func:`native_stderr_captured`), and TensorFlow's and absl's
-    Python loggers are set to ERROR. The device probe does not initialize the devices, so GPU
-    options (memory growth) can still be set afterwards. Cost: the import itself (seconds).
+    Python loggers are set to ERROR, unless TensorFlow was already imported other than through
+    the quiet import ``import spectra`` set up (the user's loggers stay as they are). The device
+    probe does not initialize the devices, so GPU options (memory growth) can still be set
+    afterwards. Only the first import has an effect on the C++ lines. Cost: the import itself
+    (seconds) the first time.
+
+    Parameters
+    ----------
+    verbose : bool
+        show every TensorFlow log line (the CLI's ``--verbose``).
+
+    Returns
+    -------
+    module
+        the ``tensorflow`` module.
     """
+    imported_before_spectra = "tensorflow" in sys.modules and not _State.level_set_by_spectra
     if verbose:
+        if "tensorflow" not in sys.modules:
+            _show_tensorflow_logs()
         import tensorflow as tf
 
         return tf
-    already_imported = "tensorflow" in sys.modules
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", _QUIET_CPP_LEVEL)
+    os.environ.setdefault(_LEVEL_VARIABLE, _QUIET_CPP_LEVEL)
+    _remove_hook()
     with native_stderr_captured():
         import tensorflow as tf
 
         tf.config.list_physical_devices()
-    if not already_imported:
+    if not imported_before_spectra:
         tf.get_logger().setLevel(logging.ERROR)
         with contextlib.suppress(ImportError):
             from absl import logging as absl_logging

@@ -242,6 +242,12 @@ def measure_sharpness(
     eigensolver's products (fewer from a good ``v0``), ``trace_products`` for the trace; the
     overlaps need no product.
 
+    Parameters
+    ----------
+    progress : None, True or False
+        the estimators' bars: None (default): a bar on a terminal for runs longer than ~2 s
+        (none when stderr is not a terminal); True: a bar at once; False: no bar.
+
     Raises
     ------
     ValueError

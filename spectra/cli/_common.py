@@ -92,14 +92,12 @@ class Console:
         stream.flush()
 
     def bar(self, total: int, desc: str, unit: str) -> Any:
-        """A tqdm bar over ``total`` planned items, shown on a terminal unless turned off."""
-        from tqdm import tqdm
+        """A tqdm bar over ``total`` planned items on stderr: by default shown on a terminal once
+        the run has lasted about 2 s, never with ``--quiet`` or ``--no-progress`` (the
+        estimators' rule, :func:`spectra.estimators._products._progress_bar`)."""
+        from spectra.estimators._products import _progress_bar
 
-        enabled = self.progress
-        if enabled is None:
-            isatty = getattr(sys.stderr, "isatty", None)
-            enabled = bool(isatty()) if callable(isatty) else False
-        return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False)
+        return _progress_bar(total, desc, unit, self.progress)
 
 
 def require_tensorflow(args: argparse.Namespace) -> Any:

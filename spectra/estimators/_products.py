@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from scipy.sparse.linalg import LinearOperator, aslinearoperator
 from threadpoolctl import ThreadpoolController
 from tqdm import tqdm  # the console bar: no ipywidgets needed in notebooks
 
-from spectra._validation import check_bool, check_seed
+from spectra._validation import check_bool, check_seed, is_bool
 
 SeedLike = int | np.random.Generator | None
 
@@ -318,24 +319,60 @@ class _RunningMoments:
 
 
 # -- progress -------------------------------------------------------------------------------
+# A bar shown by default (progress=None, stderr a terminal) appears only once a run has taken
+# this long, so that quick runs print nothing; progress=True shows it at once.
+_PROGRESS_DELAY_S = 2.0
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether ``sys.stderr`` (where bars are drawn) is a terminal; False when it cannot say."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
+
+
+def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqdm:
+    """A tqdm bar on ``sys.stderr`` over ``total`` planned items, per ``progress``.
+
+    ``None`` (the default of every estimator): shown only when stderr is a terminal, and only
+    once the run has lasted :data:`_PROGRESS_DELAY_S` seconds; ``True``: shown at once, terminal
+    or not; ``False``: never. The bar is removed when it closes (``leave=False``). Anything
+    else for ``progress`` is a ``TypeError``.
+    """
+    if progress is None:
+        enabled, delay = _stderr_is_terminal(), _PROGRESS_DELAY_S
+    else:
+        if not is_bool(progress):
+            raise TypeError(f"progress must be None, True or False, got {progress!r}")
+        enabled, delay = bool(progress), 0.0
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=not enabled,
+        leave=False,
+        delay=delay,
+        file=sys.stderr,
+    )
+
+
 class _Progress:
     """A tqdm bar over the products an estimator plans, with its data passes.
 
     ``plan`` revises the expected total (e.g. the Lanczos steps to the expected
     convergence); ``update`` reads the counter; on exit the total becomes the work
-    done, so a finished bar reads 100%. Shown by default only when stderr is a terminal.
+    done, so a finished bar reads 100%. ``enabled`` is the estimator's ``progress``
+    (see :func:`_progress_bar`): by default a bar on a terminal for runs longer than
+    about 2 s.
     """
 
     def __init__(self, counter: _ProductCounter, total: int, desc: str, enabled: bool | None):
-        if enabled is None:
-            isatty = getattr(sys.stderr, "isatty", None)
-            enabled = bool(isatty()) if callable(isatty) else False
         self.counter = counter
         self.start_products = counter.num_products
         self.start_calls = counter.num_operator_calls
-        self.bar = tqdm(
-            total=max(int(total), 1), desc=desc, disable=not enabled, leave=False, unit="product"
-        )
+        self.bar = _progress_bar(max(int(total), 1), desc, "product", enabled)
 
     def update(self) -> None:
         done = self.counter.num_products - self.start_products
@@ -349,7 +386,12 @@ class _Progress:
     def plan(self, total: int) -> None:
         done = self.counter.num_products - self.start_products
         self.bar.total = max(int(total), done, 1)
-        self.bar.refresh()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Redraw the bar, unless it is off or still within its delay (not drawn yet)."""
+        if not self.bar.disable and time.time() >= self.bar.start_t + self.bar.delay:
+            self.bar.refresh()
 
     def __enter__(self) -> _Progress:
         return self
@@ -357,7 +399,7 @@ class _Progress:
     def __exit__(self, *exc_info: Any) -> None:
         self.update()
         self.bar.total = max(self.bar.n, 1)
-        self.bar.refresh()
+        self._refresh()
         self.bar.close()
 
 

@@ -62,6 +62,12 @@ def spectral_density(
     Cost: num_probes · min(num_steps, n) products in min(num_steps, n) calls
     (fewer after breakdowns); the symmetry check uses the first products (no extra
     one); memory num_probes · num_steps · n float64 numbers for the bases.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)

@@ -1273,6 +1273,9 @@ def eigenvalues(
         there within ``max_products`` has ``converged=False``. Smaller values cost a
         few steps more (the bound depends on log(1/failure_probability)); for "power"
         many more (see the module docstring).
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
 
     Returns
     -------

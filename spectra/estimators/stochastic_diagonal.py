@@ -54,6 +54,12 @@ def diagonal(
     ceil(num_products / block_size) calls; the symmetry check uses them (no extra one).
     Products far from 1 are scaled by a power of two (exact; see ``_ProductCounter``),
     so operators from 1e-300 to 1e300 give the same relative accuracy.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)

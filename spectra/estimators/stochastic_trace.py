@@ -155,6 +155,12 @@ def hutchinson_trace(
     the error bar slightly optimistic). Cost: at most num_products products in
     ceil(num_products / block_size) calls; the symmetry check uses them (no extra
     product). Reference: Hutchinson, Comm. Stat. Simul. Comput. 18 (1989).
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
@@ -207,6 +213,12 @@ def hutchpp_trace(
     With ``rtol``, the Hutchinson part stops early once ``stderr <= rtol·|estimate|``.
     Needs num_products >= 4. Reference: Meyer, Musco, Musco & Woodruff, "Hutch++:
     Optimal stochastic trace estimation", SOSA 2021.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
@@ -506,6 +518,12 @@ def xtrace(
 
     Extra host work is O(n s² + s³), never n × n. Needs num_products >= 4. The
     second call multiplies only rank(AΩ) columns when A has rank < s.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
@@ -564,6 +582,12 @@ def trace(
     by "hutchinson" and "hutch++"; "xtrace" uses its budget in two calls and
     rejects ``rtol``. ``num_products`` is the estimator's budget; the symmetry
     check costs no extra product.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     method = check_choice("method", method, _METHODS)
     if method == "hutchinson":
@@ -594,6 +618,12 @@ def frobenius_norm(
     overflows float64 (‖A‖_F above about 1.3e154) is refused with a ``ValueError``, one
     that underflows (‖A‖_F below about 1e-154) is 0 or subnormal while ``estimate`` and
     ``stderr`` stay accurate.
+
+    Parameters
+    ----------
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s (none when stderr is
+        not a terminal); True: a bar at once, terminal or not; False: no bar.
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
