@@ -422,13 +422,41 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     from spectra.io.checkpoints import load_model
 
     with user_errors(args.model):
-        model = load_model(args.model, builder=args.builder, compile=compiles_model(args))
+        model = load_model(
+            args.model,
+            builder=args.builder,
+            compile=compiles_model(args),
+            custom_objects=getattr(args, "custom_objects", None),
+        )
+    report_ignored_optimizer_state(args, args.model)
     if args.training:
         seed_generator_states(model, args.seed)
     size = check_model(model, args, data, args.model)
     with user_errors(args.model):
         op = make_operator(model, args, data)
     return model, size, op
+
+
+def report_ignored_optimizer_state(args: argparse.Namespace, path: str | os.PathLike) -> None:
+    """Say on the console how many arrays of optimizer state a ``.weights.h5`` file held
+    that were not loaded (a compiled model's ``save_weights`` writes them)."""
+    ignored = ignored_optimizer_weights(path)
+    if ignored:
+        Console(args).info(
+            f"{path}: loaded the model's weights; ignored the {ignored} arrays of optimizer "
+            "state saved with them (as Keras' load_weights does for an uncompiled model)."
+        )
+
+
+def ignored_optimizer_weights(path: str | os.PathLike) -> int | None:
+    """The number of optimizer-state arrays in a ``.weights.h5`` file (not loaded into the
+    model), None for other formats."""
+    if not str(path).lower().endswith(".weights.h5"):
+        return None
+    from spectra.io.checkpoints import stored_weight_counts
+
+    with user_errors(str(path)):
+        return stored_weight_counts(path)["optimizer"]
 
 
 def seed_generator_states(model: Any, seed: int) -> None:
@@ -479,15 +507,21 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
 
 def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:
     """The model's path, name, size, dtype and the loss it was compiled with (None if not
-    compiled or not loaded compiled)."""
+    compiled or not loaded compiled); for a ``.weights.h5`` file also
+    ``ignored_optimizer_weights``, the arrays of optimizer state it held that were not
+    loaded."""
     compiled = getattr(model, "loss", None)
-    return {
+    description = {
         "path": str(path),
         "name": model.name,
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
         "compiled_loss": None if compiled is None else loss_name(compiled),
     }
+    ignored = ignored_optimizer_weights(path)
+    if ignored is not None:
+        description["ignored_optimizer_weights"] = ignored
+    return description
 
 
 def versions() -> dict[str, str]:
