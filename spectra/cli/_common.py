@@ -253,7 +253,7 @@ def check_data_values(data: Any, spec: str) -> None:
 
     Cost: one pass over the arrays.
     """
-    arrays = {"x": data.x, "y": data.y, "sample_weight": data.sample_weight}
+    arrays = {"x": data.x, **data.label_arrays(), "sample_weight": data.sample_weight}
     for name, array in arrays.items():
         if array is None:
             continue
@@ -262,7 +262,7 @@ def check_data_values(data: Any, spec: str) -> None:
             advice = (
                 "encode the classes as integers 0..C-1, e.g. classes, y = np.unique(y, "
                 "return_inverse=True), and save again"
-                if name == "y"
+                if name.startswith("y")
                 else f"convert {name} to numbers and save again"
             )
             raise UserError(
@@ -485,7 +485,10 @@ SEED_STATE_STRIDE = 2**20
 def data_fingerprint(data: Any) -> str:
     """SHA-256 of the arrays (values, dtypes and shapes)."""
     digest = hashlib.sha256()
-    for array in (data.x, data.y, data.sample_weight):
+    labels = data.label_arrays()
+    for name, array in [("x", data.x), *labels.items(), ("sample_weight", data.sample_weight)]:
+        if name.startswith("y") and list(labels) != ["y"]:
+            digest.update(name.encode() + b"\0")
         if array is not None:
             digest.update(np.ascontiguousarray(array).tobytes())
             digest.update(str((array.dtype, array.shape)).encode())
@@ -499,10 +502,19 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "description": data.description,
         "num_examples": data.num_examples,
         "x_shape": list(data.x.shape),
-        "y_shape": list(data.y.shape),
+        "y_shape": _label_shapes(data.y),
         "sample_weights": data.sample_weight is not None,
         "sha256": data_fingerprint(data),
     }
+
+
+def _label_shapes(y: Any) -> Any:
+    """``list(y.shape)``; for several outputs a dict (by output name) or list of them."""
+    if isinstance(y, dict):
+        return {name: list(array.shape) for name, array in y.items()}
+    if isinstance(y, list):
+        return [list(array.shape) for array in y]
+    return list(y.shape)
 
 
 def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:

@@ -72,6 +72,10 @@ def load_model(
 ) -> keras.Model:
     """Load a trained Keras model.
 
+    A ``.weights.h5`` file saved from a compiled model also holds the optimizer's state
+    (under ``optimizer/``); like ``model.load_weights`` this reads the model's weights and
+    ignores the optimizer's (:func:`stored_weight_counts` counts both).
+
     Parameters
     ----------
     path
@@ -93,10 +97,6 @@ def load_model(
     checkpoint_key
         the attribute under which the model was saved in a
         ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model)`` -> ``"model"``).
-
-    A ``.weights.h5`` file saved from a compiled model also holds the optimizer's state
-    (under ``optimizer/``); like ``model.load_weights`` this reads the model's weights and
-    ignores the optimizer's (:func:`stored_weight_counts` counts both).
 
     Raises
     ------

@@ -235,3 +235,113 @@ def test_mismatched_weights_still_refused(files, tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1, err
     assert "holds 4 weight arrays of the model" in err and "only 2 weights" in err, err
+
+
+# --------------------------------------------------------------------------- several outputs
+
+
+@pytest.fixture(scope="module")
+def two_outputs(tmp_path_factory):
+    """A functional model with outputs 'cls' (softmax, cross-entropy) and 'reg' (linear,
+    MSE) saved compiled with both losses, its data, and the top eigenvalue of the explicit
+    float64 Hessian of mean CE + mean MSE."""
+    import keras
+    import tensorflow as tf
+
+    tmp = tmp_path_factory.mktemp("two_outputs")
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(inputs)
+    cls = keras.layers.Dense(3, activation="softmax", name="cls")(hidden)
+    reg = keras.layers.Dense(1, name="reg")(hidden)
+    model = keras.Model(inputs, [cls, reg])
+    model.compile(optimizer="sgd", loss={"cls": LOSS, "reg": "mse"})
+    model.save(tmp / "two.keras")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 5)).astype(np.float32)
+    y_cls = rng.integers(0, 3, 30)
+    y_reg = rng.normal(size=(30, 1)).astype(np.float32)
+    np.savez(tmp / "named.npz", x=x, y_cls=y_cls, y_reg=y_reg)
+    np.savez(tmp / "ordered.npz", x=x, y0=y_cls, y1=y_reg)
+    np.savez(tmp / "missing.npz", x=x, y_cls=y_cls)
+    np.savez(tmp / "extra.npz", x=x, y_cls=y_cls, y_reg=y_reg, y_aux=y_reg)
+    np.savez(tmp / "single.npz", x=x, y=y_cls)
+
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    sizes = [int(np.prod(s)) for s in shapes]
+    x64 = x.astype(np.float64)
+
+    def loss_of(theta):
+        w1, b1, wc, bc, wr, br = (
+            tf.reshape(p, s) for p, s in zip(tf.split(theta, sizes), shapes, strict=True)
+        )
+        h = tf.tanh(x64 @ w1 + b1)
+        ce = keras.losses.sparse_categorical_crossentropy(y_cls, tf.nn.softmax(h @ wc + bc))
+        mse = tf.reduce_mean((h @ wr + br - y_reg.astype(np.float64)) ** 2, axis=-1)
+        return tf.reduce_mean(ce) + tf.reduce_mean(mse)
+
+    names = [v.path for v in model.trainable_variables]
+    assert [n.split("/")[0] for n in names] == ["hidden", "hidden", "cls", "cls", "reg", "reg"]
+    theta = tf.constant(
+        np.concatenate([np.ravel(v.numpy()) for v in model.trainable_variables]), tf.float64
+    )
+    with tf.GradientTape() as outer:
+        outer.watch(theta)
+        with tf.GradientTape() as inner:
+            inner.watch(theta)
+            value = loss_of(theta)
+        grad = inner.gradient(value, theta)
+    hessian = outer.jacobian(grad, theta).numpy()
+    return {"dir": tmp, "top": float(np.linalg.eigvalsh(hessian)[-1])}
+
+
+def _analyze_two(two_outputs, out: Path, data: str, *extra: str) -> int:
+    directory = two_outputs["dir"]
+    return _status(
+        [
+            "analyze",
+            str(directory / "two.keras"),
+            "--data",
+            str(directory / data),
+            "--out",
+            str(out),
+            "--top-k",
+            "1",
+            "--float64",
+            "--no-progress",
+            "--quiet",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.parametrize("data", ["named.npz", "ordered.npz"])
+def test_two_output_labels(two_outputs, data, tmp_path, capsys):
+    status = _analyze_two(two_outputs, tmp_path / "out", data)
+    assert status == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["eigenvalues"]["eigenvalues"][0] == pytest.approx(two_outputs["top"], rel=1e-7)
+    shapes = results["data"]["y_shape"]
+    assert shapes == ({"cls": [30], "reg": [30, 1]} if data == "named.npz" else [[30], [30, 1]])
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("missing.npz", "do not match the model's outputs (cls, reg): no labels for reg."),
+        ("extra.npz", "do not match the model's outputs (cls, reg): labels y_aux match no output"),
+        ("single.npz", "the model has 2 outputs (cls, reg) but the data has one label array y"),
+    ],
+)
+def test_two_output_labels_that_do_not_match(two_outputs, data, message, tmp_path, capsys):
+    status = _analyze_two(two_outputs, tmp_path / "out", data)
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("spectra: error: ") and err.count("\n") == 1, err
+    assert message in err and "y_cls, y_reg" in err, err
+
+
+def test_one_loss_for_two_outputs_checks_each(two_outputs, tmp_path, capsys):
+    status = _analyze_two(two_outputs, tmp_path / "out", "named.npz", "--loss", "mse")
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert "labels of the model's output 'cls': the loss mse needs y_cls shaped like" in err
