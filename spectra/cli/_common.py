@@ -251,7 +251,7 @@ def check_data_values(data: Any, spec: str) -> None:
 
     Cost: one pass over the arrays.
     """
-    arrays = {"x": data.x, "y": data.y, "sample_weight": data.sample_weight}
+    arrays = {"x": data.x, **data.label_arrays(), "sample_weight": data.sample_weight}
     for name, array in arrays.items():
         if array is None:
             continue
@@ -260,7 +260,7 @@ def check_data_values(data: Any, spec: str) -> None:
             advice = (
                 "encode the classes as integers 0..C-1, e.g. classes, y = np.unique(y, "
                 "return_inverse=True), and save again"
-                if name == "y"
+                if name.startswith("y")
                 else f"convert {name} to numbers and save again"
             )
             raise UserError(
@@ -420,13 +420,41 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     from spectra.io.checkpoints import load_model
 
     with user_errors(args.model):
-        model = load_model(args.model, builder=args.builder, compile=compiles_model(args))
+        model = load_model(
+            args.model,
+            builder=args.builder,
+            compile=compiles_model(args),
+            custom_objects=getattr(args, "custom_objects", None),
+        )
+    report_ignored_optimizer_state(args, args.model)
     if args.training:
         seed_generator_states(model, args.seed)
     size = check_model(model, args, data, args.model)
     with user_errors(args.model):
         op = make_operator(model, args, data)
     return model, size, op
+
+
+def report_ignored_optimizer_state(args: argparse.Namespace, path: str | os.PathLike) -> None:
+    """Say on the console how many arrays of optimizer state a ``.weights.h5`` file held
+    that were not loaded (a compiled model's ``save_weights`` writes them)."""
+    ignored = ignored_optimizer_weights(path)
+    if ignored:
+        Console(args).info(
+            f"{path}: loaded the model's weights; ignored the {ignored} arrays of optimizer "
+            "state saved with them (as Keras' load_weights does for an uncompiled model)."
+        )
+
+
+def ignored_optimizer_weights(path: str | os.PathLike) -> int | None:
+    """The number of optimizer-state arrays in a ``.weights.h5`` file (not loaded into the
+    model), None for other formats."""
+    if not str(path).lower().endswith(".weights.h5"):
+        return None
+    from spectra.io.checkpoints import stored_weight_counts
+
+    with user_errors(str(path)):
+        return stored_weight_counts(path)["optimizer"]
 
 
 def seed_generator_states(model: Any, seed: int) -> None:
@@ -455,7 +483,10 @@ SEED_STATE_STRIDE = 2**20
 def data_fingerprint(data: Any) -> str:
     """SHA-256 of the arrays (values, dtypes and shapes)."""
     digest = hashlib.sha256()
-    for array in (data.x, data.y, data.sample_weight):
+    labels = data.label_arrays()
+    for name, array in [("x", data.x), *labels.items(), ("sample_weight", data.sample_weight)]:
+        if name.startswith("y") and list(labels) != ["y"]:
+            digest.update(name.encode() + b"\0")
         if array is not None:
             digest.update(np.ascontiguousarray(array).tobytes())
             digest.update(str((array.dtype, array.shape)).encode())
@@ -469,23 +500,38 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "description": data.description,
         "num_examples": data.num_examples,
         "x_shape": list(data.x.shape),
-        "y_shape": list(data.y.shape),
+        "y_shape": _label_shapes(data.y),
         "sample_weights": data.sample_weight is not None,
         "sha256": data_fingerprint(data),
     }
 
 
+def _label_shapes(y: Any) -> Any:
+    """``list(y.shape)``; for several outputs a dict (by output name) or list of them."""
+    if isinstance(y, dict):
+        return {name: list(array.shape) for name, array in y.items()}
+    if isinstance(y, list):
+        return [list(array.shape) for array in y]
+    return list(y.shape)
+
+
 def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:
     """The model's path, name, size, dtype and the loss it was compiled with (None if not
-    compiled or not loaded compiled)."""
+    compiled or not loaded compiled); for a ``.weights.h5`` file also
+    ``ignored_optimizer_weights``, the arrays of optimizer state it held that were not
+    loaded."""
     compiled = getattr(model, "loss", None)
-    return {
+    description = {
         "path": str(path),
         "name": model.name,
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
         "compiled_loss": None if compiled is None else loss_name(compiled),
     }
+    ignored = ignored_optimizer_weights(path)
+    if ignored is not None:
+        description["ignored_optimizer_weights"] = ignored
+    return description
 
 
 def versions() -> dict[str, str]:

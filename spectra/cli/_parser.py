@@ -120,6 +120,15 @@ def common_options() -> argparse.ArgumentParser:
         "('module:function' or 'path/to/file.py:function')",
     )
     group.add_argument(
+        "--custom-objects",
+        metavar="MODULE",
+        help="import this module before loading a .keras file, so that the custom classes it "
+        "defines or registers (keras.saving.register_keras_serializable) are known: "
+        "'path/to/module.py', a dotted module name, or either with ':attr' naming a dict or "
+        "list of them; this runs the module's code (as --builder does), Keras' safe mode "
+        "stays on",
+    )
+    group.add_argument(
         "--float64",
         action="store_true",
         help="compute in float64 on a float64 copy of the model (default: the model's dtype)",

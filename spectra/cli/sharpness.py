@@ -252,7 +252,9 @@ def _measure_all(
     check_curvature(args)
     from spectra.io.checkpoints import CheckpointLoader
 
-    loader = CheckpointLoader(builder=args.builder, compile=compiles_model(args))
+    loader = CheckpointLoader(
+        builder=args.builder, compile=compiles_model(args), custom_objects=args.custom_objects
+    )
     before = {later.file: earlier.file for earlier, later in itertools.pairwise(plan)}
     # A resumed run starts where an uninterrupted one would: from the eigenvectors of the
     # checkpoint before the first pending one, kept by the run that measured it.

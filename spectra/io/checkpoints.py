@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # checkpoints (the bookkeeping of a run) does not import them.
 Builder = Callable[[], Any] | str
 PathLike = str | os.PathLike
+CustomObjects = Mapping[str, Any] | str
 
 _MODEL_SUFFIXES = (".weights.h5", ".keras", ".h5")
 _CHECKPOINT_INDEX_SUFFIX = ".index"
@@ -66,10 +67,14 @@ def load_model(
     builder: Builder | None = None,
     compile: bool = False,
     *,
-    custom_objects: Mapping[str, Any] | None = None,
+    custom_objects: CustomObjects | None = None,
     checkpoint_key: str = "model",
 ) -> keras.Model:
     """Load a trained Keras model.
+
+    A ``.weights.h5`` file saved from a compiled model also holds the optimizer's state
+    (under ``optimizer/``); like ``model.load_weights`` this reads the model's weights and
+    ignores the optimizer's (:func:`stored_weight_counts` counts both).
 
     Parameters
     ----------
@@ -85,7 +90,10 @@ def load_model(
         passed to ``keras.models.load_model`` for full-model files; a builder's model
         is returned as the builder made it.
     custom_objects
-        passed to ``keras.models.load_model`` for custom layers and losses.
+        for custom layers, models and losses in full-model files: a mapping from class
+        name to class, passed to ``keras.models.load_model``, or a string naming a module
+        to import first (see :func:`resolve_custom_objects`; this runs the module's code).
+        Keras' safe mode stays on either way.
     checkpoint_key
         the attribute under which the model was saved in a
         ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model)`` -> ``"model"``).
@@ -100,6 +108,8 @@ def load_model(
     """
     path = Path(path)
     name = path.name.lower()
+    if isinstance(custom_objects, str):
+        custom_objects = resolve_custom_objects(custom_objects)
     if path.is_dir():
         return _load_tf_checkpoint(_latest_checkpoint_in(path), builder, checkpoint_key)
     if not path.exists():
@@ -138,6 +148,15 @@ def _load_keras_archive(
     except Exception as err:
         if "safe_mode" in str(err):
             raise ValueError(_unsafe_archive_message(path, err)) from err
+        unknown = re.search(r"Could not locate (class|function) '([^']+)'", str(err))
+        if unknown:
+            kind, name = unknown.groups()
+            raise ValueError(
+                f"'{path}' uses the {kind} '{name}', which Keras does not know: import the "
+                f"module that defines it before loading (on the command line "
+                f"--custom-objects path/to/module.py, or 'module:attr' naming a dict or "
+                f"list of them; in Python custom_objects={{'{name}': {name}}})."
+            ) from err
         raise ValueError(
             f"Could not load the Keras model '{path}': {type(err).__name__}: {err}\n"
             "If the file is corrupted, save it again. If the model uses custom layers, import "
@@ -237,27 +256,26 @@ def _load_weights_file(model: keras.Model, path: Path) -> None:
     """``model.load_weights(path)`` for a Keras weights file, with errors that say what to do.
 
     Any layout Keras writes is accepted (Sequential and functional models keep their weights
-    under ``layers/``, subclassed models under their attribute names); the one check beyond
-    Keras' own is that the file holds no more weight arrays than the model has, because Keras
-    loads such a file into a smaller model without complaint.
+    under ``layers/``, subclassed models under their attribute names); the optimizer's state
+    that a compiled model saves under ``optimizer/`` is ignored, as Keras ignores it when the
+    model has no built optimizer. The one check beyond Keras' own is that the file holds no
+    more of the model's weight arrays than the model has, because Keras loads such a file
+    into a smaller model without complaint.
     """
-    import h5py
 
-    try:
-        with h5py.File(path, "r") as h5:
-            num_stored = _count_stored_weights(h5)
-    except OSError as err:
-        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
-    if num_stored is None:
-        raise ValueError(
-            f"'{path}' is an HDF5 file but not a Keras weights file (no 'vars' groups). "
-            "Save the weights with model.save_weights('model.weights.h5')."
-        )
+    counts = stored_weight_counts(path)
+    num_stored = counts["model"]
     num_expected = len(model.weights)
     if num_stored > num_expected:
+        besides = (
+            f" of the model (besides {counts['optimizer']} of the optimizer's state, which "
+            "are not loaded)"
+            if counts["optimizer"]
+            else ""
+        )
         raise ValueError(
-            f"'{path}' holds {num_stored} weight arrays but the builder's model has only "
-            f"{num_expected} weights: the builder does not build the architecture these "
+            f"'{path}' holds {num_stored} weight arrays{besides} but the builder's model has "
+            f"only {num_expected} weights: the builder does not build the architecture these "
             "weights were saved from."
         )
     try:
@@ -269,26 +287,53 @@ def _load_weights_file(model: keras.Model, path: Path) -> None:
         ) from err
 
 
-def _count_stored_weights(h5: Any) -> int | None:
-    """Number of weight arrays in a Keras 3 weights file (datasets in its ``vars`` groups).
+def stored_weight_counts(path: PathLike) -> dict[str, int]:
+    """How many weight arrays a Keras 3 ``.weights.h5`` file holds: ``{"model": m,
+    "optimizer": o}``, the arrays in its ``vars`` groups outside and inside the top-level
+    ``optimizer`` group (the state ``save_weights`` writes for a compiled, built optimizer:
+    ``iterations``, the learning rate and, for Adam, two moments per weight).
 
-    None when the file has no ``vars`` group at all (not a Keras weights file).
+    Cost: reading the file's index, not the arrays.
+
+    Raises
+    ------
+    ValueError
+        not a readable HDF5 file, or not a Keras weights file (no ``vars`` groups).
     """
     import h5py
 
-    count = 0
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as h5:
+            counts = _count_stored_weights(h5)
+    except OSError as err:
+        raise ValueError(f"'{path}' is a damaged HDF5 file and cannot be read: {err}") from err
+    if counts is None:
+        raise ValueError(
+            f"'{path}' is an HDF5 file but not a Keras weights file (no 'vars' groups). "
+            "Save the weights with model.save_weights('model.weights.h5')."
+        )
+    return counts
+
+
+def _count_stored_weights(h5: Any) -> dict[str, int] | None:
+    """Weight arrays (datasets in ``vars`` groups) of the model and of the top-level
+    ``optimizer`` group; None when the file has no ``vars`` group at all."""
+    import h5py
+
+    counts = {"model": 0, "optimizer": 0}
     found = False
 
     def visit(name: str, obj: Any) -> None:
-        nonlocal count, found
+        nonlocal found
         parts = name.split("/")
         if isinstance(obj, h5py.Group) and parts[-1] == "vars":
             found = True
         if isinstance(obj, h5py.Dataset) and "vars" in parts[:-1]:
-            count += 1
+            counts["optimizer" if parts[0] == "optimizer" else "model"] += 1
 
     h5.visititems(visit)
-    return count if found else None
+    return counts if found else None
 
 
 def _latest_checkpoint_in(directory: Path) -> str:
@@ -417,15 +462,17 @@ def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
     return function
 
 
-def _import_file(file: Path, builder: str) -> Any:
+def _import_file(file: Path, builder: str, role: str = "builder") -> Any:
     if not file.is_file():
-        raise FileNotFoundError(f"Builder file '{file}' of builder '{builder}' does not exist.")
+        raise FileNotFoundError(
+            f"{role.capitalize()} file '{file}' of {role} '{builder}' does not exist."
+        )
     module_name = "_spectra_builder_" + re.sub(r"\W", "_", str(file.resolve()))
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise ValueError(f"Cannot import '{file}' (builder '{builder}') as a Python module.")
+        raise ValueError(f"Cannot import '{file}' ({role} '{builder}') as a Python module.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -433,9 +480,93 @@ def _import_file(file: Path, builder: str) -> Any:
     except Exception as err:
         del sys.modules[module_name]
         raise ValueError(
-            f"Importing builder file '{file}' failed: {type(err).__name__}: {err}"
+            f"Importing {role} file '{file}' failed: {type(err).__name__}: {err}"
         ) from err
     return module
+
+
+def resolve_custom_objects(spec: str) -> dict[str, Any]:
+    """Import the module that ``spec`` names and return the custom objects it provides.
+
+    ``spec`` is ``"path/to/module.py"``, a dotted module name (``"mypkg.models"``), or either
+    followed by ``":attr"`` naming a dict (name -> object) or a list/tuple of classes and
+    functions (keyed by ``__name__``) in that module. Importing runs the module's code (as a
+    builder does): classes it decorates with ``@keras.saving.register_keras_serializable()``
+    become known to Keras. Without ``:attr`` the result also maps the name of every Keras
+    layer, model, loss, metric, initializer, regularizer and constraint class the module
+    defines to the class, so unregistered classes are found too. Keras' safe mode is not
+    touched: this makes classes known, it does not allow code stored in a file to run.
+
+    Raises
+    ------
+    TypeError
+        ``spec`` is not a string, or ``attr`` names something else than a dict or list.
+    FileNotFoundError
+        the module file does not exist.
+    ValueError
+        the module cannot be imported or has no ``attr``.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"custom_objects must be a mapping or a module string, got {type(spec)}")
+    location, attribute = spec, ""
+    head, sep, tail = spec.rpartition(":")
+    # "C:\\dir\\m.py" has a drive colon; an attribute is an identifier after the last colon.
+    if sep and head and tail.isidentifier():
+        location, attribute = head, tail
+    if not location.strip():
+        raise ValueError(
+            f"custom objects '{spec}' name no module: give 'path/to/module.py', a dotted "
+            "module name, or either with ':attr'."
+        )
+    if location.endswith(".py") or "/" in location or os.sep in location:
+        module = _import_file(Path(location), spec, role="custom objects")
+    else:
+        try:
+            module = importlib.import_module(location)
+        except Exception as err:
+            raise ValueError(
+                f"Cannot import module '{location}' of custom objects '{spec}': "
+                f"{type(err).__name__}: {err}. Put its directory on PYTHONPATH, or give the "
+                "file: 'path/to/module.py'."
+            ) from err
+    if not attribute:
+        return _keras_classes_of(module)
+    if not hasattr(module, attribute):
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise ValueError(
+            f"Module '{location}' has no '{attribute}' (custom objects '{spec}'); it defines "
+            f"{public[:_NAMES_SHOWN]}"
+        )
+    named = getattr(module, attribute)
+    if isinstance(named, Mapping):
+        return {str(key): value for key, value in named.items()}
+    if isinstance(named, (list, tuple)):
+        return {getattr(item, "__name__", str(item)): item for item in named}
+    raise TypeError(
+        f"'{attribute}' in '{location}' (custom objects '{spec}') is a "
+        f"{type(named).__name__}; name a dict {{name: class}} or a list of classes."
+    )
+
+
+def _keras_classes_of(module: Any) -> dict[str, Any]:
+    """The Keras serializable classes a module defines (not those it imports), by name."""
+    import keras
+
+    bases = (
+        keras.layers.Layer,
+        keras.losses.Loss,
+        keras.metrics.Metric,
+        keras.initializers.Initializer,
+        keras.regularizers.Regularizer,
+        keras.constraints.Constraint,
+    )
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, bases)
+        and value.__module__ == module.__name__
+    }
 
 
 def _build_model(builder: Builder) -> keras.Model:
@@ -692,7 +823,7 @@ class CheckpointLoader:
         builder: Builder | None = None,
         *,
         compile: bool = False,
-        custom_objects: Mapping[str, Any] | None = None,
+        custom_objects: CustomObjects | None = None,
         checkpoint_key: str = "model",
     ) -> None:
         self.builder = builder

@@ -19,6 +19,10 @@ name                n       features  preprocessing and labels
 both computed in float64 over the whole data set before any subset is taken, then cast to float32.
 ``data/digits.npz`` in the repository holds exactly ``load_data("digits")``.
 
+Labels of a model with several outputs go in a ``.npz`` file as one array per output: ``y_<output
+name>`` (``np.savez(path, x=x, y_digit=..., y_size=...)``, giving a dict keyed by output name) or
+``y0, y1, ...`` in the order of the model's outputs (giving a list), instead of ``y``.
+
 Loss names that fit: ``sparse_categorical_crossentropy`` for ``digits``, ``iris`` and ``wine``
 (softmax outputs); ``binary_crossentropy`` for ``breast_cancer`` (one sigmoid output);
 ``mean_squared_error`` for ``diabetes`` (one linear output).
@@ -27,6 +31,7 @@ Loss names that fit: ``sparse_categorical_crossentropy`` for ``digits``, ``iris`
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,23 +44,50 @@ from spectra._validation import check_int, check_seed
 
 BUILTIN_DATASETS = ("digits", "breast_cancer", "diabetes", "iris", "wine")
 
+# One label array, or one per model output: by output name or in output order.
+Labels = np.ndarray | dict[str, np.ndarray] | list[np.ndarray]
+
+
+def label_arrays(y: Labels) -> dict[str, np.ndarray]:
+    """The label arrays of ``y`` by the name they have in a ``.npz`` file: ``{"y": y}`` for
+    one array, ``{"y_<name>": ...}`` for a dict, ``{"y0": ..., "y1": ...}`` for a list."""
+    if isinstance(y, dict):
+        return {f"y_{name}": array for name, array in y.items()}
+    if isinstance(y, list):
+        return {f"y{i}": array for i, array in enumerate(y)}
+    return {"y": y}
+
+
+def _take(y: Labels, index: np.ndarray) -> Labels:
+    if isinstance(y, dict):
+        return {name: array[index] for name, array in y.items()}
+    if isinstance(y, list):
+        return [array[index] for array in y]
+    return y[index]
+
 
 @dataclass
 class Data:
     """Arrays for an analysis, with where they came from.
 
     ``num_examples`` is ``len(x)``; ``description`` says the source, the preprocessing and the
-    subset taken, if any.
+    subset taken, if any. ``y`` is one array, or for a model with several outputs a dict of
+    arrays by output name (``y_<name>`` in the file) or a list in output order (``y0, y1, ...``).
     """
 
+    def label_arrays(self) -> dict[str, np.ndarray]:
+        """The label arrays by the name they have in the file: ``{"y": y}``, ``{"y_<name>":
+        ...}`` or ``{"y0": ..., "y1": ...}``."""
+        return label_arrays(self.y)
+
     x: np.ndarray
-    y: np.ndarray
+    y: Labels
     sample_weight: np.ndarray | None
     name: str
     num_examples: int
     description: str
 
-    def as_tuple(self) -> tuple[np.ndarray, ...]:
+    def as_tuple(self) -> tuple[Any, ...]:
         """``(x, y)``, or ``(x, y, sample_weight)`` when there are sample weights."""
         if self.sample_weight is None:
             return self.x, self.y
@@ -64,6 +96,9 @@ class Data:
 
 def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: int = 0) -> Data:
     """Load a ``.npz`` file (arrays ``x``, ``y``, optional ``sample_weight``) or a built-in set.
+
+    For a model with several outputs the file holds ``y_<output name>`` arrays (``y`` becomes
+    a dict by output name) or ``y0, y1, ...`` (a list in output order) instead of ``y``.
 
     Parameters
     ----------
@@ -84,12 +119,14 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
     TypeError
         ``max_examples`` or ``seed`` not an integer.
     ValueError
-        ``max_examples < 1``, ``seed < 0``, a file without ``x``/``y`` or with
-        arrays of different lengths.
+        ``max_examples < 1``, ``seed < 0``, a file without ``x`` or labels, with both
+        ``y`` and per-output labels, ``y0, y1, ...`` with a gap, or arrays of different
+        lengths.
     ImportError
         a built-in name without scikit-learn installed.
     """
     text = os.fspath(spec)
+    y: Labels
     if text in BUILTIN_DATASETS:
         x, y, weight, description = _BUILTIN_LOADERS[text]()
         name = text
@@ -110,7 +147,7 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
     if max_examples is not None:
         if max_examples < total:
             index = np.sort(np.random.default_rng(seed).choice(total, max_examples, replace=False))
-            x, y = x[index], y[index]
+            x, y = x[index], _take(y, index)
             weight = None if weight is None else weight[index]
             description += (
                 f"; random subset of {max_examples} of {total} examples "
@@ -126,7 +163,7 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
 _HEAD_BYTES = 16
 
 
-def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _load_npz(path: Path) -> tuple[np.ndarray, Labels, np.ndarray | None]:
     if not zipfile.is_zipfile(path):
         # np.load would take it for a pickle and advise allow_pickle, which is unsafe and
         # not the cause: a .npz file is a zip archive.
@@ -145,15 +182,17 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
             f"Could not read '{path}' as a .npz file (np.savez with arrays 'x' and 'y'): "
             f"{type(err).__name__}: {err}"
         ) from err
-    if "x" not in arrays or "y" not in arrays:
+    per_output = sorted(key for key in arrays if _is_output_label(key))
+    if "x" not in arrays or ("y" not in arrays and not per_output):
         raise ValueError(
-            f"'{path}' must hold arrays named 'x' and 'y' (optional 'sample_weight'); it holds "
-            f"{sorted(arrays)}. Write it with np.savez(path, x=x, y=y)."
+            f"'{path}' must hold arrays named 'x' and 'y' (optional 'sample_weight'; for a "
+            "model with several outputs 'y_<output name>' or 'y0', 'y1', ... instead of 'y'); "
+            f"it holds {sorted(arrays)}. Write it with np.savez(path, x=x, y=y)."
         )
-    x, y = arrays["x"], arrays["y"]
+    x = arrays["x"]
+    y = _labels(path, arrays, per_output)
     weight = arrays.get("sample_weight")
-    for key in ("x", "y", "sample_weight"):
-        array = arrays.get(key)
+    for key, array in {"x": x, **label_arrays(y), "sample_weight": weight}.items():
         if array is not None and array.ndim == 0:
             raise ValueError(
                 f"'{key}' in '{path}' is a scalar ({array!r}), not an array with one row per "
@@ -161,12 +200,48 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
             )
     if len(x) == 0:
         raise ValueError(f"'{path}' holds no examples (x has shape {x.shape}).")
-    lengths = {"x": len(x), "y": len(y)}
+    lengths = {"x": len(x), **{key: len(array) for key, array in label_arrays(y).items()}}
     if weight is not None:
         lengths["sample_weight"] = len(weight)
     if len(set(lengths.values())) > 1:
         raise ValueError(f"The arrays in '{path}' have different numbers of examples: {lengths}")
     return x, y, weight
+
+
+_NUMBERED_LABEL = re.compile(r"y(\d+)")
+
+
+def _is_output_label(key: str) -> bool:
+    return (key.startswith("y_") and len(key) > 2) or _NUMBERED_LABEL.fullmatch(key) is not None
+
+
+def _labels(path: Path, arrays: dict[str, np.ndarray], per_output: list[str]) -> Labels:
+    """``y``, a dict from the ``y_<name>`` arrays, or a list from ``y0, y1, ...``."""
+    if not per_output:
+        return arrays["y"]
+    if "y" in arrays:
+        raise ValueError(
+            f"'{path}' holds both 'y' and per-output labels {per_output}: keep 'y' for a "
+            "single-output model, or only the per-output arrays for a model with several."
+        )
+    named = [key for key in per_output if key.startswith("y_")]
+    numbered = [key for key in per_output if not key.startswith("y_")]
+    if named and numbered:
+        raise ValueError(
+            f"'{path}' mixes labels by output name {named} and by position {numbered}: "
+            "use one kind, 'y_<output name>' or 'y0', 'y1', ... in output order."
+        )
+    if named:
+        return {key[2:]: arrays[key] for key in named}
+    positions = sorted(int(key[1:]) for key in numbered)
+    if positions != list(range(len(positions))) or any(
+        key != f"y{int(key[1:])}" for key in numbered
+    ):
+        raise ValueError(
+            f"'{path}' numbers its labels {sorted(numbered, key=lambda k: int(k[1:]))}: "
+            f"give 'y0' .. 'y{len(positions) - 1}', one per model output in output order."
+        )
+    return [arrays[f"y{i}"] for i in positions]
 
 
 # --------------------------------------------------------------------------- built-in sets

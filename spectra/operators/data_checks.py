@@ -576,14 +576,18 @@ def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) 
     checked against that output by :func:`check_labels` (class indices in ``[0, C)`` for
     sparse categorical losses, ``y`` shaped like the output for the others, ``[0, 1]`` for
     binary cross-entropy). ``loss``: as for :func:`check_labels`; None (or a loss it does
-    not know, such as a dict of losses per output) checks no labels. Cost: the model on 2
-    examples and a few reductions over ``y``. Raises ``ValueError`` naming the model's
-    expected shape and the data's, or the labels' problem.
+    not know) checks no labels. For a model with several outputs ``y`` is a dict by output
+    name or a list in output order, matched to the outputs one to one, and ``loss`` a
+    single loss for all or a dict/list of them (an output without one is not checked).
+    Cost: the model on 2 examples and a few reductions over ``y``. Raises ``ValueError``
+    naming the model's expected shape and the data's, the labels' problem, or the model's
+    outputs when the label arrays do not match them.
     """
     x = np.asarray(x)
-    y = np.asarray(y)
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} examples but y has {len(y)}.")
+    labels = _label_leaves(y)
+    for name, array in labels:
+        if len(x) != len(array):
+            raise ValueError(f"x has {len(x)} examples but {name} has {len(array)}.")
     expected = _single_input_shape(model)
     if expected is not None and not _compatible(expected, (None, *x.shape[1:])):
         raise ValueError(
@@ -591,15 +595,96 @@ def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) 
             f"{expected}, the data x has shape {x.shape} (per example {x.shape[1:]})."
         )
     try:
-        output = np.asarray(model(x[:2], training=False))
+        output = model(x[:2], training=False)
     except Exception as err:  # anything the model's call raises is the data not fitting it
         raise ValueError(
             f"The model failed on 2 examples of the data: x has shape {x.shape}, the model "
             f"expects {expected if expected is not None else 'an unknown input shape'}. "
             f"{type(err).__name__}: {err}"
         ) from err
-    if loss is not None:
-        check_labels(loss, y, (None, *output.shape[1:]))
+    outputs = _named_outputs(model, output)
+    if len(outputs) == 1 and not isinstance(y, (dict, list, tuple)):
+        if loss is not None:
+            check_labels(loss, np.asarray(y), (None, *outputs[0][1].shape[1:]))
+        return
+    pairs = _labels_per_output(outputs, y)
+    for position, (name, label, out) in enumerate(pairs):
+        label_name = f"y_{name}" if isinstance(y, dict) else f"y{position}"
+        if isinstance(loss, dict):
+            output_loss = loss.get(name)
+        elif isinstance(loss, (list, tuple)):
+            output_loss = loss[position] if position < len(loss) else None
+        else:
+            output_loss = loss
+        if output_loss is None:
+            continue
+        try:
+            check_labels(output_loss, label, (None, *out.shape[1:]), name=label_name)
+        except ValueError as err:
+            raise ValueError(f"labels of the model's output '{name}': {err}") from err
+
+
+def _label_leaves(y: Any) -> list[tuple[str, np.ndarray]]:
+    """The label arrays of ``y`` (an array, a dict by output name or a list in output
+    order) with the names a ``.npz`` file gives them (``y``, ``y_<name>``, ``y0``...)."""
+    if isinstance(y, dict):
+        return [(f"y_{key}", np.asarray(value)) for key, value in y.items()]
+    if isinstance(y, (list, tuple)):
+        return [(f"y{i}", np.asarray(value)) for i, value in enumerate(y)]
+    return [("y", np.asarray(y))]
+
+
+def _named_outputs(model: keras.Model, output: Any) -> list[tuple[str, np.ndarray]]:
+    """``(name, value)`` of each of the model's outputs, in output order."""
+    if isinstance(output, dict):
+        return [(str(key), np.asarray(value)) for key, value in output.items()]
+    if isinstance(output, (list, tuple)):
+        names = getattr(model, "output_names", None)
+        if not names or len(names) != len(output):
+            names = [str(i) for i in range(len(output))]
+        return [(str(n), np.asarray(v)) for n, v in zip(names, output, strict=True)]
+    names = getattr(model, "output_names", None)
+    return [(str(names[0]) if names and len(names) == 1 else "output", np.asarray(output))]
+
+
+def _labels_per_output(
+    outputs: list[tuple[str, np.ndarray]], y: Any
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``(output name, labels, output)`` for each output; ValueError listing the model's
+    outputs when the label arrays do not match them one to one."""
+    names = [name for name, _ in outputs]
+    listed = ", ".join(names)
+    numbered = ", ".join(f"y{i}" for i in range(len(names)))
+    if isinstance(y, dict):
+        missing = [name for name in names if name not in y]
+        extra = [str(key) for key in y if key not in names]
+        if missing or extra:
+            problems = []
+            if missing:
+                problems.append(f"no labels for {', '.join(missing)}")
+            if extra:
+                problems.append(f"labels {', '.join('y_' + k for k in extra)} match no output")
+            raise ValueError(
+                f"the label arrays do not match the model's outputs ({listed}): "
+                f"{'; '.join(problems)}. Give one array per output, named "
+                f"{', '.join('y_' + n for n in names)} (or {numbered} in this order)."
+            )
+        return [(name, np.asarray(y[name]), out) for name, out in outputs]
+    if isinstance(y, (list, tuple)):
+        if len(y) != len(outputs):
+            raise ValueError(
+                f"{len(y)} label arrays (y0 .. y{len(y) - 1}) for the model's {len(outputs)} "
+                f"outputs ({listed}): give one per output, in this order, or name them "
+                f"{', '.join('y_' + n for n in names)}."
+            )
+        return [
+            (name, np.asarray(label), out) for (name, out), label in zip(outputs, y, strict=True)
+        ]
+    raise ValueError(
+        f"the model has {len(outputs)} outputs ({listed}) but the data has one label array "
+        "y: give one per output, as a dict keyed by output name or a list in output order "
+        f"(in a .npz file: {', '.join('y_' + n for n in names)} instead of y)."
+    )
 
 
 def _single_input_shape(model: keras.Model) -> tuple | None:

@@ -19,7 +19,9 @@ from spectra.io.checkpoints import (
     load_model,
     recorded_optimizer,
     resolve_builder,
+    resolve_custom_objects,
     step_unit,
+    stored_weight_counts,
 )
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -500,3 +502,92 @@ def test_recorded_optimizer_of_a_compiled_keras_file(tmp_path, saved):
     assert optimizer["class_name"] == "SGD"
     assert optimizer["config"]["momentum"] == pytest.approx(0.8)
     assert optimizer["config"]["learning_rate"] == pytest.approx(0.05)
+
+
+# --------------------------------------------------------------------------- custom objects
+
+
+_CUSTOM_MODULE = """
+import keras
+
+
+class Scale(keras.layers.Layer):
+    def call(self, x):
+        return 2.0 * x
+
+
+def helper(x):
+    return x
+
+
+CUSTOM = {"Renamed": Scale}
+LISTED = [Scale, helper]
+NOT_OBJECTS = 3
+"""
+
+
+@pytest.fixture
+def custom_module(tmp_path):
+    path = tmp_path / "custom_layers.py"
+    path.write_text(_CUSTOM_MODULE)
+    return path
+
+
+def test_custom_objects_module_file_lists_its_keras_classes(custom_module):
+    found = resolve_custom_objects(str(custom_module))
+    assert list(found) == ["Scale"] and issubclass(found["Scale"], keras.layers.Layer)
+
+
+def test_custom_objects_named_dict_and_list(custom_module):
+    assert list(resolve_custom_objects(f"{custom_module}:CUSTOM")) == ["Renamed"]
+    assert list(resolve_custom_objects(f"{custom_module}:LISTED")) == ["Scale", "helper"]
+
+
+def test_custom_objects_dotted_module_name(custom_module, monkeypatch):
+    monkeypatch.syspath_prepend(str(custom_module.parent))
+    assert list(resolve_custom_objects("custom_layers:CUSTOM")) == ["Renamed"]
+
+
+@pytest.mark.parametrize(
+    "spec, error, message",
+    [
+        ("{dir}/absent.py", FileNotFoundError, "absent.py' of custom objects"),
+        ("no_such_module_xyz", ValueError, "Cannot import module 'no_such_module_xyz'"),
+        ("{file}:MISSING", ValueError, "has no 'MISSING'"),
+        ("{file}:NOT_OBJECTS", TypeError, "is a int; name a dict"),
+    ],
+)
+def test_custom_objects_errors(custom_module, spec, error, message):
+    spec = spec.format(dir=custom_module.parent, file=custom_module)
+    with pytest.raises(error, match=re.escape(message)):
+        resolve_custom_objects(spec)
+
+
+def test_custom_objects_string_reaches_load_model(custom_module, tmp_path):
+    """An unregistered custom layer: load_model fails naming it, and loads it when the
+    module is given as a string."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("_spectra_saved_custom_layers", custom_module)
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1), module.Scale()])
+    model.save(tmp_path / "scaled.keras")
+    with pytest.raises(ValueError, match="uses the class 'Scale'.*--custom-objects"):
+        load_model(tmp_path / "scaled.keras")
+    loaded = load_model(tmp_path / "scaled.keras", custom_objects=str(custom_module))
+    x = np.ones((3, 2), np.float32)
+    np.testing.assert_array_equal(loaded(x), model(x))
+
+
+def test_stored_weight_counts_of_a_compiled_trained_model(tmp_path):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    model.save_weights(tmp_path / "m.weights.h5")
+    # SGD with momentum: iterations, learning rate and one momentum per weight.
+    assert stored_weight_counts(tmp_path / "m.weights.h5") == {"model": 2, "optimizer": 4}
+    fresh = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    loaded = load_model(tmp_path / "m.weights.h5", builder=lambda: fresh)
+    for got, want in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())

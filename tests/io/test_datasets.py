@@ -1,5 +1,6 @@
 """load_data for .npz files and the built-in sets."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -172,3 +173,45 @@ def test_max_examples_and_seed_are_checked():
         load_data("iris", max_examples=10, seed=-1)
     with pytest.raises(TypeError, match=r"^seed must be a non-negative integer, got None"):
         load_data("iris", max_examples=10, seed=None)
+
+
+# --------------------------------------------------------------------------- several outputs
+
+
+def _two_outputs(tmp_path, **labels):
+    x = np.arange(10, dtype=np.float32).reshape(5, 2)
+    np.savez(tmp_path / "two.npz", x=x, **labels)
+    return tmp_path / "two.npz"
+
+
+def test_npz_labels_by_output_name(tmp_path):
+    cls, reg = np.arange(5) % 3, np.linspace(0, 1, 5).reshape(5, 1)
+    data = load_data(_two_outputs(tmp_path, y_cls=cls, y_reg=reg))
+    assert sorted(data.y) == ["cls", "reg"]
+    np.testing.assert_array_equal(data.y["cls"], cls)
+    np.testing.assert_array_equal(data.y["reg"], reg)
+    assert sorted(data.label_arrays()) == ["y_cls", "y_reg"]
+
+
+def test_npz_labels_in_output_order_and_subset(tmp_path):
+    first, second = np.arange(5), np.arange(5) * 10
+    data = load_data(_two_outputs(tmp_path, y1=second, y0=first), max_examples=3, seed=4)
+    assert isinstance(data.y, list) and len(data.y) == 2
+    # The same rows of every array are kept.
+    rows = data.x[:, 0].astype(int) // 2
+    np.testing.assert_array_equal(data.y[0], first[rows])
+    np.testing.assert_array_equal(data.y[1], second[rows])
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ({"y": np.zeros(5), "y_a": np.zeros(5)}, "holds both 'y' and per-output labels ['y_a']"),
+        ({"y_a": np.zeros(5), "y1": np.zeros(5)}, "mixes labels by output name ['y_a']"),
+        ({"y0": np.zeros(5), "y2": np.zeros(5)}, "give 'y0' .. 'y1'"),
+        ({"y_a": np.zeros(5), "y_b": np.zeros(4)}, "'y_b': 4"),
+    ],
+)
+def test_npz_bad_output_labels(tmp_path, labels, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_data(_two_outputs(tmp_path, **labels))
