@@ -798,10 +798,19 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
     """
     # Rebuilding layers draws default initializer seeds from Python's global RNG; keep
     # the caller's random streams (e.g. a training run's) where they were.
+    # A subclassed model creates its layers in ``__init__`` without the dtype its config
+    # says: the global dtype policy, set to ``dtype`` while the copy is rebuilt and built,
+    # is what they then take.
     python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype.name)
     try:
         config = _with_float_dtypes(keras.saving.serialize_keras_object(model), dtype.name)
         clone = keras.saving.deserialize_keras_object(config)
+        if not clone.built:
+            build_config = model.get_build_config()
+            if build_config:
+                clone.build_from_config(build_config)
     except (TypeError, ValueError, NotImplementedError, KeyError) as err:
         raise TypeError(
             f"computing the Hessian in {dtype.name} needs a copy of the model in that dtype, "
@@ -810,16 +819,20 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
             f"{dtype.name} yourself and pass it with dtype=None."
         ) from err
     finally:
+        keras.config.set_dtype_policy(policy)
         random.setstate(python_state)
         np.random.set_state(numpy_state)  # noqa: NPY002
-    if not clone.built:
-        build_config = model.get_build_config()
-        if build_config:
-            clone.build_from_config(build_config)
     if len(clone.weights) != len(model.weights):
         raise TypeError(
             f"the {dtype.name} copy of {model.name!r} has {len(clone.weights)} weights, the "
             f"model {len(model.weights)}; build the model in {dtype.name} yourself instead."
+        )
+    other = sorted({str(w.dtype) for w in clone.weights if "float" in str(w.dtype)} - {dtype.name})
+    if other:
+        raise TypeError(
+            f"the {dtype.name} copy of {model.name!r} keeps weights in {', '.join(other)} (a "
+            f"layer that fixes its own dtype); build the model in {dtype.name} yourself and "
+            "pass it with dtype=None."
         )
     copy_weights(model, clone)
     return clone

@@ -161,8 +161,26 @@ def test_subclassed_keras_with_custom_objects(files, unregistered, tmp_path):
     assert status == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     top = results["eigenvalues"]["eigenvalues"][0]
-    # float32 products (a subclassed model has no float64 copy): ~1e-6 relative.
+    # float32 products: ~1e-6 relative.
     assert top == pytest.approx(files["sub_top"], rel=2e-5)
+
+
+def test_subclassed_keras_in_float64(files, unregistered, tmp_path):
+    """The float64 copy of a subclassed model whose layers are created in ``__init__``
+    without a dtype: rebuilt under a float64 policy, it matches the dense Hessian."""
+    status = _analyze(
+        files,
+        tmp_path / "out",
+        str(files["dir"] / "sub.keras"),
+        "--loss",
+        LOSS,
+        "--custom-objects",
+        str(files["module"]),
+        "--float64",
+    )
+    assert status == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["eigenvalues"]["eigenvalues"][0] == pytest.approx(files["sub_top"], rel=1e-9)
 
 
 def test_subclassed_keras_without_custom_objects(files, unregistered, tmp_path, capsys):
