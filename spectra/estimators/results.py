@@ -139,9 +139,11 @@ def _array(value: Any, name: str) -> np.ndarray:
 
 def _decode_nested(value: Any, annotation: str) -> Any:
     """A nested result dictionary back to its class, when the field's annotation names a
-    Result type (``EigenResult``, ``TraceResult | None``)."""
+    Result type (``EigenResult``, ``TraceResult | None``) or is ``Any`` (a
+    ``LandscapeReport``'s curves)."""
     if isinstance(value, dict) and isinstance(value.get("type"), str):
-        cls = _result_class(value["type"]) if value["type"] in annotation else None
+        named = value["type"] in annotation or annotation == "Any"
+        cls = _result_class(value["type"]) if named else None
         if cls is not None:
             return cls.from_dict(value)
     return value
