@@ -114,3 +114,24 @@ def test_plot_refuses_a_file_that_is_not_a_result(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().startswith(f"spectra: error: {path}: unknown result type")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_plot_redraws_a_landscape_run_and_load_rebuilds_its_curves(tmp_path):
+    from spectra import LandscapeResult, load
+
+    out = tmp_path / "landscape"
+    args = ["landscape", str(DATA / "digits_mlp.keras"), "--data", str(DATA / "digits.npz")]
+    args += ["--loss", LOSS, "--max-examples", "100", "--points", "5", "--no-progress"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    report = load(out / "landscape.json")
+    assert isinstance(report.curves, LandscapeResult) and report.surface is None
+    written = json.loads((out / "landscape.json").read_text())
+    np.testing.assert_array_equal(report.curves.alphas, written["curves"]["alphas"])
+    np.testing.assert_array_equal(report.curves.losses["v1"], written["curves"]["losses"]["v1"])
+    done = _plot([str(out / "landscape.json")])
+    assert done.returncode == 0, done.stderr
+    assert "TENSORFLOW False" in done.stdout
+    assert (out / "replot" / "landscape_1d.png").read_bytes() == (
+        out / "landscape_1d.png"
+    ).read_bytes()
