@@ -62,6 +62,7 @@ _EXPORTS: dict[str, list[str]] = {
         "SpectralMass",
         "SpectralMoments",
         "TraceResult",
+        "load",
     ],
     "spectra.analysis.stability": ["stability_threshold"],
     "spectra.analysis.subspaces": [

@@ -22,7 +22,7 @@ from spectra._validation import MAX_SEED, check_seed
 
 # The subcommands, in the order ``spectra --help`` lists them: each is the module
 # spectra.cli.<name>, with add_arguments(commands) and run(args, console).
-COMMANDS = ("analyze", "sharpness", "landscape")
+COMMANDS = ("analyze", "sharpness", "landscape", "plot")
 FIGURE_FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 

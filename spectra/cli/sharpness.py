@@ -567,9 +567,29 @@ def _figure(
     unit: str,
     step_source: str,
 ) -> list[str]:
+    figure = sharpness_figure(args, store.report(), done, threshold, unit, step_source)
+    try:
+        return save_figure_formats(figure, store.out, _FIGURE, args.format)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else one_line(str(err))
+        raise UserError(
+            f"not written: the figure {_FIGURE} ({reason}); {store.json_path} and "
+            f"{store.csv_path} hold the {len(done)} results."
+        ) from err
+
+
+def sharpness_figure(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    done: list[dict[str, Any]],
+    threshold: StabilityThreshold | None,
+    unit: str,
+    step_source: str,
+) -> Any:
+    """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
+    not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
     from spectra.plotting import add_title, figure_caption, plot_sharpness
 
-    report = store.report()
     steps = [entry["step"] for entry in done]
     values = np.array([entry["eigenvalues"] for entry in done], dtype=np.float64)
     errors = np.array([entry["error_bounds"] for entry in done], dtype=np.float64)
@@ -626,12 +646,4 @@ def _figure(
         "bars: eigenvalue error bounds",
         "hollow markers: bound not certified" if any(uncertified) else None,
     )
-    figure = add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)
-    try:
-        return save_figure_formats(figure, store.out, _FIGURE, args.format)
-    except OSError as err:
-        reason = os.strerror(err.errno) if err.errno else one_line(str(err))
-        raise UserError(
-            f"not written: the figure {_FIGURE} ({reason}); {store.json_path} and "
-            f"{store.csv_path} hold the {len(done)} results."
-        ) from err
+    return add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)

@@ -2,7 +2,9 @@
 
 Every result is a dataclass deriving from :class:`Result`, which provides
 ``to_dict()`` (JSON-serializable: numpy arrays become lists, numpy scalars
-become Python numbers) and ``to_json(path=None)`` (atomic when writing a file).
+become Python numbers) and ``to_json(path=None)`` (atomic when writing a file), and
+back: ``Cls.from_dict(d)``, ``Cls.from_json(path)`` and :func:`load` (any result's JSON,
+or a command's ``results.json``/``landscape.json``/``sharpness.json``).
 All results record the number of operator products (``num_products``, each
 column of a ``matmat`` counts once), the number of operator calls
 (``num_operator_calls``: ``matvec``/``matmat`` calls, i.e. data passes for a
@@ -12,8 +14,11 @@ Hessian), the wall time in seconds and the settings used.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,7 @@ __all__ = [
     "SpectralMass",
     "SpectralMoments",
     "TraceResult",
+    "load",
 ]
 
 # Fields holding length-n vectors (eigenvectors, Lanczos basis) are marked so that
@@ -58,9 +64,182 @@ def _to_jsonable(value: Any, include_vectors: bool) -> Any:
     return value
 
 
+# Every Result subclass by class name (the "type" field ``to_dict`` writes), filled as the
+# classes are defined; the result types defined above the estimators are found by importing
+# the module named here (a string, so that this module imports nothing above it).
+_RESULT_TYPES: dict[str, type[Result]] = {}
+_RESULT_MODULES = {
+    "LayerwiseResult": "spectra.analysis.per_layer",
+    "GradientOverlapResult": "spectra.analysis.subspaces",
+    "LandscapeResult": "spectra.analysis.landscape",
+    "CommandReport": "spectra.cli._common",
+    "AnalysisReport": "spectra.cli.analyze",
+    "LandscapeReport": "spectra.cli.landscape",
+}
+# Reports written as plain dictionaries (sharpness.json): load() returns the dictionary.
+_DICT_TYPES = ("SharpnessReport",)
+# How strict_json_text names the position of a value it wrote as null: "a.b[2][0]".
+_PATH_PART = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _result_class(name: str) -> type[Result] | None:
+    """The Result subclass called ``name``, importing the module that defines it if needed."""
+    if name not in _RESULT_TYPES and name in _RESULT_MODULES:
+        importlib.import_module(_RESULT_MODULES[name])
+    return _RESULT_TYPES.get(name)
+
+
+def _restore_nulls(payload: dict[str, Any], notes: Any) -> None:
+    """Put back, in place, the NaN and ±inf that strict JSON wrote as null: ``notes`` maps a
+    value's path ("trace.stderr", "eigenvalues.error_bounds[2]") to its reason, which starts
+    with "NaN", "Infinity" or "-Infinity" (see :func:`spectra.io.files.strictly_jsonable`)."""
+    if not isinstance(notes, dict):
+        raise ValueError(f"'null_values' must map paths to reasons, got {type(notes).__name__}")
+    for path, reason in notes.items():
+        value = _NON_FINITE.get(str(reason).split(":", 1)[0].strip())
+        parts = [int(index) if index else key for key, index in _PATH_PART.findall(str(path))]
+        if value is None or not parts:
+            raise ValueError(f"'null_values' entry {path!r}: {reason!r} is not NaN or ±Infinity")
+        holder: Any = payload
+        try:
+            for part in parts[:-1]:
+                holder = holder[part]
+            if holder[parts[-1]] is not None:
+                raise ValueError(f"'null_values' names {path!r}, which is not null")
+            holder[parts[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"'null_values' names {path!r}, which is not in the file") from None
+
+
+def _array(value: Any, name: str) -> np.ndarray:
+    """A list (nested) as written by ``to_dict`` back to an array: bool, int64 or float64 as
+    the values are; nulls (a NaN or inf restored, or a missing value) make it float64. An
+    empty list gives an empty float64 array."""
+    if isinstance(value, np.ndarray):
+        return value
+    if not isinstance(value, (list, int, float, bool)):
+        raise ValueError(f"field '{name}' must be a list of numbers, got {type(value).__name__}")
+    try:
+        array = np.asarray(value)
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"field '{name}' must be a rectangular list of numbers") from None
+    if array.dtype == object:
+        try:
+            missing = np.vectorize(lambda item: item is None, otypes=[bool])(array)
+            array = np.where(missing, np.nan, array).astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"field '{name}' must be a list of numbers") from None
+    elif array.size == 0:
+        array = array.astype(np.float64)
+    if array.dtype.kind not in "bif":
+        raise ValueError(f"field '{name}' must be a list of numbers, got {array.dtype} values")
+    return array
+
+
+def _decode_nested(value: Any, annotation: str) -> Any:
+    """A nested result dictionary back to its class, when the field's annotation names a
+    Result type (``EigenResult``, ``TraceResult | None``) or is ``Any`` (a
+    ``LandscapeReport``'s curves)."""
+    if isinstance(value, dict) and isinstance(value.get("type"), str):
+        named = value["type"] in annotation or annotation == "Any"
+        cls = _result_class(value["type"]) if named else None
+        if cls is not None:
+            return cls.from_dict(value)
+    return value
+
+
+def _decode_field(value: Any, annotation: str, name: str) -> Any:
+    """A field's JSON value back to what the dataclass holds, from its annotation."""
+    if value is None:
+        return None
+    if annotation.startswith("list[np.ndarray]"):
+        if not isinstance(value, list):
+            raise ValueError(f"field '{name}' must be a list of arrays")
+        return [_array(item, f"{name}[{i}]") for i, item in enumerate(value)]
+    if annotation.startswith("dict[str, np.ndarray]"):
+        if not isinstance(value, dict):
+            raise ValueError(f"field '{name}' must be a dictionary of arrays")
+        return {key: _array(item, f"{name}.{key}") for key, item in value.items()}
+    if annotation.startswith("np.ndarray"):
+        return _array(value, name)
+    if annotation.split(" | ")[0] in ("float",) and isinstance(value, int):
+        return float(value)
+    return _decode_nested(value, annotation)
+
+
 @dataclass
 class Result:
-    """Common base: conversion to plain Python objects and JSON."""
+    """Common base: conversion to plain Python objects and JSON, and back."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _RESULT_TYPES[cls.__name__] = cls
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> Any:
+        """The result that :meth:`to_dict` (or the JSON of :meth:`to_json`) describes.
+
+        Arrays come back as numpy arrays (bool, int64 or float64 as written; NaN where
+        strict JSON wrote null and ``"null_values"`` says so, also in nested results and
+        dictionaries), nested results as their classes. Vector fields left out by
+        ``include_vectors=False`` come back as None. Cost: linear in the size of ``payload``.
+
+        Raises
+        ------
+        TypeError
+            ``payload`` is not a dictionary.
+        ValueError
+            its ``"type"`` is another class, a field is missing or unknown, or an array
+            field does not hold numbers.
+        """
+        if not isinstance(payload, dict):
+            raise TypeError(
+                f"{cls.__name__}.from_dict needs a dictionary, got {type(payload).__name__}"
+            )
+        payload = dict(payload)
+        kind = payload.pop("type", cls.__name__)
+        if kind != cls.__name__:
+            raise ValueError(f"the dictionary describes a {kind}, not a {cls.__name__}")
+        notes = payload.pop("null_values", None)
+        if notes:
+            payload = json.loads(json.dumps(payload))  # a copy to restore in place
+            _restore_nulls(payload, notes)
+        specs = {spec.name: spec for spec in dataclasses.fields(cls) if spec.init}
+        unknown = sorted(set(payload) - set(specs))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}")
+        values = {}
+        for name, spec in specs.items():
+            if name not in payload:
+                has_default = (
+                    spec.default is not dataclasses.MISSING
+                    or spec.default_factory is not dataclasses.MISSING
+                )
+                if has_default:
+                    continue
+                raise ValueError(f"{cls.__name__} field '{name}' is missing")
+            annotation = spec.type if isinstance(spec.type, str) else str(spec.type)
+            values[name] = _decode_field(payload[name], annotation, name)
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Any:
+        """The result written to ``path`` by :meth:`to_json` (see :meth:`from_dict`).
+
+        Raises
+        ------
+        ValueError
+            naming the path and the cause: not JSON, another result type, a missing field.
+        OSError
+            the file cannot be read.
+        """
+        result = load(path)
+        if not isinstance(result, cls):
+            raise ValueError(
+                f"{os.fspath(path)}: holds a {type(result).__name__}, not a {cls.__name__}"
+            )
+        return result
 
     def to_dict(self, include_vectors: bool = True) -> dict[str, Any]:
         """Plain-Python dictionary of all fields (arrays as nested lists).
@@ -433,3 +612,49 @@ class SpectralMass(Result):
     num_steps: int
     tau: float | None = None
     lambda_max: float | None = None
+
+
+def load(path: str | os.PathLike) -> Any:
+    """The result (or command report) in the JSON file ``path``, as its class.
+
+    Reads any result's :meth:`Result.to_json`, ``spectra analyze``'s ``results.json``
+    (:class:`spectra.cli.analyze.AnalysisReport`) and ``spectra landscape``'s
+    ``landscape.json`` (``LandscapeReport``): the file's ``"type"`` field names the class,
+    and :meth:`Result.from_dict` rebuilds it with numpy arrays, the NaN and ±inf written as
+    null restored. ``spectra sharpness``'s ``sharpness.json`` (type ``SharpnessReport``, a
+    plain record) comes back as its dictionary, nulls restored. Importing TensorFlow is
+    needed only for a ``LandscapeResult`` (its module builds perturbed models).
+
+    Raises
+    ------
+    ValueError
+        one line naming ``path`` and the cause: not JSON, no or an unknown ``"type"``, a
+        missing or unknown field.
+    OSError
+        the file cannot be read (FileNotFoundError for a missing file).
+    """
+    where = os.fspath(path)
+    with open(where, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not JSON ({error})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+        raise ValueError(
+            f'{where}: not a spectra result (a JSON object with a "type" field is needed)'
+        )
+    kind = payload["type"]
+    try:
+        if kind in _DICT_TYPES:
+            notes = payload.pop("null_values", None)
+            if notes:
+                _restore_nulls(payload, notes)
+            return payload
+        cls = _result_class(kind)
+        if cls is None:
+            known = sorted({*_RESULT_TYPES, *_RESULT_MODULES, *_DICT_TYPES} - {"Result"})
+            raise ValueError(f"unknown result type {kind!r} (known: {', '.join(known)})")
+        return cls.from_dict(payload)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None

@@ -72,7 +72,7 @@ def described() -> dict[str, Any]:
         return describe_parser(build_parser())
 
 
-@pytest.mark.parametrize("name", ["spectra", "analyze", "sharpness", "landscape"])
+@pytest.mark.parametrize("name", ["spectra", "analyze", "sharpness", "landscape", "plot"])
 def test_help_text_unchanged(described, name):
     expected = (EXPECTED / f"{name}.txt").read_text(encoding="utf-8")
     assert described["help"][name] == expected

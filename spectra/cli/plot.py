@@ -1,0 +1,203 @@
+"""``spectra plot RESULTS.json``: redraw a run's figures from its JSON, without TensorFlow.
+
+Reads ``results.json`` (``spectra analyze``), ``sharpness.json`` (``spectra sharpness``) or
+``landscape.json`` (``spectra landscape``), rebuilds the report (:func:`spectra.load`; the
+command line the run recorded is parsed again for the options its figures name) and draws
+the figures the original command draws, with the same functions. Nothing is recomputed:
+it takes about a second, and imports no TensorFlow.
+
+The figures go to ``--out`` (default ``<the JSON's directory>/replot``, so that the run's
+own figures are never overwritten), claimed and locked as every command's output directory
+(a second run into it needs ``--restart``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from spectra.cli._common import (
+    Console,
+    UserError,
+    figure_names,
+    finish_outputs,
+    locked_output,
+    save_figure_formats,
+    user_errors,
+)
+from spectra.cli._parser import _formats
+from spectra.estimators.results import _restore_nulls, load
+
+# The directory under the JSON's own that the figures go to by default.
+_DEFAULT_SUBDIRECTORY = "replot"
+
+
+def add_arguments(commands: argparse._SubParsersAction) -> None:
+    """Register ``spectra plot`` and its options with the subcommand parsers ``commands``."""
+    plot = commands.add_parser(
+        "plot",
+        help="redraw a run's figures from its results.json, sharpness.json or landscape.json "
+        "(no TensorFlow, nothing recomputed)",
+        description="Redraw the figures of a spectra analyze, sharpness or landscape run from "
+        "the JSON it wrote, with the options it recorded. Nothing is recomputed and TensorFlow "
+        "is not imported.",
+    )
+    plot.add_argument(
+        "results",
+        metavar="RESULTS.json",
+        help="a results.json (analyze), sharpness.json (sharpness) or landscape.json "
+        "(landscape) file",
+    )
+    plot.add_argument(
+        "--out",
+        metavar="DIR",
+        help=f"output directory (default: {_DEFAULT_SUBDIRECTORY}/ in the JSON's directory, "
+        "so that the run's own figures are not overwritten)",
+    )
+    plot.add_argument(
+        "--format",
+        type=_formats,
+        default=["png"],
+        metavar="FMT[,FMT]",
+        help="figure formats, e.g. png,pdf,svg (default png)",
+    )
+    plot.add_argument(
+        "--restart",
+        action="store_true",
+        help="replace the figures of an earlier spectra plot in --out (those its manifest lists)",
+    )
+    verbosity = plot.add_mutually_exclusive_group()
+    verbosity.add_argument("--quiet", action="store_true", help="print only warnings and errors")
+    verbosity.add_argument("--verbose", action="store_true", help="more detail")
+    plot.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    plot.set_defaults(command_module="plot", no_progress=True)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    path = Path(args.results)
+    with user_errors():
+        report = _read(path)
+    if args.out is None:
+        args.out = str(path.parent / _DEFAULT_SUBDIRECTORY)
+    draw, stems = _drawing(path, report)
+    with locked_output(args, figure_names(stems, args.format)) as out:
+        written: list[str] = []
+        for _, stem, figure in draw():
+            written += save_figure_formats(figure, out, stem, args.format)
+        finish_outputs(out)
+    console.info(f"figures: {', '.join(written)}")
+    return 0
+
+
+def _read(path: Path) -> Any:
+    """The report in ``path``; a landscape report keeps its curves as plain namespaces
+    (their class, :class:`spectra.LandscapeResult`, lives with TensorFlow code)."""
+    with open(path, encoding="utf-8") as handle:
+        head = handle.read(4096)
+    if '"LandscapeReport"' not in head:
+        return load(path)
+    from spectra.cli.landscape import LandscapeReport
+
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    notes = payload.pop("null_values", None)
+    if notes:
+        _restore_nulls(payload, notes)
+    curves, surface = payload.get("curves"), payload.get("surface")
+    try:
+        report = LandscapeReport.from_dict({**payload, "curves": None, "surface": None})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from None
+    report.curves = _landscape_curves(curves, path)
+    report.surface = None if surface is None else _landscape_curves(surface, path)
+    return report
+
+
+def _landscape_curves(value: Any, path: Path) -> SimpleNamespace:
+    """The fields of a LandscapeResult dictionary, arrays as float64."""
+    if not isinstance(value, dict) or "alphas" not in value:
+        raise ValueError(f"{path}: 'curves' is not a LandscapeResult")
+
+    def array(item: Any) -> np.ndarray | None:
+        return None if item is None else np.asarray(item, dtype=np.float64)
+
+    return SimpleNamespace(
+        alphas=array(value["alphas"]),
+        labels=list(value.get("labels", [])),
+        losses={key: array(item) for key, item in value.get("losses", {}).items()},
+        losses_2d=array(value.get("losses_2d")),
+        base_loss=float(value["base_loss"]),
+    )
+
+
+def _recorded_args(path: Path, command: Any) -> argparse.Namespace:
+    """The options of the run: its recorded command line parsed again."""
+    from spectra.cli._parser import build_parser
+
+    words = shlex.split(str(command)) if command else []
+    if len(words) < 2 or words[0] != "spectra":
+        raise UserError(f"{path}: records no spectra command line to read the options from")
+    try:
+        args = build_parser().parse_args(words[1:])
+    except SystemExit:
+        raise UserError(
+            f"{path}: its recorded command line ({command}) is not one this spectra reads"
+        ) from None
+    args.command_line = command
+    return args
+
+
+def _drawing(path: Path, report: Any) -> tuple[Any, tuple[str, ...]]:
+    """A function drawing the report's figures (``(files key, stem, figure)``) and the stems."""
+    from spectra.cli.analyze import AnalysisReport
+    from spectra.cli.landscape import LandscapeReport
+
+    if isinstance(report, AnalysisReport):
+        from spectra.cli import analyze
+
+        args = _recorded_args(path, report.command)
+        stems = ["eigenvalues"]
+        stems += ["density"] if report.density is not None else []
+        stems += ["layers"] if report.layers is not None else []
+        return (lambda: analyze._figures(args, report)), tuple(stems)
+    if isinstance(report, LandscapeReport):
+        from spectra.cli import landscape
+
+        args = _recorded_args(path, report.command)
+        curves = report.curves
+        slope = float(report.radius["slope_along_v1"])
+        stems = ["landscape_1d"] + (["landscape_2d"] if report.surface is not None else [])
+        return (
+            lambda: landscape._figures(args, report, curves.alphas, curves.base_loss, slope)
+        ), tuple(stems)
+    if isinstance(report, dict) and report.get("type") == "SharpnessReport":
+        return _sharpness_drawing(path, report), ("sharpness",)
+    raise UserError(f"{path}: a {type(report).__name__} has no figures to redraw")
+
+
+def _sharpness_drawing(path: Path, report: dict[str, Any]) -> Any:
+    from spectra.analysis.stability import StabilityThreshold
+    from spectra.cli import sharpness
+
+    args = _recorded_args(path, report.get("command"))
+    done = [entry for entry in report.get("checkpoints", []) if entry.get("status") == "done"]
+    if not done:
+        raise UserError(f"{path}: no checkpoint is done, so there is nothing to plot")
+    threshold = None
+    recorded = report.get("threshold")
+    if recorded is not None:
+        names = [spec.name for spec in dataclasses.fields(StabilityThreshold)]
+        threshold = StabilityThreshold(**{name: recorded[name] for name in names})
+    unit, source = str(report.get("step_unit", "step")), str(report.get("step_source", ""))
+
+    def draw() -> list[tuple[str, str, Any]]:
+        figure = sharpness.sharpness_figure(args, report, done, threshold, unit, source)
+        return [("sharpness_figure", "sharpness", figure)]
+
+    return draw
