@@ -57,7 +57,9 @@ class RepeatResult(Result):
       independent and their values roughly normal.
 
     ``subsample`` is the fraction f (None across seeds), ``num_examples`` the n the subsets
-    are drawn from and ``subset_rule`` how (see :func:`subsample_indices`).
+    are drawn from and ``subset_rule`` how (see :func:`subsample_indices`); ``subset_sizes``
+    is empty across seeds. ``num_products`` and ``num_operator_calls`` add up those the
+    repeats' results report (0 for an estimate returning plain numbers).
     """
 
     kind: str
@@ -76,6 +78,8 @@ class RepeatResult(Result):
     subsample: float | None
     num_examples: int | None
     subset_rule: str | None
+    num_products: int
+    num_operator_calls: int
     wall_time: float
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -108,7 +112,7 @@ def subsample_indices(num_examples: int, subsample: float, seed: int, repeat: in
     """
     n = check_int("num_examples", num_examples)
     fraction = _check_subsample(subsample, n)
-    seed = check_seed("seed", seed, allow_none=False, allow_generator=False)
+    seed = int(check_seed("seed", seed, allow_none=False, allow_generator=False))  # type: ignore[arg-type]
     repeat = check_int("repeat", repeat, minimum=0)
     size = math.floor(fraction * n)
     rng = np.random.default_rng([seed, repeat])
@@ -167,6 +171,14 @@ def _num_examples(arrays: Any) -> int:
             f"the arrays of data have different numbers of examples ({sorted(set(lengths))})"
         )
     return lengths[0]
+
+
+def _cost(result: Any) -> tuple[int, int]:
+    """The products and operator calls a result (or a dict of them) reports."""
+    if isinstance(result, dict):
+        costs = [_cost(item) for item in result.values()]
+        return sum(c[0] for c in costs), sum(c[1] for c in costs)
+    return int(getattr(result, "num_products", 0)), int(getattr(result, "num_operator_calls", 0))
 
 
 def _quantities(result: Any, name: str | None = None) -> list[tuple[str, float, float, str]]:
@@ -286,7 +298,7 @@ def repeat_estimate(
     if not callable(estimate):
         raise TypeError(f"estimate must be callable (operator, seed) -> result, got {estimate!r}")
     repeats = check_int("repeats", repeats, minimum=2)
-    seed = check_seed("seed", seed, allow_none=False, allow_generator=False)
+    seed = int(check_seed("seed", seed, allow_none=False, allow_generator=False))  # type: ignore[arg-type]
     level = check_float("level", level, below=1.0)
     if subsample is None:
         if operator is None:
@@ -314,16 +326,20 @@ def repeat_estimate(
     seeds = np.arange(seed, seed + repeats, dtype=np.int64)
     sizes = np.full(repeats, num_examples or 0, dtype=np.int64)
     rows: list[list[tuple[str, float, float, str]]] = []
+    products = calls = 0
     what = "subsets" if subsample is not None else "seeds"
     with _progress_bar(repeats, f"repeats across {what}", "repeat", progress) as bar:
         for i in range(repeats):
             target = operator
             if subsample is not None:
-                assert num_examples is not None
+                assert num_examples is not None and build is not None
                 index = subsample_indices(num_examples, subsample, seed, i)
                 sizes[i] = index.size
                 target = build(_take(data, index))
-            rows.append(_quantities(estimate(target, int(seeds[i]))))
+            result = estimate(target, int(seeds[i]))
+            rows.append(_quantities(result))
+            cost = _cost(result)
+            products, calls = products + cost[0], calls + cost[1]
             if [row[0] for row in rows[-1]] != [row[0] for row in rows[0]]:
                 raise ValueError(
                     f"repeat {i} returned the quantities {[r[0] for r in rows[-1]]}, repeat 0 "
@@ -350,6 +366,8 @@ def repeat_estimate(
         subsample=subsample,
         num_examples=num_examples,
         subset_rule=SUBSET_RULE if subsample is not None else None,
+        num_products=products,
+        num_operator_calls=calls,
         wall_time=time.perf_counter() - started,
         settings={"repeats": repeats, "seed": seed},
     )

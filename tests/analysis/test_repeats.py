@@ -204,3 +204,45 @@ def test_misuse_is_refused(population: tuple[np.ndarray, np.ndarray]) -> None:
         )
     with pytest.raises(ValueError, match="every repeat must estimate the same"):
         repeat_estimate(lambda o, s: np.zeros(s + 1), op, repeats=2)
+
+
+@pytest.mark.slow
+def test_keras_subsets_match_the_dense_hessian_of_each_subset() -> None:
+    """A tiny float64 Keras model: repeat i's λ1, λ2 are those of the explicit Hessian
+    (tf.GradientTape.jacobian) of the loss on subset i, to the eigenvalues' error bounds."""
+    import keras
+    import tensorflow as tf
+    from _dense import dense_hessian
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40, 3))
+    y = rng.integers(0, 3, 40)
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="float64"),
+            keras.layers.Dense(4, activation="tanh", dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+
+    def build(subset: tuple[np.ndarray, np.ndarray]) -> spectra.HessianOperator:
+        return spectra.HessianOperator.from_keras(model, loss, subset, dtype=np.float64)
+
+    result = repeat_estimate(
+        lambda o, s: spectra.eigenvalues(o, k=2, seed=s),
+        data=(x, y),
+        build=build,
+        subsample=0.5,
+        repeats=3,
+        seed=2,
+    )
+    for i in range(3):
+        index = subsample_indices(40, 0.5, 2, i)
+        xs, ys = tf.constant(x[index]), tf.constant(y[index])
+        hessian = dense_hessian(lambda xs=xs, ys=ys: loss(ys, model(xs)), model.trainable_variables)
+        exact = np.linalg.eigvalsh(hessian)[::-1][:2]
+        tolerance = np.maximum(result.bounds[i], 1e-12 * exact[0])
+        assert np.all(np.abs(result.values[i] - exact) <= tolerance), (i, result.values[i], exact)
+    assert result.sd[0] > 1e-3 * result.mean[0]  # the subsets differ
