@@ -465,6 +465,7 @@ def _print(report: AnalysisReport, console: Console) -> None:
     if dtype != "float64":
         floor = FLOOR_FACTOR * np.finfo(dtype).eps
         console.info(f"  ({dtype} products: bounds no tighter than {floor:.1e}·λ1)")
+    which = "" if report.repeats is None else " (bound)"
     for index, (value, bound, residual, converged) in enumerate(
         zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
     ):
@@ -477,7 +478,7 @@ def _print(report: AnalysisReport, console: Console) -> None:
         )
         note = f"  {note}" if note else ""
         console.info(
-            f"  λ{index} = {plus_minus(value, bound)} (bound)   residual {residual:.1e}{note}"
+            f"  λ{index} = {plus_minus(value, bound)}{which}   residual {residual:.1e}{note}"
             + _repeat_note(report.repeats, f"λ{index}")
         )
     if not all(bound_holds(c, eig.failure_probability) for c in np.atleast_1d(eig.converged)):

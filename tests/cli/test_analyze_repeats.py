@@ -117,3 +117,19 @@ def test_subsets_without_an_example_are_refused(
     err = capsys.readouterr().err.strip()
     assert err.startswith("spectra: error: --subsample: subsample = 0.01 of 60 examples leaves ")
     assert "\n" not in err
+
+
+@pytest.mark.slow
+def test_repeats_across_seeds_start_with_the_runs_own_estimate(tmp_path: Path) -> None:
+    """Without --subsample only the seeds change: repeat 0 is the run's own estimate (same
+    matrix, seed --seed), the eigenvalues' spread is rounding, no subsets are recorded."""
+    status, printed = _run([*BASE, "--repeats", "2", "--out", str(tmp_path / "out")])
+    assert status == 0, printed
+    report = spectra.load(tmp_path / "out" / "results.json")
+    repeats = report.repeats
+    assert repeats.kind == "seeds" and repeats.subsample is None and repeats.subset_rule is None
+    np.testing.assert_array_equal(repeats.seeds, [3, 4])
+    assert repeats.subset_sizes.size == 0
+    np.testing.assert_allclose(repeats.values[0], report.eigenvalues.eigenvalues, rtol=1e-12)
+    assert np.all(repeats.sd <= 1e-8 * repeats.mean)
+    assert "across 2 seeds:" in printed and "the estimators' randomness only" in printed
