@@ -48,6 +48,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
     "spectra.analysis.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
     "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
+    "spectra.analysis.repeats": ["RepeatResult", "repeat_estimate", "subsample_indices"],
     # The operator classes of the registered curvature matrices (spectra.operators.registry).
     "spectra.operators": operator_class_names(),
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],

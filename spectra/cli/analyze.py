@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from spectra.analysis.per_layer import LayerwiseResult, layerwise
+from spectra.analysis.repeats import RepeatResult, repeat_estimate, subsample_indices
 from spectra.cli._common import (
     DEFAULT_FAILURE_PROBABILITY,
     CommandReport,
@@ -29,11 +30,13 @@ from spectra.cli._common import (
     load_data,
     load_operator,
     locked_output,
+    make_operator,
     matrix_title,
     measurement_settings,
     model_description,
     number_settings,
     plus_minus,
+    user_errors,
     versions,
     write_outputs,
 )
@@ -83,6 +86,10 @@ class AnalysisReport(CommandReport):
     files: dict[str, Any]
     """The paths written (``results``, ``*_figure`` lists), and ``not_written`` (file name
     to reason) when some could not be (a full disk)."""
+    repeats: RepeatResult | None = None
+    """With ``--repeats R``: every requested estimate rerun R times (seeds ``--seed`` ..
+    ``--seed + R - 1``; with ``--subsample f`` each on a random subset of the data, drawn as
+    ``repeats.subset_rule`` says), see :class:`spectra.RepeatResult`."""
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
@@ -140,6 +147,23 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         metavar="P",
         help="random probes (default 10; one probe gives no standard error)",
     )
+    group = analyze.add_argument_group("uncertainty across seeds and data")
+    group.add_argument(
+        "--repeats",
+        type=int,
+        metavar="R",
+        help="rerun every requested estimate (eigenvalues, --trace, --density) R >= 2 times "
+        "with seeds --seed..--seed+R-1 and report the mean, standard deviation and a 95%% "
+        "confidence interval beside the numerical bound (default: once)",
+    )
+    group.add_argument(
+        "--subsample",
+        type=float,
+        metavar="F",
+        help="with --repeats: rebuild the matrix for each repeat on a random subset of a "
+        "fraction 0 < F <= 1 of the examples (drawn from --seed without replacement), so "
+        "that the spread says how much the numbers depend on the data",
+    )
     analyze.add_argument(
         "--restart",
         action="store_true",
@@ -152,6 +176,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
+    _check_repeats(args)
     settings = measurement_settings(args)
     check_builder_use(args, [args.model])
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
@@ -159,7 +184,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         model, size, op = load_operator(args, data)
         loss = op.loss()
         loaded = time.perf_counter()
-        report = _compute(args, console, settings, op, loss)
+        report = _compute(args, console, settings, op, loss, model=model, data=data)
         report.model = model_description(args.model, model, size)
         report.data = data_description(args, data)
         report.wall_times["load"] = loaded - started
@@ -171,8 +196,99 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _check_repeats(args: argparse.Namespace) -> None:
+    """``--repeats`` at least 2, ``--subsample`` a fraction in (0, 1] and only with
+    ``--repeats`` (one line, exit status 2); whether a subset keeps an example is checked
+    once the data is loaded."""
+    repeats, subsample = getattr(args, "repeats", None), getattr(args, "subsample", None)
+    if repeats is not None and repeats < 2:
+        raise UserError(
+            f"--repeats must be at least 2 (a spread needs two runs), got {repeats}: leave "
+            "it out for a single run."
+        )
+    if subsample is None:
+        return
+    if repeats is None:
+        raise UserError(
+            f"--subsample {subsample:g} needs --repeats R (the number of subsets), e.g. "
+            "--repeats 5; for one smaller data set use --max-examples."
+        )
+    if not (0 < subsample <= 1):
+        raise UserError(
+            f"--subsample must be a fraction of the data in (0, 1], got {subsample:g}: e.g. "
+            "--subsample 0.5 for subsets of half the examples."
+        )
+
+
+def _repeat_estimates(
+    args: argparse.Namespace, console: Console, op: Any, model: Any, data: Any
+) -> RepeatResult:
+    """Every requested estimate rerun ``--repeats`` times, as one :class:`RepeatResult`
+    (quantities λ1..λk, then trace, then the density's trace(A)/n and trace(A²)/n)."""
+    from spectra.io.datasets import Data
+
+    def estimate(matrix: Any, seed: int) -> dict[str, Any]:
+        results: dict[str, Any] = {
+            "eigenvalues": eigenvalues(
+                matrix, k=args.top_k, method=args.method, tol=args.tol, seed=seed, progress=False
+            )
+        }
+        if args.trace:
+            results["trace"] = trace(
+                matrix,
+                method=args.trace_method,
+                num_products=args.trace_products,
+                seed=seed,
+                progress=False,
+            )
+        if args.density:
+            results["density"] = spectral_density(
+                matrix,
+                num_steps=args.density_steps,
+                num_probes=args.density_probes,
+                seed=seed,
+                progress=False,
+            )
+        return results
+
+    if args.subsample is None:
+        return repeat_estimate(
+            estimate, op, repeats=args.repeats, seed=args.seed, progress=console.progress
+        )
+
+    def build(arrays: tuple[Any, ...]) -> Any:
+        subset = Data(
+            x=arrays[0],
+            y=arrays[1],
+            sample_weight=arrays[2] if len(arrays) > 2 else None,
+            name=data.name,
+            num_examples=len(arrays[0]),
+            description=data.description,
+        )
+        return make_operator(model, args, subset)
+
+    with user_errors("--subsample"):
+        subsample_indices(data.num_examples, args.subsample, args.seed, 0)
+    return repeat_estimate(
+        estimate,
+        data=data.as_tuple(),
+        build=build,
+        subsample=args.subsample,
+        repeats=args.repeats,
+        seed=args.seed,
+        progress=console.progress,
+    )
+
+
 def _compute(
-    args: argparse.Namespace, console: Console, settings: Any, op: Any, loss: float
+    args: argparse.Namespace,
+    console: Console,
+    settings: Any,
+    op: Any,
+    loss: float,
+    *,
+    model: Any = None,
+    data: Any = None,
 ) -> AnalysisReport:
     eig = eigenvalues(
         op,
@@ -219,6 +335,10 @@ def _compute(
             seed=args.seed,
         )
         wall_times["layers"] = layers.wall_time
+    repeats = None
+    if getattr(args, "repeats", None) is not None:
+        repeats = _repeat_estimates(args, console, op, model, data)
+        wall_times["repeats"] = repeats.wall_time
     return AnalysisReport(
         command=args.command_line,
         versions=versions(),
@@ -230,6 +350,8 @@ def _compute(
             "layers": args.layers,
             "curvature": args.curvature,
             "dtype": str(op.dtype),
+            "repeats": getattr(args, "repeats", None),
+            "subsample": getattr(args, "subsample", None),
         },
         data={},
         model={},
@@ -246,6 +368,7 @@ def _compute(
         num_data_passes=op.num_data_passes,
         wall_times=wall_times,
         files={},
+        repeats=repeats,
     )
 
 
@@ -342,6 +465,7 @@ def _print(report: AnalysisReport, console: Console) -> None:
     if dtype != "float64":
         floor = FLOOR_FACTOR * np.finfo(dtype).eps
         console.info(f"  ({dtype} products: bounds no tighter than {floor:.1e}·λ1)")
+    which = "" if report.repeats is None else " (bound)"
     for index, (value, bound, residual, converged) in enumerate(
         zip(eig.eigenvalues, eig.error_bounds, eig.residual_norms, eig.converged), start=1
     ):
@@ -353,7 +477,10 @@ def _print(report: AnalysisReport, console: Console) -> None:
             tol=report.settings["tol"],
         )
         note = f"  {note}" if note else ""
-        console.info(f"  λ{index} = {plus_minus(value, bound)}   residual {residual:.1e}{note}")
+        console.info(
+            f"  λ{index} = {plus_minus(value, bound)}{which}   residual {residual:.1e}{note}"
+            + _repeat_note(report.repeats, f"λ{index}")
+        )
     if not all(bound_holds(c, eig.failure_probability) for c in np.atleast_1d(eig.converged)):
         console.warn(
             f"the {eig.method} bounds above are not all certified: use them as estimates "
@@ -366,7 +493,10 @@ def _print(report: AnalysisReport, console: Console) -> None:
         console.info(
             f"trace ({report.trace.method}) = "
             f"{plus_minus(report.trace.estimate, report.trace.stderr)} (standard error)"
+            + _repeat_note(report.repeats, "trace")
         )
+    if report.repeats is not None:
+        _print_repeats(report, console)
     if report.layers is not None:
         _print_layers(report.layers, console)
     if report.negative_mass is not None:
@@ -388,6 +518,51 @@ def _print(report: AnalysisReport, console: Console) -> None:
         path for key, paths in report.files.items() if key.endswith("_figure") for path in paths
     ]
     console.info(f"figures: {', '.join(figures)}")
+
+
+def _repeat_note(repeats: RepeatResult | None, name: str) -> str:
+    """``"  across 5 subsets of 50%: 10.2 ± 0.6 (sd), mean 10.2 ± 0.7 (95% CI)"`` for the
+    quantity ``name`` of ``--repeats``, empty without."""
+    if repeats is None or name not in repeats.names:
+        return ""
+    j = repeats.quantity(name)
+    if repeats.subsample is not None:
+        where = f"{repeats.repeats} subsets of {100 * repeats.subsample:.3g}%"
+    else:
+        where = f"{repeats.repeats} seeds"
+    mean, sd = float(repeats.mean[j]), float(repeats.sd[j])
+    half = float(repeats.ci_high[j]) - mean
+    return (
+        f"   across {where}: {plus_minus(mean, sd)} (sd), mean {plus_minus(mean, half)} "
+        f"({100 * repeats.level:.3g}% CI)"
+    )
+
+
+def _print_repeats(report: AnalysisReport, console: Console) -> None:
+    """The density's moments across repeats, and what the spread means."""
+    repeats = report.repeats
+    assert repeats is not None
+    moments = report.density_moments
+    for name in repeats.names:
+        if name.startswith("trace(A^") and moments is not None:
+            p = int(name[len("trace(A^") :].split(")")[0])
+            console.info(
+                f"{name} = {plus_minus(moments.estimate[p], moments.stderr[p])} (standard "
+                f"error){_repeat_note(repeats, name)}"
+            )
+    cost = f"{repeats.num_products:,} products in {repeats.num_operator_calls} data passes"
+    if repeats.subsample is not None:
+        console.info(
+            f"(bound: this run's numerical error for its matrix; sd: spread across "
+            f"{repeats.repeats} random subsets of {repeats.subset_sizes[0]} of "
+            f"{repeats.num_examples} examples, seeds {repeats.seeds[0]}..{repeats.seeds[-1]}: "
+            f"how much the numbers depend on the data; {cost})"
+        )
+    else:
+        console.info(
+            f"(bound: this run's numerical error; sd: spread across seeds "
+            f"{repeats.seeds[0]}..{repeats.seeds[-1]}, the estimators' randomness only; {cost})"
+        )
 
 
 def _print_layers(layers: LayerwiseResult, console: Console) -> None:

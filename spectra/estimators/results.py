@@ -72,6 +72,7 @@ _RESULT_MODULES = {
     "LayerwiseResult": "spectra.analysis.per_layer",
     "GradientOverlapResult": "spectra.analysis.subspaces",
     "LandscapeResult": "spectra.analysis.landscape",
+    "RepeatResult": "spectra.analysis.repeats",
     "CommandReport": "spectra.cli._common",
     "AnalysisReport": "spectra.cli.analyze",
     "LandscapeReport": "spectra.cli.landscape",

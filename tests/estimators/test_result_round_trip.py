@@ -40,9 +40,10 @@ CLASSES = [
     "CommandReport",
     "AnalysisReport",
     "LandscapeReport",
+    "RepeatResult",
 ]
 # Array fields that hold other dtypes than float64, as the estimators produce them.
-INT_ARRAYS = {"steps_taken", "orders"}
+INT_ARRAYS = {"steps_taken", "orders", "seeds", "subset_sizes"}
 BOOL_ARRAYS = {"converged"}
 
 # Any float, the non-finite ones included (strict JSON writes them as null).

@@ -1,0 +1,135 @@
+"""``spectra analyze --repeats R [--subsample F]``: the repeats in results.json, reloaded with
+spectra.load, each repeat equal to a direct Python call on its subset, and bad values
+refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spectra
+from spectra.analysis.repeats import SUBSET_RULE, subsample_indices
+from spectra.cli import main
+from spectra.io.checkpoints import load_model
+from spectra.io.datasets import load_data
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = str(ROOT / "data" / "digits_mlp.keras")
+DIGITS = str(ROOT / "data" / "digits.npz")
+LOSS = "sparse_categorical_crossentropy"
+BASE = [
+    "analyze", MLP, "--data", DIGITS, "--loss", LOSS, "--max-examples", "60", "--float64",
+    "--top-k", "2", "--no-progress", "--seed", "3",
+]  # fmt: skip
+
+
+_FRACTION = "--subsample must be a fraction of the data in (0, 1]"
+
+
+def _run(args: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(args)
+    return status, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def subsample_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("repeats") / "out"
+    args = [*BASE, "--trace", "--trace-products", "6", "--repeats", "3", "--subsample", "0.5"]
+    status, printed = _run([*args, "--out", str(out)])
+    assert status == 0, printed
+    return out, printed
+
+
+@pytest.mark.slow
+def test_results_json_holds_the_repeats(subsample_run: tuple[Path, str]) -> None:
+    out, printed = subsample_run
+    raw = json.loads((out / "results.json").read_text(encoding="utf-8"))["repeats"]
+    assert raw["type"] == "RepeatResult" and raw["kind"] == "subsets"
+    assert raw["names"] == ["λ1", "λ2", "trace"]
+    assert raw["seeds"] == [3, 4, 5] and raw["subset_sizes"] == [30, 30, 30]
+    assert raw["subsample"] == 0.5 and raw["num_examples"] == 60
+    assert raw["subset_rule"] == SUBSET_RULE and raw["level"] == 0.95
+    for name in ("values", "bounds"):
+        assert np.shape(raw[name]) == (3, 3)
+    for name in ("mean", "sd", "sem", "ci_low", "ci_high"):
+        assert len(raw[name]) == 3
+    report = spectra.load(out / "results.json")
+    repeats = report.repeats
+    assert isinstance(repeats, spectra.RepeatResult)
+    np.testing.assert_array_equal(repeats.values, np.array(raw["values"]))
+    assert repeats.sd[0] == pytest.approx(np.std(repeats.values[:, 0], ddof=1), rel=1e-12)
+    assert "across 3 subsets of 50%" in printed and "(bound)" in printed and "(sd)" in printed
+    line = next(text for text in printed.splitlines() if text.strip().startswith("λ1 ="))
+    assert "(bound)" in line and "across 3 subsets of 50%" in line and "(95% CI)" in line
+
+
+@pytest.mark.slow
+def test_each_repeat_equals_a_direct_call_on_its_subset(subsample_run: tuple[Path, str]) -> None:
+    """Repeat i: the Hessian of the loss on the examples subsample_indices(60, 0.5, 3, i) of
+    the 60 the run used, eigenvalues and trace with seed 3 + i, to 1e-12 in float64."""
+    out, _ = subsample_run
+    repeats = spectra.load(out / "results.json").repeats
+    data = load_data(DIGITS, 60, 3)
+    model = load_model(MLP, compile=False)
+    for i in (0, 2):
+        index = subsample_indices(60, 0.5, 3, i)
+        op = spectra.HessianOperator.from_keras(
+            model, LOSS, (data.x[index], data.y[index]), seed=3, dtype=np.float64
+        )
+        eig = spectra.eigenvalues(op, k=2, seed=3 + i)
+        trace = spectra.trace(op, num_products=6, seed=3 + i)
+        direct = np.array([*eig.eigenvalues, trace.estimate])
+        np.testing.assert_allclose(repeats.values[i], direct, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(repeats.bounds[i, :2], eig.error_bounds, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--repeats", "3", "--subsample", "0"], f"{_FRACTION}, got 0:"),
+        (["--repeats", "3", "--subsample", "1.5"], f"{_FRACTION}, got 1.5:"),
+        (["--subsample", "0.5"], "--subsample 0.5 needs --repeats R"),
+        (["--repeats", "1"], "--repeats must be at least 2"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main([*BASE, *extra, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spectra: error: {err[0].removeprefix('spectra: error: ')}"]
+    assert err[0].startswith(f"spectra: error: {message}")
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_subsets_without_an_example_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*BASE, "--repeats", "2", "--subsample", "0.01", "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spectra: error: --subsample: subsample = 0.01 of 60 examples leaves ")
+    assert "\n" not in err
+
+
+@pytest.mark.slow
+def test_repeats_across_seeds_start_with_the_runs_own_estimate(tmp_path: Path) -> None:
+    """Without --subsample only the seeds change: repeat 0 is the run's own estimate (same
+    matrix, seed --seed), the eigenvalues' spread is rounding, no subsets are recorded."""
+    status, printed = _run([*BASE, "--repeats", "2", "--out", str(tmp_path / "out")])
+    assert status == 0, printed
+    report = spectra.load(tmp_path / "out" / "results.json")
+    repeats = report.repeats
+    assert repeats.kind == "seeds" and repeats.subsample is None and repeats.subset_rule is None
+    np.testing.assert_array_equal(repeats.seeds, [3, 4])
+    assert repeats.subset_sizes.size == 0
+    np.testing.assert_allclose(repeats.values[0], report.eigenvalues.eigenvalues, rtol=1e-12)
+    assert np.all(repeats.sd <= 1e-8 * repeats.mean)
+    assert "across 2 seeds:" in printed and "the estimators' randomness only" in printed
