@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from spectra.analysis.trajectory import (
 )
 from spectra.cli._common import (
     DEFAULT_FAILURE_PROBABILITY,
+    CommandReport,
     Console,
     SettingError,
     UserError,
@@ -83,6 +85,62 @@ _UNIT_LABELS = {
 # --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
 # back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
 _SAME_RATE_RTOL = 1e-6
+
+
+@dataclass
+class SharpnessReport(CommandReport):
+    """A ``spectra sharpness`` run as written to ``sharpness.json``
+    (:meth:`spectra.analysis.trajectory.SharpnessRun.report`), reloaded by :func:`spectra.load`.
+
+    ``checkpoints`` holds one entry per checkpoint recorded so far, in step order: ``file``,
+    ``step``, ``sha256``, ``path``, ``status`` (``"done"`` or ``"failed"``), ``error`` and
+    the measurement (``eigenvalues`` largest first, ``error_bounds``, ``residual_norms``,
+    ``converged``, ``trace``, ``trace_stderr``, ``loss``, ``eigenvector_overlap``,
+    ``num_products``, ``wall_time``, …; None for a failed one), NaN where the file wrote
+    null and said so. ``settings`` are the values a resume must match, ``plan`` every
+    checkpoint of the run, ``summary`` the counts, ``threshold`` the stability threshold
+    (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`) or None, ``model`` the
+    model's description (None before the first measurement). :attr:`done`, :attr:`steps`,
+    :attr:`eigenvalues` and :attr:`error_bounds` give the measured checkpoints as arrays.
+    """
+
+    format: str
+    checkpoints_source: str
+    step_source: str
+    step_unit: str
+    learning_rate: float | None
+    learning_rate_source: str | None
+    threshold: dict[str, Any] | None
+    warm_start: bool
+    plan: list[dict[str, Any]]
+    summary: dict[str, int]
+    checkpoints: list[dict[str, Any]]
+    model: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        """The entries of the checkpoints measured, in step order."""
+        return [entry for entry in self.checkpoints if entry.get("status") == "done"]
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The steps (in :attr:`step_unit`) of the measured checkpoints, int64."""
+        return np.array([entry["step"] for entry in self.done], dtype=np.int64)
+
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """The eigenvalues of the measured checkpoints, shape (checkpoints, top_k), float64."""
+        return self._matrix("eigenvalues")
+
+    @property
+    def error_bounds(self) -> np.ndarray:
+        """Their error bounds, shape (checkpoints, top_k), float64."""
+        return self._matrix("error_bounds")
+
+    def _matrix(self, name: str) -> np.ndarray:
+        k = int(self.settings.get("top_k", 1))
+        rows = [entry[name] for entry in self.done]
+        return np.array(rows, dtype=np.float64).reshape(len(rows), k)
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:

@@ -78,7 +78,7 @@ def sharpness_scalars(
     without ``threshold_matrix`` (a ``sharpness.json`` entry) has no threshold here.
     """
     prefix = "preconditioned_sharpness" if preconditioned else "sharpness"
-    scalars: dict[str, float] = {}
+    scalars: dict[str, Any] = {}
     for i, value in enumerate(record.get("eigenvalues") or [], start=1):
         scalars[f"lambda_{i}"] = value
     for i, value in enumerate(record.get("error_bounds") or [], start=1):
