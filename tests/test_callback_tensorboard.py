@@ -2,6 +2,7 @@
 TensorFlow's event reader and compared with the callback's own records."""
 
 import importlib.util
+import random
 
 import keras
 import numpy as np
@@ -22,15 +23,11 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _model(optimizer=None) -> keras.Model:
+def _model(optimizer=None, dropout: bool = False) -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((5,)),
-            keras.layers.Dense(8, activation="tanh"),
-            keras.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    layers = [keras.Input((5,)), keras.layers.Dense(8, activation="tanh")]
+    layers += [keras.layers.Dropout(0.3)] if dropout else []
+    model = keras.Sequential([*layers, keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1), loss=LOSS)
     return model
 
@@ -114,6 +111,24 @@ def test_raw_sharpness_under_adam_has_no_threshold(data, tmp_path):
     assert callback.history[0]["threshold_matrix"] == "preconditioned"
     assert "sharpness/threshold" not in written
     assert [step for step, _ in written["sharpness/lambda_1"]] == [0]
+
+
+def _train(data, log_dir):
+    """Two shuffled epochs with Dropout; the weights, losses and draws after training."""
+    model = _model(dropout=True)
+    callbacks = [] if log_dir is None else [SharpnessCallback(data, trace=True, log_dir=log_dir)]
+    history = model.fit(*data, batch_size=8, epochs=2, shuffle=True, verbose=0, callbacks=callbacks)
+    draws = (tf.random.uniform((4,)).numpy(), np.random.rand(4), random.random())  # noqa: NPY002
+    return [w.numpy() for w in model.weights], history.history["loss"], draws
+
+
+def test_writing_events_leaves_training_and_random_streams_alone(data, tmp_path):
+    weights, losses, draws = _train(data, None)
+    weights_tb, losses_tb, draws_tb = _train(data, tmp_path)
+    assert len(read_scalars(tmp_path / "spectra")["sharpness/lambda_1"]) == 3
+    assert losses == losses_tb
+    for a, b in zip([*weights, *draws], [*weights_tb, *draws_tb], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize(
