@@ -46,7 +46,8 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.estimators.stochastic_diagonal": ["diagonal"],
     "spectra.estimators.eigensolvers": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
-    "spectra.analysis.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
+    "spectra.analysis.landscape": ["loss_landscape", "random_direction"],
+    "spectra.analysis.landscape_result": ["LandscapeResult"],
     "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
     "spectra.analysis.repeats": ["RepeatResult", "repeat_estimate", "subsample_indices"],
     # The operator classes of the registered curvature matrices (spectra.operators.registry).

@@ -47,6 +47,7 @@ from spectra.analysis.trajectory import (
     measure_sharpness,
 )
 from spectra.io.files import atomic_write_json, prepare_directory
+from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 from spectra.operators import HessianOperator
 
 __all__ = ["SharpnessCallback"]
@@ -90,8 +91,8 @@ class SharpnessCallback(keras.callbacks.Callback):
 
     Checked in ``on_train_begin``, before any training step: the loss (given, or the
     compiled one), that the operator can be built on ``data`` (shapes, dtype), that
-    ``log_file`` can be written and, with ``preconditioned=True``, that the optimizer has a
-    diagonal preconditioner.
+    ``log_file`` and ``log_dir`` can be written and, with ``preconditioned=True``, that the
+    optimizer has a diagonal preconditioner.
 
     Results
     -------
@@ -138,6 +139,20 @@ class SharpnessCallback(keras.callbacks.Callback):
     every measurement, atomically (temporary file and ``os.replace``), so an interrupted run
     keeps everything it measured.
 
+    TensorBoard: with ``log_dir`` (the ``log_dir`` of the run's
+    ``keras.callbacks.TensorBoard``, or any directory) each measurement is written as scalar
+    summaries into ``<log_dir>/spectra/``, a run beside Keras' ``train/`` and
+    ``validation/``, at the record's ``epoch`` (``unit="epoch"``, the x of Keras' ``epoch_*``
+    scalars) or optimizer ``step`` (``unit="step"``): ``sharpness/lambda_1`` …
+    ``sharpness/lambda_{top_k}``, ``sharpness/error_bound_1`` …, ``sharpness/threshold``
+    (when the optimizer's threshold bounds the measured matrix), ``sharpness/loss``, and when
+    measured ``sharpness/trace``, ``sharpness/trace_stderr``,
+    ``sharpness/eigenvector_overlap``, ``sharpness/gradient_overlap`` (the prefix is
+    ``preconditioned_sharpness/`` with ``preconditioned=True``); see
+    :mod:`spectra.io.tensorboard`. The file is opened at the first measurement, flushed after
+    each and closed at the end of training; the ``tensorboard`` package is needed only to
+    view it.
+
     Training is not changed: the model runs through ``stateless_call`` (no state updates), no
     weight, optimizer variable or Keras/TensorFlow seed is touched, the estimators draw from
     NumPy Generators seeded with ``seed + i`` for measurement ``i``, and Python's and NumPy's
@@ -173,6 +188,9 @@ class SharpnessCallback(keras.callbacks.Callback):
         Record the gradient's overlap with the top-k eigenspace at each measurement.
     log_file:
         Path of a JSON file rewritten after each measurement.
+    log_dir:
+        TensorBoard log directory (created if missing) to write the measurements into, as
+        the run ``spectra/``.
     verbose:
         ``>= 1`` prints one line per measurement.
     """
@@ -197,6 +215,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         preconditioned: bool = False,
         gradient_overlap: bool = False,
         log_file: str | os.PathLike | None = None,
+        log_dir: str | os.PathLike | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__()
@@ -236,6 +255,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         self.seed = int(seed)
         self.preconditioned = bool(preconditioned)
         self.gradient_overlap = bool(gradient_overlap)
+        self._events = None if log_dir is None else SharpnessEvents(log_dir)
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.log_file = None if log_file is None else os.fspath(log_file)
         self.verbose = int(verbose)
         self.history: list[dict[str, Any]] = []
@@ -258,6 +279,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         if self.preconditioned:
             self._check_preconditioner()
         self._check_log_file()
+        if self._events is not None:
+            self._events.prepare()
         try:
             with _global_rng_preserved():
                 self._hessian()
@@ -302,6 +325,11 @@ class SharpnessCallback(keras.callbacks.Callback):
             record = self._measure(step)
         if logs is not None and record is not None:
             logs.update(self._log_entries(record))
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: close the TensorBoard event file (a later fit opens another)."""
+        if self._events is not None:
+            self._events.close()
 
     # -- measurement ------------------------------------------------------------------
     def _resolve_loss(self) -> Any:
@@ -413,6 +441,10 @@ class SharpnessCallback(keras.callbacks.Callback):
                 self.log_file,
                 {"settings": self._settings(), "history": self.history},
                 explain_null,
+            )
+        if self._events is not None:
+            self._events.write(
+                record[self.unit], sharpness_scalars(record, preconditioned=self.preconditioned)
             )
         if self.verbose >= 1:
             print(self._summary_line(record))

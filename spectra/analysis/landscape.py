@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from spectra.estimators.results import Result
+from spectra.analysis.landscape_result import LandscapeResult
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.data_checks import graph_errors
@@ -34,31 +33,6 @@ from spectra.operators.data_checks import graph_errors
 __all__ = ["LandscapeResult", "loss_landscape", "random_direction"]
 
 _NORMALIZATIONS = ("filter", "unit")
-
-
-@dataclass
-class LandscapeResult(Result):
-    """Losses along directions from the parameters θ.
-
-    1-D (``betas`` is None): ``losses[label][i] = L(θ + alphas[i]·d_label)``, one curve per
-    direction. 2-D: ``losses_2d[i, j] = L(θ + alphas[i]·d₁ + betas[j]·d₂)`` for the two
-    directions in ``labels`` order, and ``losses`` is empty. ``base_loss`` is L(θ);
-    ``direction_norms`` the Euclidean norms of the directions (1 for eigenvectors), which
-    give the units of α and β (see the module docstring). ``num_evaluations`` counts loss
-    evaluations at a point, each a pass over the data.
-    """
-
-    alphas: np.ndarray
-    betas: np.ndarray | None
-    labels: list[str]
-    losses: dict[str, np.ndarray]
-    losses_2d: np.ndarray | None
-    base_loss: float
-    direction_norms: dict[str, float]
-    num_examples: int
-    num_evaluations: int
-    wall_time: float
-    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def random_direction(

@@ -159,7 +159,10 @@ def common_options() -> argparse.ArgumentParser:
         help="figure formats, e.g. png,pdf,svg (default png)",
     )
     group.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (shown only on a terminal)"
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (by default a bar appears on stderr when it is a terminal, once "
+        "a run has lasted 2 s)",
     )
     verbosity = group.add_mutually_exclusive_group()
     verbosity.add_argument(

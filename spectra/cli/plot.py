@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 from spectra.cli._common import (
     Console,
@@ -33,7 +29,7 @@ from spectra.cli._common import (
     user_errors,
 )
 from spectra.cli._parser import _formats
-from spectra.estimators.results import _restore_nulls, load
+from spectra.estimators.results import load
 
 # The directory under the JSON's own that the figures go to by default.
 _DEFAULT_SUBDIRECTORY = "replot"
@@ -97,43 +93,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _read(path: Path) -> Any:
-    """The report in ``path``; a landscape report keeps its curves as plain namespaces
-    (their class, :class:`spectra.LandscapeResult`, lives with TensorFlow code)."""
-    with open(path, encoding="utf-8") as handle:
-        head = handle.read(4096)
-    if '"LandscapeReport"' not in head:
-        return load(path)
-    from spectra.cli.landscape import LandscapeReport
+    """The report in ``path`` (:func:`spectra.load`); a ``sharpness.json`` as the dictionary
+    its figure is drawn from (:meth:`spectra.cli.sharpness.SharpnessReport.to_dict`, NaN
+    restored)."""
+    from spectra.cli.sharpness import SharpnessReport
 
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    notes = payload.pop("null_values", None)
-    if notes:
-        _restore_nulls(payload, notes)
-    curves, surface = payload.get("curves"), payload.get("surface")
-    try:
-        report = LandscapeReport.from_dict({**payload, "curves": None, "surface": None})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{path}: {error}") from None
-    report.curves = _landscape_curves(curves, path)
-    report.surface = None if surface is None else _landscape_curves(surface, path)
+    report = load(path)
+    if isinstance(report, SharpnessReport):
+        return report.to_dict()
     return report
-
-
-def _landscape_curves(value: Any, path: Path) -> SimpleNamespace:
-    """The fields of a LandscapeResult dictionary, arrays as float64."""
-    if not isinstance(value, dict) or "alphas" not in value:
-        raise ValueError(f"{path}: 'curves' is not a LandscapeResult")
-
-    def array(item: Any) -> np.ndarray | None:
-        return None if item is None else np.asarray(item, dtype=np.float64)
-
-    return SimpleNamespace(
-        alphas=array(value["alphas"]),
-        labels=list(value.get("labels", [])),
-        losses={key: array(item) for key, item in value.get("losses", {}).items()},
-        losses_2d=array(value.get("losses_2d")),
-        base_loss=float(value["base_loss"]),
-    )
 
 
 def _recorded_args(path: Path, command: Any) -> argparse.Namespace:

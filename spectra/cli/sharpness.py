@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from spectra.analysis.trajectory import (
 )
 from spectra.cli._common import (
     DEFAULT_FAILURE_PROBABILITY,
+    CommandReport,
     Console,
     SettingError,
     UserError,
@@ -70,6 +72,7 @@ from spectra.cli._parser import (
     eigen_options,
     trace_options,
 )
+from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 
 _FIGURE = "sharpness"
 _UNIT_LABELS = {
@@ -82,6 +85,62 @@ _UNIT_LABELS = {
 # --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
 # back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
 _SAME_RATE_RTOL = 1e-6
+
+
+@dataclass
+class SharpnessReport(CommandReport):
+    """A ``spectra sharpness`` run as written to ``sharpness.json``
+    (:meth:`spectra.analysis.trajectory.SharpnessRun.report`), reloaded by :func:`spectra.load`.
+
+    ``checkpoints`` holds one entry per checkpoint recorded so far, in step order: ``file``,
+    ``step``, ``sha256``, ``path``, ``status`` (``"done"`` or ``"failed"``), ``error`` and
+    the measurement (``eigenvalues`` largest first, ``error_bounds``, ``residual_norms``,
+    ``converged``, ``trace``, ``trace_stderr``, ``loss``, ``eigenvector_overlap``,
+    ``num_products``, ``wall_time``, …; None for a failed one), NaN where the file wrote
+    null and said so. ``settings`` are the values a resume must match, ``plan`` every
+    checkpoint of the run, ``summary`` the counts, ``threshold`` the stability threshold
+    (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`) or None, ``model`` the
+    model's description (None before the first measurement). :attr:`done`, :attr:`steps`,
+    :attr:`eigenvalues` and :attr:`error_bounds` give the measured checkpoints as arrays.
+    """
+
+    format: str
+    checkpoints_source: str
+    step_source: str
+    step_unit: str
+    learning_rate: float | None
+    learning_rate_source: str | None
+    threshold: dict[str, Any] | None
+    warm_start: bool
+    plan: list[dict[str, Any]]
+    summary: dict[str, int]
+    checkpoints: list[dict[str, Any]]
+    model: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        """The entries of the checkpoints measured, in step order."""
+        return [entry for entry in self.checkpoints if entry.get("status") == "done"]
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The steps (in :attr:`step_unit`) of the measured checkpoints, int64."""
+        return np.array([entry["step"] for entry in self.done], dtype=np.int64)
+
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """The eigenvalues of the measured checkpoints, shape (checkpoints, top_k), float64."""
+        return self._matrix("eigenvalues")
+
+    @property
+    def error_bounds(self) -> np.ndarray:
+        """Their error bounds, shape (checkpoints, top_k), float64."""
+        return self._matrix("error_bounds")
+
+    def _matrix(self, name: str) -> np.ndarray:
+        k = int(self.settings.get("top_k", 1))
+        rows = [entry[name] for entry in self.done]
+        return np.array(rows, dtype=np.float64).reshape(len(rows), k)
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
@@ -156,19 +215,57 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         help="start every eigensolve from a random vector instead of the previous "
         "checkpoint's eigenvectors",
     )
+    sharpness.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write the values of each checkpoint as TensorBoard scalars at its step "
+        "(sharpness/lambda_1, sharpness/trace, sharpness/loss, ...) into the run DIR/spectra/ "
+        "(DIR: e.g. the log_dir of the training's keras.callbacks.TensorBoard); rewritten from "
+        "sharpness.json at the end, so a resumed run holds one value per step",
+    )
     sharpness.set_defaults(command_module="sharpness")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     settings = measurement_settings(args)
     check_out_option(args)
+    events = _tensorboard_events(args)
     with user_errors("--out"):
         store = SharpnessRun(args.out)
     with user_errors("--out"), store:
-        return _run_locked(args, console, settings, store)
+        return _run_locked(args, console, settings, store, events)
 
 
-def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store: Any) -> int:
+def _tensorboard_events(args: argparse.Namespace) -> SharpnessEvents | None:
+    """The writer of ``--tensorboard DIR`` (its run directory created and proven writable
+    before anything is measured), or None without the option."""
+    if getattr(args, "tensorboard", None) is None:
+        return None
+    suffix = ".spectra-preconditioned-sharpness" if args.preconditioned else ".spectra-sharpness"
+    with user_errors("--tensorboard"):
+        events = SharpnessEvents(args.tensorboard, suffix=suffix)
+        events.prepare()
+    return events
+
+
+def _tensorboard_scalars(
+    entry: dict[str, Any], threshold: StabilityThreshold | None, preconditioned: bool
+) -> dict[str, float]:
+    """The TensorBoard scalars of a ``sharpness.json`` entry, with the run's threshold."""
+    record = dict(entry)
+    if threshold is not None:
+        matrix = "preconditioned" if threshold.preconditioned else "hessian"
+        record.update(threshold=threshold.value, threshold_matrix=matrix)
+    return sharpness_scalars(record, preconditioned=preconditioned)
+
+
+def _run_locked(
+    args: argparse.Namespace,
+    console: Console,
+    settings: Any,
+    store: Any,
+    events: SharpnessEvents | None = None,
+) -> int:
     from spectra.io.checkpoints import find_checkpoints, step_unit
 
     store.claim(
@@ -228,8 +325,19 @@ def _run_locked(args: argparse.Namespace, console: Console, settings: Any, store
 
     pending = store.pending()
     if pending:
-        _measure_all(args, console, settings, store, plan, pending, data, threshold, unit)
+        _measure_all(
+            args, console, settings, store, plan, pending, data, threshold, unit, events=events
+        )
     store.finish()
+    if events is not None:
+        # One file from sharpness.json: a resumed run's earlier values once each.
+        done = [entry for entry in store.entries if entry["status"] == "done"]
+        with user_errors("--tensorboard"):
+            written = events.rewrite(
+                (entry["step"], _tensorboard_scalars(entry, threshold, args.preconditioned))
+                for entry in done
+            )
+        console.detail(f"TensorBoard: {len(done)} steps in {written}")
     return _conclude(args, console, store, threshold, unit, step_source)
 
 
@@ -243,10 +351,12 @@ def _measure_all(
     data: Any,
     threshold: StabilityThreshold | None,
     unit: str,
+    events: SharpnessEvents | None = None,
 ) -> None:
     """Measure the pending checkpoints in step order, each warm-started from the previous
     measurement; the eigenvector overlap is recorded between neighbours in the plan only
-    (not across a checkpoint measured by an earlier run or one that failed)."""
+    (not across a checkpoint measured by an earlier run or one that failed). Each result also
+    goes to ``events`` (``--tensorboard``) as it is recorded."""
     require_tensorflow(args)
     check_loss(args)
     check_curvature(args)
@@ -303,6 +413,12 @@ def _measure_all(
                 bar.update(1)
                 continue
             entry = store.record(planned, measurement)
+            if events is not None:
+                with user_errors("--tensorboard"):
+                    events.write(
+                        entry["step"],
+                        _tensorboard_scalars(entry, threshold, args.preconditioned),
+                    )
             previous, previous_file = measurement.eigenvectors, planned.file
             totals["products"] += measurement.num_products
             totals["passes"] += measurement.num_data_passes or 0
@@ -311,6 +427,8 @@ def _measure_all(
             console.info(_line(entry, threshold, unit, args.method, args.tol))
     finally:
         bar.close()
+        if events is not None:
+            events.close()
     console.detail(
         f"{loader.num_models_built} model(s) built for {len(pending)} checkpoints; "
         f"{totals['products']} products in {totals['passes']} data passes"

@@ -71,14 +71,13 @@ _RESULT_TYPES: dict[str, type[Result]] = {}
 _RESULT_MODULES = {
     "LayerwiseResult": "spectra.analysis.per_layer",
     "GradientOverlapResult": "spectra.analysis.subspaces",
-    "LandscapeResult": "spectra.analysis.landscape",
+    "LandscapeResult": "spectra.analysis.landscape_result",
     "RepeatResult": "spectra.analysis.repeats",
     "CommandReport": "spectra.cli._common",
     "AnalysisReport": "spectra.cli.analyze",
     "LandscapeReport": "spectra.cli.landscape",
+    "SharpnessReport": "spectra.cli.sharpness",
 }
-# Reports written as plain dictionaries (sharpness.json): load() returns the dictionary.
-_DICT_TYPES = ("SharpnessReport",)
 # How strict_json_text names the position of a value it wrote as null: "a.b[2][0]".
 _PATH_PART = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -620,11 +619,10 @@ def load(path: str | os.PathLike) -> Any:
 
     Reads any result's :meth:`Result.to_json`, ``spectra analyze``'s ``results.json``
     (:class:`spectra.cli.analyze.AnalysisReport`) and ``spectra landscape``'s
-    ``landscape.json`` (``LandscapeReport``): the file's ``"type"`` field names the class,
-    and :meth:`Result.from_dict` rebuilds it with numpy arrays, the NaN and ±inf written as
-    null restored. ``spectra sharpness``'s ``sharpness.json`` (type ``SharpnessReport``, a
-    plain record) comes back as its dictionary, nulls restored. Importing TensorFlow is
-    needed only for a ``LandscapeResult`` (its module builds perturbed models).
+    ``landscape.json`` (``LandscapeReport``) and ``spectra sharpness``'s ``sharpness.json``
+    (:class:`spectra.cli.sharpness.SharpnessReport`): the file's ``"type"`` field names the
+    class, and :meth:`Result.from_dict` rebuilds it with numpy arrays, the NaN and ±inf
+    written as null restored. No TensorFlow is imported.
 
     Raises
     ------
@@ -647,14 +645,9 @@ def load(path: str | os.PathLike) -> Any:
         )
     kind = payload["type"]
     try:
-        if kind in _DICT_TYPES:
-            notes = payload.pop("null_values", None)
-            if notes:
-                _restore_nulls(payload, notes)
-            return payload
         cls = _result_class(kind)
         if cls is None:
-            known = sorted({*_RESULT_TYPES, *_RESULT_MODULES, *_DICT_TYPES} - {"Result"})
+            known = sorted({*_RESULT_TYPES, *_RESULT_MODULES} - {"Result"})
             raise ValueError(f"unknown result type {kind!r} (known: {', '.join(known)})")
         return cls.from_dict(payload)
     except (TypeError, ValueError) as error:

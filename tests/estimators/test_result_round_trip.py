@@ -41,6 +41,7 @@ CLASSES = [
     "AnalysisReport",
     "LandscapeReport",
     "RepeatResult",
+    "SharpnessReport",
 ]
 # Array fields that hold other dtypes than float64, as the estimators produce them.
 INT_ARRAYS = {"steps_taken", "orders", "seeds", "subset_sizes"}
@@ -85,6 +86,7 @@ def _strategy(annotation: str, name: str) -> st.SearchStrategy:
         "dict[str, np.ndarray]": st.dictionaries(KEYS, _array(name), max_size=3),
         "dict[str, str]": st.dictionaries(KEYS, st.text(max_size=5), max_size=3),
         "dict[str, float]": st.dictionaries(KEYS, FLOATS, max_size=3),
+        "dict[str, int]": st.dictionaries(KEYS, INTS, max_size=3),
         "dict[str, Any]": st.dictionaries(KEYS, JSONISH, max_size=3),
         "list[dict[str, Any]]": st.lists(st.dictionaries(KEYS, JSONISH, max_size=3), max_size=2),
         "Any": st.one_of(JSONISH, st.deferred(lambda: results_of("LandscapeResult"))),
