@@ -1,7 +1,6 @@
 """SharpnessCallback(log_dir=...): the measurements as TensorBoard scalars, read back with
 TensorFlow's event reader and compared with the callback's own records."""
 
-import importlib.util
 import random
 
 import keras
@@ -148,9 +147,6 @@ def test_log_dir_that_is_not_a_directory_is_refused(data, tmp_path, log_dir, err
         SharpnessCallback(data, log_dir=log_dir)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed"
-)
 def test_beside_keras_tensorboard_and_read_by_event_accumulator(data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
