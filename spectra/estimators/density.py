@@ -186,8 +186,8 @@ def log_spectral_density(
         added to every eigenvalue before the logarithm (e.g. a damping, or ``−λ_min``
         plus a margin to make a Hessian's spectrum positive).
     floor
-        magnitudes |θ + shift| below it are raised to it (a node at 0 has no logarithm);
-        default ``1e-12`` times the largest |θ + shift|. ``floored_mass`` reports the mean
+        magnitudes ``|θ + shift|`` below it are raised to it (a node at 0 has no logarithm);
+        default ``1e-12`` times the largest ``|θ + shift|``. ``floored_mass`` reports the mean
         weight so raised.
     progress : None, True or False
         as for :func:`spectral_density`.

@@ -142,11 +142,15 @@ def _cg(
         iterations[idx] += 1
         bad = ~(curvature > 0)
         for j, c in zip(idx[bad], curvature[bad]):
+            # The Rayleigh quotient of p bounds λ_min(C + λI) from above.
+            p_j = p[:, j]
+            quotient = float(c / (p_j @ p_j)) * apply.counter.scale
             reasons[j] = (
-                f"negative curvature: pᵀ(C + λI)p = {c * apply.counter.scale:.3g} <= 0 at "
-                f"iteration {iterations[j]}, so C + λI is not positive definite (a Hessian is "
-                "often indefinite): use method='minres', or a damping above the magnitude of "
-                "C's most negative eigenvalue"
+                f"negative curvature: a direction p has pᵀ(C + λI)p/pᵀp = {quotient:.3g} <= 0 "
+                f"at iteration {iterations[j]}, so C + λI is not positive definite (a Hessian "
+                "is often indefinite): use method='minres', or a damping above "
+                f"{apply.damping - quotient:.6g} (at least; the most "
+                "negative eigenvalue of C may lie further down)"
             )
             active[j] = False
         good = ~bad

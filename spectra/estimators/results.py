@@ -682,7 +682,7 @@ class LogSpectralDensity(SpectralDensity):
     padding last), ``weights`` the same Gauss weights, so :meth:`density` is the
     smoothed density of t and :meth:`moments` estimates ``(1/n)·tr(log10|A + shift·I|^p)``.
     ``folded`` is True when some node had λ + shift < 0 (t then mixes both signs of the
-    spectrum); ``floor`` is the magnitude below which |λ + shift| was raised to it (a
+    spectrum); ``floor`` is the magnitude below which ``|λ + shift|`` was raised to it (a
     node at 0 has no logarithm), ``floored_mass`` the mean weight of those nodes.
     """
 
@@ -695,7 +695,7 @@ class LogSpectralDensity(SpectralDensity):
         """The mass of t below ``threshold``, bracketed as in
         :meth:`SpectralDensity.mass_below` when the transform is monotone (no folded
         nodes); refused (``ValueError``) for a folded density, whose Gauss rule does not
-        bracket the mass of an interval |λ + shift| < 10^threshold."""
+        bracket the mass of an interval ``|λ + shift| < 10^threshold``."""
         if self.folded:
             raise ValueError(
                 "mass_below of a log10|λ + shift| density with λ + shift < 0 nodes has no "
