@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
-from spectra._validation import check_choice, check_float, check_int
+from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
@@ -556,6 +556,7 @@ def inverse(
     maxiter = check_int("maxiter", maxiter, allow_none=True)
     on_failure = check_choice("on_failure", on_failure, ("raise", "warn"))
     scale = check_float("scale", scale, allow_none=True)
+    check_seed("seed", seed)
     if scale is not None and method != "neumann":
         raise ValueError(
             f"scale is the Neumann series' step, for method='neumann' only, got method={method!r}"

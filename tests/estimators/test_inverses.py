@@ -174,12 +174,15 @@ def test_matmat_solves_columns_in_lock_step(spd, method):
         assert record.num_products > record.num_operator_calls
 
 
-def test_both_ends_of_floating_point(spd):
+@pytest.mark.parametrize("method", METHODS)
+def test_both_ends_of_floating_point(spd, method):
     matrix, rhs = spd
     exact = np.linalg.solve(_system(matrix, DAMPING), rhs)
     for factor in (1e-300, 1e300):
-        x = inverse(matrix * factor, DAMPING * factor, tol=TOL) @ rhs
-        np.testing.assert_allclose(x * factor, exact, rtol=1e-6)
+        inv = inverse(matrix * factor, DAMPING * factor, method=method, tol=TOL, maxiter=5000)
+        x = inv @ rhs
+        assert inv.last.relative_residuals[0] <= TOL, (method, factor)
+        np.testing.assert_allclose(x * factor, exact, rtol=1e-5, err_msg=f"{method} {factor}")
 
 
 def test_zero_operator_and_zero_rhs():
@@ -227,6 +230,8 @@ def test_public_names():
         ({"scale": 0.1}, ValueError, "scale is the Neumann series' step, for method='neumann'"),
         ({"method": "neumann", "scale": -0.1}, ValueError, "scale must be a positive"),
         ({"check_symmetry": 1}, TypeError, "check_symmetry must be True or False"),
+        ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
+        ({"seed": 1.5}, TypeError, "seed must be None, a non-negative integer"),
     ],
 )
 def test_arguments_are_checked(spd, kwargs, error, message):
