@@ -365,7 +365,9 @@ class InverseOperator(LinearOperator):
                 f"{self.shape[0]}, got shape {block.shape}"
             )
         if not np.all(np.isfinite(block)):
-            raise ValueError("the right-hand side b of (C + λI)x = b must be finite (NaN or Inf)")
+            raise ValueError(
+                "the right-hand side b of (C + λI)x = b must be finite, got NaN or Inf entries"
+            )
         n, k = block.shape
         norms = _norms(block)
         # Unit right-hand sides: solve M y = b/‖b‖ with M = (C + λI)/s, then x = y·‖b‖/s.
@@ -413,6 +415,8 @@ class InverseOperator(LinearOperator):
                     & np.array([reason is None for reason in reasons])
                 )
         converged = (norms == 0) | (residual_norms <= targets)
+        for j in np.flatnonzero(converged):
+            reasons[j] = None  # met tol (e.g. at the iterate before a breakdown)
         for j in np.flatnonzero(~converged):
             if reasons[j] is None:
                 reasons[j] = (
