@@ -32,7 +32,10 @@ __all__ = [
     "DiagonalResult",
     "EigenResult",
     "FrobeniusResult",
+    "InverseSolve",
     "LanczosResult",
+    "LogDetResult",
+    "LogSpectralDensity",
     "Result",
     "SpectralDensity",
     "SpectralMass",
@@ -612,6 +615,94 @@ class SpectralMass(Result):
     num_steps: int
     tau: float | None = None
     lambda_max: float | None = None
+
+
+@dataclass
+class InverseSolve(Result):
+    """The record of one application of :func:`spectra.inverse`: ``(C + λI) X = B``.
+
+    Per column of B: ``converged[j]`` is ``relative_residuals[j] <= tol``, where
+    ``relative_residuals[j] = ‖(C + λI)x_j − b_j‖/‖b_j‖`` is the true residual (computed
+    with a product after the iteration, not the recurrence's estimate; 0 for b_j = 0), and
+    ``iterations[j]`` the solver's iterations for it. ``num_products`` and
+    ``num_operator_calls`` count C's products and calls of the whole application (the
+    residual checks included). ``reason`` says in one line why a column did not converge
+    (the first one), None when all did.
+    """
+
+    method: str
+    converged: np.ndarray
+    iterations: np.ndarray
+    relative_residuals: np.ndarray
+    tol: float
+    damping: float
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    reason: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def all_converged(self) -> bool:
+        """True when every right-hand side met ``tol``."""
+        return bool(np.all(self.converged))
+
+
+@dataclass
+class LogDetResult(Result):
+    """``log det(C + λI) = tr log(C + λI)`` by stochastic Lanczos quadrature.
+
+    ``estimate`` is n times the mean over probes of each probe's Gauss quadrature of
+    ``qᵀ log(C + λI) q``; ``stderr`` the standard error across probes (NaN for one probe);
+    ``per_probe`` the probes' n·qᵀ log(C + λI) q; ``min_ritz_value`` the smallest
+    quadrature node of C + λI (an upper bound on its smallest eigenvalue, positive here);
+    ``steps_taken`` the Lanczos steps of each probe. See :func:`spectra.logdet`.
+    """
+
+    estimate: float
+    stderr: float
+    damping: float
+    dimension: int
+    num_probes: int
+    min_ritz_value: float
+    per_probe: np.ndarray
+    steps_taken: np.ndarray
+    num_products: int
+    num_operator_calls: int
+    wall_time: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LogSpectralDensity(SpectralDensity):
+    """SLQ density of ``t = log10|λ + shift|`` (see
+    :func:`spectra.estimators.density.log_spectral_density`).
+
+    ``nodes`` are the transformed quadrature nodes (each row ascending, its zero-weight
+    padding last), ``weights`` the same Gauss weights, so :meth:`density` is the
+    smoothed density of t and :meth:`moments` estimates ``(1/n)·tr(log10|A + shift·I|^p)``.
+    ``folded`` is True when some node had λ + shift < 0 (t then mixes both signs of the
+    spectrum); ``floor`` is the magnitude below which ``|λ + shift|`` was raised to it (a
+    node at 0 has no logarithm), ``floored_mass`` the mean weight of those nodes.
+    """
+
+    shift: float = 0.0
+    floor: float = 0.0
+    floored_mass: float = 0.0
+    folded: bool = False
+
+    def mass_below(self, threshold: float) -> SpectralMass:
+        """The mass of t below ``threshold``, bracketed as in
+        :meth:`SpectralDensity.mass_below` when the transform is monotone (no folded
+        nodes); refused (``ValueError``) for a folded density, whose Gauss rule does not
+        bracket the mass of an interval ``|λ + shift| < 10^threshold``."""
+        if self.folded:
+            raise ValueError(
+                "mass_below of a log10|λ + shift| density with λ + shift < 0 nodes has no "
+                "bracket: use spectral_density(...).mass_below on λ itself, or a shift that "
+                "makes the spectrum positive"
+            )
+        return super().mass_below(threshold)
 
 
 def load(path: str | os.PathLike) -> Any:
