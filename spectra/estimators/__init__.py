@@ -6,7 +6,12 @@
   (restarted Lanczos, power iteration, LOBPCG);
 * :mod:`~spectra.estimators.stochastic_trace` — Hutchinson, Hutch++, XTrace, Frobenius norm;
 * :mod:`~spectra.estimators.stochastic_diagonal` — the diagonal with per-entry errors;
-* :mod:`~spectra.estimators.density` — stochastic Lanczos quadrature densities;
+* :mod:`~spectra.estimators.density` — stochastic Lanczos quadrature densities (of λ and of
+  log λ);
+* :mod:`~spectra.estimators.log_determinant` — log det(C + λI) by stochastic Lanczos
+  quadrature;
+* :mod:`~spectra.estimators.inverses` — damped inverse operators (C + λI)⁻¹ (CG, MINRES,
+  LSMR, Neumann series);
 * :mod:`~spectra.estimators.results` — the result dataclasses (``to_dict``, JSON).
 
 The operator is seen through ``_products``: counted, scaled, checked for symmetry and

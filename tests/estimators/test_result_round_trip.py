@@ -34,6 +34,9 @@ CLASSES = [
     "SpectralMoments",
     "SpectralDensity",
     "SpectralMass",
+    "LogSpectralDensity",
+    "LogDetResult",
+    "InverseSolve",
     "LayerwiseResult",
     "GradientOverlapResult",
     "LandscapeResult",
@@ -44,7 +47,7 @@ CLASSES = [
     "SharpnessReport",
 ]
 # Array fields that hold other dtypes than float64, as the estimators produce them.
-INT_ARRAYS = {"steps_taken", "orders", "seeds", "subset_sizes"}
+INT_ARRAYS = {"steps_taken", "orders", "seeds", "subset_sizes", "iterations"}
 BOOL_ARRAYS = {"converged"}
 
 # Any float, the non-finite ones included (strict JSON writes them as null).
