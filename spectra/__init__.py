@@ -43,7 +43,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra._console": ["quiet_tensorflow"],
     "spectra.callback": ["SharpnessCallback"],
     "spectra.estimators.density": ["spectral_density", "spectral_mass_below"],
-    "spectra.estimators.stochastic_diagonal": ["diagonal"],
+    "spectra.estimators.stochastic_diagonal": ["diagonal", "xdiag"],
     "spectra.estimators.eigensolvers": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
     "spectra.analysis.landscape": ["LandscapeResult", "loss_landscape", "random_direction"],
