@@ -234,8 +234,8 @@ class BlockDiagonalOperator(LinearOperator):
         return BlockDiagonalOperator(self.op.H, groups=dict(zip(self.group_names, self.groups)))
 
     def block(self, index: int) -> np.ndarray:
-        """The dense block C[I_b][:, I_b] of block ``index``: |I_b| products of C in one
-        ``matmat``, |I_b|² host memory."""
+        """The dense block C[I_b][:, I_b] of block ``index``: len(I_b) products of C in one
+        ``matmat``, len(I_b)² host memory."""
         index = check_int("index", index, minimum=0)
         if index >= self.num_blocks:
             raise ValueError(
