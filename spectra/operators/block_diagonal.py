@@ -142,7 +142,8 @@ class BlockDiagonalOperator(LinearOperator):
     Cost: one product of C per block and vector, D V for k vectors in one ``matmat`` of
     C with the k · (number of blocks) masked columns P_b v_j (zero columns skipped, so a
     vector inside one block costs one product); for a spectra curvature operator that is
-    one data pass for all blocks. The adjoint is the block-diagonal part of Cᵀ (through
+    one data pass for all blocks. Host memory: the masked block and its image, 2 · n · k ·
+    (number of blocks) numbers. The adjoint is the block-diagonal part of Cᵀ (through
     ``C.rmatmat``), so D is symmetric when C is, and the estimators accept it; its
     eigenvalues are the union of those of the blocks C[I_b][:, I_b].
 
