@@ -54,7 +54,7 @@ _EXPORTS: dict[str, list[str]] = {
         "inverse",
     ],
     "spectra.estimators.log_determinant": ["logdet"],
-    "spectra.estimators.stochastic_diagonal": ["diagonal"],
+    "spectra.estimators.stochastic_diagonal": ["diagonal", "xdiag"],
     "spectra.estimators.eigensolvers": ["eigenvalue_ratio", "eigenvalues"],
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
     "spectra.analysis.landscape": ["loss_landscape", "random_direction"],
@@ -63,6 +63,8 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.analysis.repeats": ["RepeatResult", "repeat_estimate", "subsample_indices"],
     # The operator classes of the registered curvature matrices (spectra.operators.registry).
     "spectra.operators": operator_class_names(),
+    "spectra.operators.block_diagonal": ["BlockDiagonalOperator"],
+    "spectra.operators.submatrix": ["SubmatrixOperator"],
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [
         "DensityCurve",

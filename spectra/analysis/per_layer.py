@@ -56,6 +56,7 @@ from spectra.estimators._products import (
 )
 from spectra.estimators.eigensolvers import _DEFAULT_FAILURE_PROBABILITY, _KrylovSchur, _Pairs
 from spectra.estimators.results import Result
+from spectra.operators.block_diagonal import layer_groups
 
 __all__ = ["LayerwiseResult", "layerwise"]
 
@@ -139,17 +140,8 @@ def _variable_label(variable: Any, position: int) -> str:
 def _default_groups(variables: Sequence[Any]) -> tuple[list[str], list[list[int]], str]:
     """One group per Keras layer (the parent of ``variable.path``), else per variable."""
     if all(isinstance(getattr(v, "path", None), str) for v in variables):
-        keys: dict[str, list[int]] = {}
-        for position, variable in enumerate(variables):
-            keys.setdefault(variable.path.rpartition("/")[0] or variable.path, []).append(position)
-        names = list(keys)
-        # "sequential/dense", "sequential/dense_1" -> "dense", "dense_1"
-        firsts = {name.partition("/")[0] for name in names}
-        if len(firsts) == 1 and all("/" in name for name in names):
-            short = [name.partition("/")[2] for name in names]
-            if len(set(short)) == len(short):
-                names = short
-        return names, list(keys.values()), "layers"
+        names, members = layer_groups([v.path for v in variables])
+        return names, members, "layers"
     names = []
     for position, variable in enumerate(variables):
         label = _variable_label(variable, position)

@@ -9,6 +9,9 @@ the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line
 for the API and the CLI. The compiled machinery is in ``engine``; batches and their
 weights in ``batching``, devices and workers in ``replicas``, Keras models and losses in
 ``keras_models``, and the checks of data against a model in ``data_checks``.
+Structured views of any operator (NumPy only): the block-diagonal approximation
+:class:`BlockDiagonalOperator` (``block_diagonal``; per layer by default) and the
+submatrix :class:`SubmatrixOperator` (``submatrix``).
 
 Names are imported on first use (PEP 562), so that ``spectra.operators.registry`` can be
 read without importing TensorFlow.
@@ -23,14 +26,19 @@ from spectra.operators.registry import CURVATURES
 
 if TYPE_CHECKING:
     from spectra.operators.base import CurvatureOperator, block_size_for
+    from spectra.operators.block_diagonal import BlockDiagonalOperator, layer_groups
     from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
+    from spectra.operators.submatrix import SubmatrixOperator
 
 _SOURCE: dict[str, str] = {
     "CurvatureOperator": "spectra.operators.base",
     "block_size_for": "spectra.operators.base",
+    "BlockDiagonalOperator": "spectra.operators.block_diagonal",
+    "layer_groups": "spectra.operators.block_diagonal",
+    "SubmatrixOperator": "spectra.operators.submatrix",
     "BatchProblem": "spectra.operators.curvature",
     "Curvature": "spectra.operators.curvature",
     "CurvatureParts": "spectra.operators.curvature",
@@ -45,6 +53,7 @@ _SOURCE: dict[str, str] = {
 __all__ = [
     "GGN",
     "BatchProblem",
+    "BlockDiagonalOperator",
     "Curvature",
     "CurvatureOperator",
     "CurvatureParts",
@@ -54,7 +63,9 @@ __all__ = [
     "Hessian",
     "HessianOperator",
     "MonteCarloFisher",
+    "SubmatrixOperator",
     "block_size_for",
+    "layer_groups",
 ]
 
 
