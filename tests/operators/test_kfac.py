@@ -1,0 +1,294 @@
+"""KFACOperator against its definition and against the exact GGN, on small float64 models.
+
+The references are built independently of the operator's capture of the layers: a
+per-example loop that runs the MLP by hand (z = a W + b, σ(z)) under ``tf.GradientTape``,
+takes the output Hessian in the logits with nested tapes and back-propagates the columns
+of its square root (type-2) or the gradient at the true label (empirical).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from spectra.operators import GGNOperator
+from spectra.operators.kfac import KFACOperator
+
+N, BATCH, D_IN, CLASSES = 7, 3, 4, 3
+F64 = "float64"
+
+
+def _mlp(units, activations, seed=0, *, batchnorm=False):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((D_IN,), dtype=F64)]
+    for i, (u, act) in enumerate(zip(units, activations)):
+        layers.append(keras.layers.Dense(u, activation=act, dtype=F64))
+        if batchnorm and i == 0:
+            layers.append(keras.layers.BatchNormalization(dtype=F64))
+    model = keras.Sequential(layers)
+    if batchnorm:  # non-trivial moving statistics and affine parameters
+        bn = model.layers[1]
+        rng = np.random.default_rng(seed)
+        for w in bn.weights:
+            w.assign(rng.uniform(0.5, 1.5, size=w.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(N, D_IN))
+    labels = rng.integers(0, CLASSES, N)
+    return x, labels
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _mlp([5, CLASSES], ["tanh", "softmax"])
+
+
+@pytest.fixture(scope="module")
+def kfac(mlp, data):
+    return KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data, batch_size=BATCH)
+
+
+def _reference_factors(model, x, labels, kind):
+    """A_l, G_l by their definition, one example at a time."""
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    A = [np.zeros((layer.kernel.shape[0] + 1,) * 2) for layer in dense]
+    G = [np.zeros((layer.kernel.shape[1],) * 2) for layer in dense]
+    for i in range(len(x)):
+        h = tf.constant(x[i : i + 1])
+        with tf.GradientTape(persistent=True) as tape:
+            zs = []
+            for layer in dense:
+                abar = np.concatenate([h.numpy()[0], [1.0]])
+                A[len(zs)] += np.outer(abar, abar) / len(x)
+                z = h @ layer.kernel.value + layer.bias.value
+                tape.watch(z)
+                zs.append(z)
+                h = z if layer is dense[-1] else tf.tanh(z)
+            logits = zs[-1]
+            with tf.GradientTape() as inner_outer:
+                inner_outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    loss = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(loss, logits)
+            hessian = inner_outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        if kind == "type-2":
+            values, vectors = np.linalg.eigh(hessian)
+            columns = vectors * np.sqrt(np.maximum(values, 0))
+        else:
+            columns = grad.numpy().reshape(CLASSES, 1)
+        for c in range(columns.shape[1]):
+            cot = tf.constant(columns[None, :, c])
+            grads = tape.gradient(logits, zs, output_gradients=cot)
+            for layer_index, g in enumerate(grads):
+                g = np.zeros_like(G[layer_index][:1]) if g is None else g.numpy()
+                G[layer_index] += g.T @ g / len(x)
+    return A, G
+
+
+@pytest.mark.parametrize("kind", ["type-2", "empirical"])
+def test_factors_match_their_definition(mlp, data, kfac, kind):
+    x, labels = data
+    op = (
+        kfac
+        if kind == "type-2"
+        else KFACOperator.from_keras(
+            mlp, "sparse_categorical_crossentropy", data, batch_size=BATCH, kind=kind
+        )
+    )
+    A, G = _reference_factors(mlp, x, labels, kind)
+    assert len(op.blocks) == 2
+    for block, a, g in zip(op.blocks, A, G):
+        np.testing.assert_allclose(block.A, a, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(block.G, g, rtol=1e-10, atol=1e-14)
+        assert np.abs(block.G).max() > 1e-3  # not trivially zero
+
+
+def test_layout_matches_the_exact_operators(mlp, data, kfac):
+    ggn = GGNOperator.from_keras(mlp, "sparse_categorical_crossentropy", data)
+    assert kfac.variable_names == ggn.variable_names
+    assert kfac.variable_shapes == ggn.variable_shapes
+    assert kfac.shape == ggn.shape
+    vector = np.arange(kfac.shape[0], dtype=np.float64)
+    for a, b in zip(kfac.unflatten(vector), ggn.unflatten(vector)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(kfac.flatten(kfac.unflatten(vector)), vector)
+
+
+def test_products_eigenvalues_and_scalars_against_the_dense_matrix(kfac):
+    dense = kfac.to_dense()
+    np.testing.assert_array_equal(dense, dense.T)
+    rng = np.random.default_rng(2)
+    v = rng.normal(size=kfac.shape[0])
+    V = rng.normal(size=(kfac.shape[0], 4))
+    np.testing.assert_allclose(kfac.matvec(v), dense @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(kfac.matmat(V), dense @ V, rtol=1e-12, atol=1e-14)
+    # The Kronecker structure, checked on the first block: A ⊗ G in row-major order.
+    block = kfac.blocks[0]
+    rows = np.r_[block.kernel_slice, block.bias_slice]
+    np.testing.assert_allclose(dense[np.ix_(rows, rows)], np.kron(block.A, block.G), rtol=1e-13)
+    exact = np.linalg.eigvalsh(dense)[::-1]
+    np.testing.assert_allclose(kfac.eigenvalues(), exact, rtol=1e-10, atol=1e-12 * exact[0])
+    assert kfac.trace() == pytest.approx(np.trace(dense), rel=1e-12)
+    assert kfac.frobenius_norm() == pytest.approx(np.linalg.norm(dense), rel=1e-12)
+    damping = 1e-2
+    sign, logdet = np.linalg.slogdet(dense + damping * np.eye(len(dense)))
+    assert sign == 1
+    assert kfac.logdet(damping) == pytest.approx(logdet, rel=1e-10)
+    inverse = kfac.inverse(damping)
+    solved = np.linalg.solve(dense + damping * np.eye(len(dense)), V)
+    np.testing.assert_allclose(inverse.matmat(V), solved, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        inverse.matvec(v), np.linalg.solve(dense + damping * np.eye(len(dense)), v), rtol=1e-8
+    )
+    with pytest.raises(ValueError, match="damping > 0"):
+        kfac.logdet()  # A ⊗ G of a 7-example dataset is singular
+    with pytest.raises(ValueError, match="damping > 0"):
+        kfac.inverse(0.0)
+
+
+def test_one_example_single_linear_layer_mse_equals_the_ggn():
+    model = _mlp([2], [None], seed=3)
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(1, D_IN)), rng.normal(size=(1, 2))
+    kfac = KFACOperator.from_keras(model, "mse", (x, y))
+    ggn = GGNOperator.from_keras(model, "mse", (x, y), dtype=np.float64)
+    exact = ggn.matmat(np.eye(ggn.shape[0]))
+    np.testing.assert_allclose(kfac.to_dense(), exact, rtol=0, atol=1e-12)
+    assert np.abs(exact).max() > 0.1
+
+
+def test_one_example_single_softmax_layer_equals_the_ggn_and_several_do_not(data):
+    x, labels = data
+    model = _mlp([CLASSES], ["softmax"], seed=4)
+    loss = "sparse_categorical_crossentropy"
+
+    def dense_pair(n):
+        kfac = KFACOperator.from_keras(model, loss, (x[:n], labels[:n]))
+        ggn = GGNOperator.from_keras(model, loss, (x[:n], labels[:n]))
+        return kfac.to_dense(), ggn.matmat(np.eye(ggn.shape[0]))
+
+    one_k, one_g = dense_pair(1)
+    np.testing.assert_allclose(one_k, one_g, rtol=0, atol=1e-12)
+    many_k, many_g = dense_pair(N)
+    # The approximation is real: E[ā āᵀ ⊗ S Sᵀ] ≠ E[ā āᵀ] ⊗ E[S Sᵀ] when p varies.
+    assert np.linalg.norm(many_k - many_g) > 1e-2 * np.linalg.norm(many_g)
+    # ... yet the traces agree only by accident: check the approximation keeps the scale.
+    assert np.trace(many_k) == pytest.approx(np.trace(many_g), rel=0.5)
+
+
+def test_batching_does_not_change_the_matrix(mlp, data, kfac):
+    whole = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data)
+    np.testing.assert_allclose(whole.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
+
+
+def test_monte_carlo_approaches_type_2(mlp, data, kfac):
+    mc = KFACOperator.from_keras(
+        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=400, seed=5
+    )
+    few = KFACOperator.from_keras(
+        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=1, seed=5
+    )
+    exact = kfac.to_dense()
+    error = np.linalg.norm(mc.to_dense() - exact) / np.linalg.norm(exact)
+    assert error < 0.1
+    assert np.linalg.norm(few.to_dense() - exact) / np.linalg.norm(exact) > error
+
+
+def test_snapshot_and_float32_model_in_float64(data):
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=6)
+    x, labels = data
+    keras.utils.set_random_seed(6)
+    f32 = keras.Sequential(
+        [keras.Input((D_IN,)), keras.layers.Dense(5, activation="tanh"),
+         keras.layers.Dense(CLASSES, activation="softmax")]
+    )  # fmt: skip
+    for w32, w64 in zip(f32.weights, model.weights):
+        w32.assign(tf.cast(w64.value, tf.float32))
+    op32 = KFACOperator.from_keras(f32, "sparse_categorical_crossentropy", data)
+    op = KFACOperator.from_keras(
+        f32, "sparse_categorical_crossentropy", (x.astype(np.float32), labels), dtype=np.float64
+    )
+    ref = KFACOperator.from_keras(model, "sparse_categorical_crossentropy", data)
+    assert op32.dtype == np.float32 and op.dtype == np.float64
+    np.testing.assert_allclose(op.to_dense(), ref.to_dense(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(op32.to_dense(), ref.to_dense(), rtol=1e-3, atol=1e-5)
+    before = op.to_dense()
+    for w in f32.weights:
+        w.assign(w.value * 2)
+    np.testing.assert_array_equal(op.to_dense(), before)
+    assert not hasattr(f32.layers[0], "__dict__") or "call" not in f32.layers[0].__dict__
+
+
+def test_other_variables(data):
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=7, batchnorm=True)
+    loss = "sparse_categorical_crossentropy"
+    with pytest.raises(
+        ValueError,
+        match=r"'batch_normalization\w*' \(BatchNormalization\).*"
+        r"other_variables='exclude'",
+    ):
+        KFACOperator.from_keras(model, loss, data)
+    excluded = KFACOperator.from_keras(model, loss, data, other_variables="exclude")
+    diagonal = KFACOperator.from_keras(model, loss, data, other_variables="diagonal")
+    ggn = GGNOperator.from_keras(model, loss, data).matmat(np.eye(excluded.shape[0]))
+    names = excluded.variable_names
+    sizes = [int(np.prod(s)) for s in excluded.variable_shapes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    other = np.concatenate(
+        [np.arange(offsets[j], offsets[j + 1]) for j, n in enumerate(names) if "batch_norm" in n]
+    )
+    assert len(other) == 10  # gamma and beta
+    dense_excluded = excluded.to_dense()
+    np.testing.assert_array_equal(dense_excluded[other], 0)
+    dense_diagonal = diagonal.to_dense()
+    np.testing.assert_allclose(np.diag(dense_diagonal)[other], np.diag(ggn)[other], rtol=1e-10)
+    off = dense_diagonal[np.ix_(other, other)] - np.diag(np.diag(dense_diagonal)[other])
+    np.testing.assert_array_equal(off, 0)
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(dense_diagonal)[::-1], diagonal.eigenvalues(), atol=1e-12
+    )
+    assert diagonal.trace() == pytest.approx(np.trace(dense_diagonal), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "match"),
+    [
+        ({"kind": "type2"}, ValueError, "kind must be one of 'type-2', 'mc', 'empirical'"),
+        ({"kind": 2}, TypeError, "kind must be one of"),
+        ({"num_samples": 3}, ValueError, "num_samples is for kind='mc'"),
+        ({"kind": "mc", "num_samples": 0}, ValueError, "num_samples must be an integer >= 1"),
+        ({"other_variables": "drop"}, ValueError, "other_variables must be one of"),
+        ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
+    ],
+)
+def test_bad_arguments(mlp, data, keywords, error, match):
+    with pytest.raises(error, match=match):
+        KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data, **keywords)
+
+
+def test_refusals(mlp, data, kfac):
+    x, labels = data
+    loss = "sparse_categorical_crossentropy"
+    with pytest.raises(ValueError, match="sample weights"):
+        KFACOperator.from_keras(mlp, loss, (x, labels, np.ones(N)))
+    with pytest.raises(ValueError, match="data is required"):
+        KFACOperator.from_keras(mlp, loss)
+    sequence = keras.Sequential(
+        [keras.Input((2, D_IN), dtype=F64), keras.layers.Dense(3, dtype=F64),
+         keras.layers.Flatten(dtype=F64)]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"inputs of shape \(batch, features\)"):
+        KFACOperator.from_keras(sequence, "mse", (np.zeros((2, 2, D_IN)), np.zeros((2, 6))))
+    with pytest.raises(ValueError, match="expected a vector of length"):
+        kfac.matvec(np.ones(3))
+    with pytest.raises(ValueError, match="damping must be >= 0"):
+        kfac.inverse(-1.0)
