@@ -6,9 +6,11 @@ module supplying a :class:`Curvature` (``curvature``): what is differentiated.
 :class:`HessianOperator` (``hessian``) is the loss Hessian, :class:`GGNOperator`
 (``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
 the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
-for the API and the CLI. The compiled machinery is in ``engine``; batches and their
-weights in ``batching``, devices and workers in ``replicas``, Keras models and losses in
-``keras_models``, and the checks of data against a model in ``data_checks``.
+for the API and the CLI. :class:`KFACOperator` (``kfac``) is their Kronecker-factored
+approximation (K-FAC) for Dense layers, whose spectrum is exact. The compiled machinery
+is in ``engine``; batches and their weights in ``batching``, devices and workers in
+``replicas``, Keras models and losses in ``keras_models``, and the checks of data
+against a model in ``data_checks``.
 
 Names are imported on first use (PEP 562), so that ``spectra.operators.registry`` can be
 read without importing TensorFlow.
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
+    from spectra.operators.kfac import KFACBlock, KFACOperator
 
 _SOURCE: dict[str, str] = {
     "CurvatureOperator": "spectra.operators.base",
@@ -38,6 +41,8 @@ _SOURCE: dict[str, str] = {
     "MonteCarloFisher": "spectra.operators.fisher",
     "GGN": "spectra.operators.ggn",
     "Hessian": "spectra.operators.hessian",
+    "KFACBlock": "spectra.operators.kfac",
+    "KFACOperator": "spectra.operators.kfac",
     # The operator classes, from the registry.
     **{entry.class_name: entry.operator.partition(":")[0] for entry in CURVATURES.values()},
 }
@@ -53,6 +58,8 @@ __all__ = [
     "GGNOperator",
     "Hessian",
     "HessianOperator",
+    "KFACBlock",
+    "KFACOperator",
     "MonteCarloFisher",
     "block_size_for",
 ]

@@ -5,11 +5,11 @@ example i's loss in the layer's parameters is the outer product of the layer's i
 of the gradient in its pre-activation output. With the bias as the homogeneous coordinate
 of the input, ā = [a; 1], and the parameters flattened as spectra flattens them (kernel
 row-major, then bias), the per-example gradient is ā ⊗ g. The layer's block of the GGN or
-Fisher,
+Fisher::
 
     (1/N) Σ_i Σ_c (ā_i ⊗ g_ic)(ā_i ⊗ g_ic)ᵀ = (1/N) Σ_i ā_i ā_iᵀ ⊗ (Σ_c g_ic g_icᵀ),
 
-is approximated by the Kronecker product of the two expectations (Martens & Grosse 2015):
+is approximated by the Kronecker product of the two expectations (Martens & Grosse 2015)::
 
     A = (1/N) Σ_i ā_i ā_iᵀ,     G = (1/N) Σ_i Σ_c g_ic g_icᵀ,     block ≈ A ⊗ G,
 
@@ -152,7 +152,7 @@ class KFACOperator(LinearOperator):
     ``unflatten``).
 
     **The matrix.** For each Dense layer l with input a and pre-activation output z,
-    ā = [a; 1] (bias as the homogeneous coordinate) and
+    ā = [a; 1] (bias as the homogeneous coordinate)::
 
         K_l = A_l ⊗ G_l,   A_l = (1/N) Σ_i ā_i ā_iᵀ,   G_l = (1/N) Σ_i Σ_c g_ic g_icᵀ,
 
@@ -260,19 +260,47 @@ class KFACOperator(LinearOperator):
         """K-FAC of ``model``'s Dense layers at its current weights, from one pass over
         ``data``.
 
-        ``loss``: as for :meth:`CurvatureOperator.from_keras
-        <spectra.operators.base.CurvatureOperator.from_keras>` (a Keras loss name or
-        object, a callable ``(y_true, y_pred) -> scalar`` mean; None: the compiled loss),
-        for a model with one output of shape (batch, C). ``data``: ``(x, y)`` arrays or a
-        ``tf.data.Dataset`` of such batches (no sample weights). ``kind``: ``"type-2"``
-        (default), ``"mc"`` or ``"empirical"`` (class docstring); ``num_samples`` (≥ 1)
-        labels drawn per example for ``"mc"``; ``seed`` (int ≥ 0) seeds them.
-        ``other_variables``: ``"error"``, ``"exclude"`` or ``"diagonal"``, for trainable
-        variables outside Dense layers. ``dtype``: float32 or float64 (default: the
-        variables'); float64 runs the pass on a float64 clone of the model.
+        Parameters
+        ----------
+        model:
+            A built Keras model with one output of shape (batch, C).
+        loss:
+            As for :meth:`CurvatureOperator.from_keras
+            <spectra.operators.base.CurvatureOperator.from_keras>`: a Keras loss name or
+            object, or a callable ``(y_true, y_pred) -> scalar`` batch mean; None: the loss
+            the model was compiled with.
+        data:
+            ``(x, y)`` arrays or a ``tf.data.Dataset`` of such batches (no sample weights).
+        batch_size:
+            Examples per batch for array data (default: all at once); the matrix does not
+            depend on it.
+        kind:
+            ``"type-2"`` (default), ``"mc"`` or ``"empirical"`` (see the class docstring).
+        num_samples:
+            Labels drawn per example for ``kind="mc"`` (an int ≥ 1; 1 for the other kinds).
+        seed:
+            An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
+        other_variables:
+            ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
+            trainable variables outside Dense layers.
+        dtype:
+            float32 or float64 (default: the variables' dtype); float64 runs the pass on a
+            float64 clone of the model.
 
-        Raises ``TypeError`` for arguments of the wrong type, ``ValueError`` for a model,
-        loss or data K-FAC does not cover (named in the message).
+        Returns
+        -------
+        KFACOperator
+            The operator, holding the factors (a snapshot of the weights).
+
+        Raises
+        ------
+        TypeError
+            An argument of the wrong type.
+        ValueError
+            A value out of range, or a model, loss or data K-FAC does not cover (named in
+            the message: several outputs, shared or sequence Dense layers, sample weights,
+            other trainable variables with ``other_variables="error"``, a non-convex loss
+            for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
         """
         keras_models.check_model(model)
         kind = check_choice("kind", kind, KINDS)

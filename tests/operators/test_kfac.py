@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from spectra.estimators.results import SpectralDensity
 from spectra.operators import GGNOperator
 from spectra.operators.kfac import KFACOperator
 
@@ -153,6 +154,26 @@ def test_products_eigenvalues_and_scalars_against_the_dense_matrix(kfac):
         kfac.logdet()  # A ⊗ G of a 7-example dataset is singular
     with pytest.raises(ValueError, match="damping > 0"):
         kfac.inverse(0.0)
+
+
+def test_exact_spectral_density(kfac):
+    eigenvalues = np.linalg.eigvalsh(kfac.to_dense())
+    density = SpectralDensity.from_eigenvalues(kfac.eigenvalues())
+    assert density.dimension == kfac.shape[0] == density.nodes.shape[1]
+    np.testing.assert_allclose(density.nodes[0], np.sort(kfac.eigenvalues()))
+    moments = density.moments(2)
+    np.testing.assert_allclose(moments.estimate[1], eigenvalues.mean(), rtol=1e-10)
+    np.testing.assert_allclose(moments.estimate[2], np.mean(eigenvalues**2), rtol=1e-10)
+    threshold = float(np.median(eigenvalues)) * 1.0001 + 1e-12
+    mass = density.mass_below(threshold)
+    assert mass.estimate == pytest.approx(
+        np.mean(eigenvalues < threshold), abs=1.0 / len(eigenvalues)
+    )
+    curve = density.density()
+    assert np.trapezoid(curve.values, curve.grid) == pytest.approx(1.0, abs=1e-3)
+    np.testing.assert_array_equal(curve.lower, np.maximum(curve.values, 0))  # no sampling error
+    with pytest.raises(ValueError, match="finite numbers"):
+        SpectralDensity.from_eigenvalues([1.0, np.nan])
 
 
 def test_one_example_single_linear_layer_mse_equals_the_ggn():
