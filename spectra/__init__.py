@@ -50,7 +50,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
     # The operator classes of the registered curvature matrices (spectra.operators.registry).
     "spectra.operators": operator_class_names(),
-    "spectra.operators.kfac": ["KFACOperator"],
+    "spectra.operators.kfac": ["EKFACOperator", "KFACOperator"],
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [
         "DensityCurve",

@@ -7,7 +7,8 @@ module supplying a :class:`Curvature` (``curvature``): what is differentiated.
 (``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
 the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
 for the API and the CLI. :class:`KFACOperator` (``kfac``) is their Kronecker-factored
-approximation (K-FAC) for Dense layers, whose spectrum is exact. The compiled machinery
+approximation for Dense layers (K-FAC, and EKFAC with :class:`EKFACOperator`), whose
+spectrum is exact. The compiled machinery
 is in ``engine``; batches and their weights in ``batching``, devices and workers in
 ``replicas``, Keras models and losses in ``keras_models``, and the checks of data
 against a model in ``data_checks``.
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
-    from spectra.operators.kfac import KFACBlock, KFACOperator
+    from spectra.operators.kfac import EKFACOperator, KFACBlock, KFACOperator
 
 _SOURCE: dict[str, str] = {
     "CurvatureOperator": "spectra.operators.base",
@@ -41,6 +42,7 @@ _SOURCE: dict[str, str] = {
     "MonteCarloFisher": "spectra.operators.fisher",
     "GGN": "spectra.operators.ggn",
     "Hessian": "spectra.operators.hessian",
+    "EKFACOperator": "spectra.operators.kfac",
     "KFACBlock": "spectra.operators.kfac",
     "KFACOperator": "spectra.operators.kfac",
     # The operator classes, from the registry.
@@ -53,6 +55,7 @@ __all__ = [
     "Curvature",
     "CurvatureOperator",
     "CurvatureParts",
+    "EKFACOperator",
     "EmpiricalFisher",
     "FisherOperator",
     "GGNOperator",

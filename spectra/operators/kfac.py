@@ -39,7 +39,7 @@ from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function
 from spectra.operators.fisher import _check_reduction, predictive_distribution
 
-__all__ = ["KFACBlock", "KFACOperator"]
+__all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
 
 KINDS = ("type-2", "mc", "empirical")
 OTHER_VARIABLES = ("error", "exclude", "diagonal")
@@ -61,7 +61,10 @@ class KFACBlock:
     is a variable of the operator) followed by 1 (when its bias is). ``G`` (d_out × d_out):
     E[Σ_c g_c g_cᵀ] of the pre-activation output gradients. ``kernel``/``bias``: the names
     of the variables (None when not one of the operator's). ``kernel_slice``,
-    ``bias_slice``: where they lie in the flat parameter vector.
+    ``bias_slice``: where they lie in the flat parameter vector. ``scalings`` (EKFAC only,
+    d_a × d_out): the eigenvalues in the eigenbasis Q_A ⊗ Q_G of A ⊗ G, re-estimated as
+    the second moments of the projected per-example gradients; ``basis`` (EKFAC only):
+    that eigenbasis (Q_A, Q_G), the one the scalings were measured in.
     """
 
     layer: str
@@ -71,6 +74,8 @@ class KFACBlock:
     bias: str | None
     kernel_slice: slice | None
     bias_slice: slice | None
+    scalings: np.ndarray | None = None
+    basis: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -91,6 +96,11 @@ class _Eigen:
 def _psd_eigh(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     values, vectors = np.linalg.eigh(M)
     return np.maximum(values, 0.0), vectors
+
+
+def _in_basis(M: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eigenvalues of M in its known eigenbasis Q (clipped at 0), and Q."""
+    return np.maximum(np.einsum("ij,ik,kj->j", Q, M, Q), 0.0), Q
 
 
 class _Capture:
@@ -202,6 +212,9 @@ class KFACOperator(LinearOperator):
     X. Bouthillier, N. Ballas, P. Vincent, "Fast approximate natural gradient descent in a
     Kronecker-factored eigenbasis", NeurIPS 2018.
     """
+
+    #: False: K-FAC (A ⊗ G); True (:class:`EKFACOperator`): eigenvalue-corrected.
+    eigenvalue_corrected = False
 
     def __init__(
         self,
@@ -392,31 +405,36 @@ class KFACOperator(LinearOperator):
         batches = Batches(data, batch_size, cast_floats_to=target)
         num_examples = batches.num_examples
         accumulators = _Accumulators(layout, others, chosen)
-        for index, (batch, _weight) in enumerate(batches):
-            x, y, sample_weight = keras_models.unpack_batch(batch)
-            if sample_weight is not None:
-                raise ValueError(
-                    "K-FAC does not take sample weights: pass (x, y) data (the factors are "
-                    "expectations over examples, each counted once)."
+
+        def data_pass(want_diagonal: bool) -> None:
+            for index, (batch, _weight) in enumerate(batches):
+                x, y, sample_weight = keras_models.unpack_batch(batch)
+                if sample_weight is not None:
+                    raise ValueError(
+                        "K-FAC does not take sample weights: pass (x, y) data (the factors "
+                        "are expectations over examples, each counted once)."
+                    )
+                _accumulate_batch(
+                    run_model,
+                    dense_layers,
+                    accumulators,
+                    x,
+                    y,
+                    loss=resolved.call,
+                    reduction=reduction,
+                    kind=kind,
+                    num_samples=num_samples,
+                    distribution=distribution,
+                    reads_logits=reads_logits,
+                    num_examples=num_examples,
+                    # The same labels in every pass: stateless, from the batch index.
+                    seed=tf.random.experimental.stateless_fold_in(
+                        tf.constant([seed, 0], tf.int64), index
+                    ),
+                    want_diagonal=want_diagonal,
                 )
-            _accumulate_batch(
-                run_model,
-                dense_layers,
-                accumulators,
-                x,
-                y,
-                loss=resolved.call,
-                reduction=reduction,
-                kind=kind,
-                num_samples=num_samples,
-                distribution=distribution,
-                reads_logits=reads_logits,
-                num_examples=num_examples,
-                seed=tf.random.experimental.stateless_fold_in(
-                    tf.constant([seed, 0], tf.int64), index
-                ),
-                want_diagonal=other_variables == "diagonal",
-            )
+
+        data_pass(other_variables == "diagonal")
         blocks = []
         for (layer, k, b), A, G in zip(layout, accumulators.A, accumulators.G):
             A = A / num_examples
@@ -438,6 +456,20 @@ class KFACOperator(LinearOperator):
                     bias_slice=None if b is None else slice(int(offsets[b]), int(offsets[b + 1])),
                 )
             )
+        if cls.eigenvalue_corrected:
+            # Second pass: second moments of the per-example gradients in the eigenbasis.
+            bases = [(_psd_eigh(block.A)[1], _psd_eigh(block.G)[1]) for block in blocks]
+            accumulators.bases = bases
+            data_pass(False)
+            blocks = [
+                dataclasses.replace(block, scalings=S / num_examples, basis=basis)
+                for block, S, basis in zip(blocks, accumulators.S, bases)
+            ]
+            for block, S in zip(blocks, accumulators.S):
+                if not np.all(np.isfinite(S)):
+                    raise ValueError(
+                        f"EKFAC: the scalings of layer {block.layer!r} are not finite."
+                    )
         diagonal = None
         if others and other_variables == "diagonal":
             diagonal = np.concatenate([d / num_examples for d in accumulators.diagonal])
@@ -568,13 +600,17 @@ class KFACOperator(LinearOperator):
         """Kᵀ X = K X (K is symmetric)."""
         return self._matmat(X)
 
+    def _block_product(self, index: int, block: KFACBlock, M: np.ndarray) -> np.ndarray:
+        """The block applied to M (k, d_a, d_out): A M G for K-FAC; for EKFAC
+        Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ."""
+        if block.scalings is None:
+            return block.A @ M @ block.G
+        e = self._eigens()[index]
+        return e.QA @ ((e.QA.T @ M @ e.QG) * block.scalings) @ e.QG.T
+
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         X = self._checked(X)
-        out = self._apply(
-            X,
-            lambda _i, b, M: b.A @ M @ b.G,
-            lambda rows: self._other_diagonal[:, None] * rows,
-        )
+        out = self._apply(X, self._block_product, lambda rows: self._other_diagonal[:, None] * rows)
         return out.astype(self.dtype, copy=False)
 
     def _matvec(self, x: np.ndarray) -> np.ndarray:
@@ -595,27 +631,50 @@ class KFACOperator(LinearOperator):
     # -- the exact spectrum --------------------------------------------------------------
     def _eigens(self) -> list[_Eigen]:
         if self._eigen is None:
-            self._eigen = [_Eigen(*_psd_eigh(b.A), *_psd_eigh(b.G)) for b in self.blocks]
+            self._eigen = [
+                _Eigen(*_psd_eigh(b.A), *_psd_eigh(b.G))
+                if b.basis is None
+                else _Eigen(*_in_basis(b.A, b.basis[0]), *_in_basis(b.G, b.basis[1]))
+                for b in self.blocks
+            ]
         return self._eigen
+
+    def _block_values(self, index: int) -> np.ndarray:
+        """The eigenvalues of block ``index`` as a d_a × d_out matrix (entry (i, j) belongs
+        to the eigenvector q_A,i ⊗ q_G,j): α γᵀ for K-FAC, the scalings for EKFAC."""
+        block = self.blocks[index]
+        if block.scalings is not None:
+            return block.scalings
+        e = self._eigens()[index]
+        return np.outer(e.alpha, e.gamma)
 
     def eigenvalues(self) -> np.ndarray:
         """All eigenvalues, exact, in descending order: α_i γ_j for every pair of
-        eigenvalues of each block's A and G, and the diagonal of the other variables (0 when
-        excluded). Cost: one eigendecomposition per factor (cached)."""
-        parts = [np.outer(e.alpha, e.gamma).ravel() for e in self._eigens()]
+        eigenvalues of each block's A and G (EKFAC: its scalings), and the diagonal of the
+        other variables (0 when excluded). Cost: one eigendecomposition per factor
+        (cached)."""
+        parts = [self._block_values(i).ravel() for i in range(len(self.blocks))]
         parts.append(self._other_diagonal)
         return np.sort(np.concatenate(parts))[::-1]
 
     def trace(self) -> float:
         """tr K = Σ_l tr A_l · tr G_l (+ the other variables' diagonal), exact."""
-        total = sum(float(np.trace(b.A)) * float(np.trace(b.G)) for b in self.blocks)
+        total = sum(
+            float(np.trace(b.A)) * float(np.trace(b.G))
+            if b.scalings is None
+            else float(b.scalings.sum())
+            for b in self.blocks
+        )
         return total + float(self._other_diagonal.sum())
 
     def frobenius_norm(self) -> float:
         """‖K‖_F = √(Σ_l ‖A_l‖_F² ‖G_l‖_F² + Σ d²), exact."""
-        squares = sum(float(np.sum(b.A**2)) * float(np.sum(b.G**2)) for b in self.blocks) + float(
-            np.sum(self._other_diagonal**2)
-        )
+        squares = sum(
+            float(np.sum(b.A**2)) * float(np.sum(b.G**2))
+            if b.scalings is None
+            else float(np.sum(b.scalings**2))
+            for b in self.blocks
+        ) + float(np.sum(self._other_diagonal**2))
         return math.sqrt(squares)
 
     def logdet(self, damping: float = 0.0) -> float:
@@ -648,7 +707,7 @@ class KFACOperator(LinearOperator):
         def per_block(index: int, _block: KFACBlock, M: np.ndarray) -> np.ndarray:
             e = eigens[index]
             rotated = e.QA.T @ M @ e.QG
-            return e.QA @ (rotated / (np.outer(e.alpha, e.gamma) + damping)) @ e.QG.T
+            return e.QA @ (rotated / (self._block_values(index) + damping)) @ e.QG.T
 
         def per_other(rows: np.ndarray) -> np.ndarray:
             return rows / (self._other_diagonal + damping)[:, None]
@@ -674,16 +733,36 @@ class KFACOperator(LinearOperator):
                 "rows); use the products, eigenvalues() or trace() instead."
             )
         return self._apply(
-            np.eye(size),
-            lambda _i, b, M: b.A @ M @ b.G,
-            lambda rows: self._other_diagonal[:, None] * rows,
+            np.eye(size), self._block_product, lambda rows: self._other_diagonal[:, None] * rows
         )
 
     def __repr__(self) -> str:
         return (
-            f"<KFACOperator kind={self.kind!r} of {len(self.blocks)} Dense layers, "
+            f"<{type(self).__name__} kind={self.kind!r} of {len(self.blocks)} Dense layers, "
             f"{self.shape[0]} parameters, dtype={self.dtype}>"
         )
+
+
+class EKFACOperator(KFACOperator):
+    """EKFAC (eigenvalue-corrected K-FAC; George et al. 2018), a symmetric PSD
+    ``LinearOperator`` like :class:`KFACOperator`, built with the same ``from_keras``.
+
+    Per Dense layer it keeps K-FAC's eigenbasis Q = Q_A ⊗ Q_G (the eigenvectors of A and
+    G) and replaces the eigenvalues α_i γ_j by the second moments of the per-example
+    gradients projected onto it::
+
+        K_l = Q diag(s) Qᵀ,   s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ ā_n)² (q_G,jᵀ g_nc)²,
+
+    that is s = diag(Qᵀ B_l Q) for B_l the layer's exact block of the matrix of ``kind``
+    ((1/N) Σ_n Σ_c (ā_n ⊗ g_nc)(ā_n ⊗ g_nc)ᵀ: the GGN's block for type-2). Among matrices
+    diagonal in Q it is the closest to B_l in Frobenius norm, hence at least as close as
+    K-FAC. Its spectrum is exact (the s_ij), and so are the trace, log-determinant,
+    Frobenius norm and damped inverse. Cost: a second pass over the data (the eigenbasis
+    needs the factors first) with the same backward passes as the first; products cost
+    four matrix products per layer instead of two.
+    """
+
+    eigenvalue_corrected = True
 
 
 def _owner(model: Any, weight: Any) -> str:
@@ -716,6 +795,10 @@ class _Accumulators:
             self.G.append(np.zeros((d_out, d_out)))
         self.others = [chosen[j] for j in others]
         self.diagonal = [np.zeros(int(np.prod(v.shape))) for v in self.others]
+        #: EKFAC's second pass: the eigenbases (Q_A, Q_G) per layer, and the sums
+        #: Σ_i (Q_Aᵀ ā_i)² Σ_c (Q_Gᵀ g_ic)²ᵀ accumulated in S.
+        self.bases: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
 
 
 def _augmented(a: np.ndarray, kernel: bool, bias: bool) -> np.ndarray:
@@ -818,6 +901,8 @@ def _accumulate_batch(
     kappa = distribution.scale(output) if kind == "mc" else 1.0
     columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
+    projected_inputs: list[np.ndarray] = []
+    projected_gradients: list[np.ndarray] = []
     for index, ((layer, k, b), record) in enumerate(zip(acc.layout, records)):
         if record is None:
             raise ValueError(
@@ -826,7 +911,11 @@ def _accumulate_batch(
             )
         a, _ = record
         abar = _augmented(np.asarray(a, np.float64), k is not None, b is not None)
-        acc.A[index] += abar.T @ abar
+        if acc.bases is None:
+            acc.A[index] += abar.T @ abar
+        else:
+            projected_inputs.append((abar @ acc.bases[index][0]) ** 2)
+            projected_gradients.append(np.zeros((abar.shape[0], acc.G[index].shape[0])))
     zs = [record[1] for record in records]  # type: ignore[index]
     for c in range(int(columns.shape[-1])):
         grads = outer.gradient(
@@ -837,7 +926,12 @@ def _accumulate_batch(
         )
         for index, g in enumerate(grads):
             g = np.asarray(g, np.float64)
-            acc.G[index] += g.T @ g
+            if acc.bases is None:
+                acc.G[index] += g.T @ g
+            else:
+                projected_gradients[index] += (g @ acc.bases[index][1]) ** 2
+    for index, (p_a, p_g) in enumerate(zip(projected_inputs, projected_gradients)):
+        acc.S[index] += p_a.T @ p_g
     if other_tf:
         jacobians = outer.jacobian(
             point, other_tf, unconnected_gradients=tf.UnconnectedGradients.ZERO

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from spectra.estimators.results import SpectralDensity
 from spectra.operators import GGNOperator
-from spectra.operators.kfac import KFACOperator
+from spectra.operators.kfac import EKFACOperator, KFACOperator
 
 N, BATCH, D_IN, CLASSES = 7, 3, 4, 3
 F64 = "float64"
@@ -204,6 +204,46 @@ def test_one_example_single_softmax_layer_equals_the_ggn_and_several_do_not(data
     assert np.linalg.norm(many_k - many_g) > 1e-2 * np.linalg.norm(many_g)
     # ... yet the traces agree only by accident: check the approximation keeps the scale.
     assert np.trace(many_k) == pytest.approx(np.trace(many_g), rel=0.5)
+
+
+def test_ekfac_against_the_dense_projection(mlp, data, kfac):
+    loss = "sparse_categorical_crossentropy"
+    ekfac = EKFACOperator.from_keras(mlp, loss, data, batch_size=BATCH)
+    ggn = GGNOperator.from_keras(mlp, loss, data).matmat(np.eye(kfac.shape[0]))
+    dense = ekfac.to_dense()
+    kfac_dense = kfac.to_dense()
+    np.testing.assert_allclose(dense, dense.T, atol=1e-15)
+    for block, kblock in zip(ekfac.blocks, kfac.blocks):
+        # The eigenbasis is K-FAC's: the same factors, and Q_A, Q_G diagonalize them.
+        np.testing.assert_array_equal(block.A, kblock.A)
+        np.testing.assert_array_equal(block.G, kblock.G)
+        QA, QG = block.basis
+        for M, Q in ((block.A, QA), (block.G, QG)):
+            rotated = Q.T @ M @ Q
+            np.testing.assert_allclose(rotated, np.diag(np.diag(rotated)), atol=1e-12)
+        # The scalings: the exact GGN block projected onto Q_A ⊗ Q_G, its diagonal.
+        rows = np.r_[block.kernel_slice, block.bias_slice]
+        exact_block = ggn[np.ix_(rows, rows)]
+        Q = np.kron(QA, QG)
+        expected = np.diag(Q.T @ exact_block @ Q).reshape(block.scalings.shape)
+        np.testing.assert_allclose(block.scalings, expected, rtol=1e-9, atol=1e-14)
+        # ... so EKFAC is at least as close to the exact block as K-FAC (here strictly).
+        err_e = np.linalg.norm(dense[np.ix_(rows, rows)] - exact_block)
+        err_k = np.linalg.norm(kfac_dense[np.ix_(rows, rows)] - exact_block)
+        assert err_e < err_k
+    exact = np.linalg.eigvalsh(dense)[::-1]
+    np.testing.assert_allclose(ekfac.eigenvalues(), exact, rtol=1e-9, atol=1e-12 * exact[0])
+    assert ekfac.trace() == pytest.approx(np.trace(dense), rel=1e-12)
+    assert ekfac.trace() == pytest.approx(np.trace(ggn), rel=1e-12)  # diag(QᵀBQ) keeps tr B
+    assert ekfac.frobenius_norm() == pytest.approx(np.linalg.norm(dense), rel=1e-12)
+    damping = 1e-2
+    shifted = dense + damping * np.eye(len(dense))
+    assert ekfac.logdet(damping) == pytest.approx(np.linalg.slogdet(shifted)[1], rel=1e-10)
+    v = np.random.default_rng(8).normal(size=len(dense))
+    np.testing.assert_allclose(ekfac.matvec(v), dense @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        ekfac.inverse(damping).matvec(v), np.linalg.solve(shifted, v), rtol=1e-8
+    )
 
 
 def test_batching_does_not_change_the_matrix(mlp, data, kfac):
