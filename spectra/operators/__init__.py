@@ -7,11 +7,10 @@ module supplying a :class:`Curvature` (``curvature``): what is differentiated.
 (``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
 the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
 for the API and the CLI. :class:`KFACOperator` (``kfac``) is their Kronecker-factored
-approximation for Dense layers (K-FAC, and EKFAC with :class:`EKFACOperator`), whose
-spectrum is exact. The compiled machinery
-is in ``engine``; batches and their weights in ``batching``, devices and workers in
-``replicas``, Keras models and losses in ``keras_models``, and the checks of data
-against a model in ``data_checks``.
+approximation for Dense and Conv2D layers (K-FAC; EKFAC with :class:`EKFACOperator`),
+whose spectrum is exact. The compiled machinery is in ``engine``; batches and their
+weights in ``batching``, devices and workers in ``replicas``, Keras models and losses in
+``keras_models``, and the checks of data against a model in ``data_checks``.
 
 Names are imported on first use (PEP 562), so that ``spectra.operators.registry`` can be
 read without importing TensorFlow.

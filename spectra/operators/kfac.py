@@ -1,4 +1,4 @@
-"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense layers.
+"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense and Conv2D layers.
 
 For a Dense layer z = a W + b (Keras' kernel W of shape d_in × d_out), the gradient of
 example i's loss in the layer's parameters is the outer product of the layer's input and
@@ -16,7 +16,9 @@ is approximated by the Kronecker product of the two expectations (Martens & Gros
 assuming activations and output gradients independent; blocks of different layers are
 dropped (block diagonal). With one example the approximation is exact. Because the matrix
 is a Kronecker product per layer, its whole spectrum is exact: the eigenvalues of A ⊗ G
-are the products α_i γ_j of those of A and G.
+are the products α_i γ_j of those of A and G. Conv2D layers are factored the same way with
+ā the image patches and g the output gradients at every output position (KFC, Grosse &
+Martens 2016), in its "expand" or "reduce" variant.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
 
 KINDS = ("type-2", "mc", "empirical")
 OTHER_VARIABLES = ("error", "exclude", "diagonal")
+CONV_VARIANTS = ("expand", "reduce")
 #: Keras cross-entropies that read the logits behind a softmax/sigmoid output.
 _LOGIT_LOSSES = (
     "categorical_crossentropy",
@@ -130,6 +133,9 @@ class _Capture:
             layer.__dict__.pop("call", None)
 
     def _call_of(self, layer: Any) -> Any:
+        if isinstance(layer, keras.layers.Conv2D):
+            return self._conv_call_of(layer)
+
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
             a = tf.convert_to_tensor(inputs)
             if a.shape.rank != 2:
@@ -149,6 +155,35 @@ class _Capture:
                 z = z + tf.convert_to_tensor(layer.bias)
             for tape in self._tapes:
                 tape.watch(z)
+            self.records[id(layer)] = (a[:, None, :], z)
+            return layer.activation(z) if layer.activation is not None else z
+
+        return call
+
+    def _conv_call_of(self, layer: Any) -> Any:
+        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+            x = tf.convert_to_tensor(inputs)
+            if id(layer) in self.records:
+                raise ValueError(
+                    f"K-FAC: the Conv2D layer {layer.name!r} is called more than once in a "
+                    "forward pass (shared weights), which its Kronecker factors do not model; "
+                    "use GGNOperator or FisherOperator."
+                )
+            kh, kw = layer.kernel_size
+            patches = tf.image.extract_patches(
+                x,
+                sizes=[1, kh, kw, 1],
+                strides=[1, *layer.strides, 1],
+                rates=[1, *layer.dilation_rate, 1],
+                padding=layer.padding.upper(),
+            )
+            # Each patch is flattened (kh, kw, c_in) row-major, as the kernel's rows are.
+            a = tf.reshape(patches, [tf.shape(x)[0], -1, patches.shape[-1]])
+            z = layer.convolution_op(x, tf.convert_to_tensor(layer.kernel))
+            if layer.use_bias:
+                z = z + tf.convert_to_tensor(layer.bias)
+            for tape in self._tapes:
+                tape.watch(z)
             self.records[id(layer)] = (a, z)
             return layer.activation(z) if layer.activation is not None else z
 
@@ -156,8 +191,8 @@ class _Capture:
 
 
 class KFACOperator(LinearOperator):
-    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense layers, a
-    symmetric PSD ``LinearOperator`` over the same flat parameter vector as
+    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense and Conv2D
+    layers, a symmetric PSD ``LinearOperator`` over the same flat parameter vector as
     :class:`~spectra.operators.HessianOperator` (same ``variable_names``, ``flatten``,
     ``unflatten``).
 
@@ -189,8 +224,18 @@ class KFACOperator(LinearOperator):
     approximation (the expectation of a Kronecker product is not the Kronecker product of
     expectations).
 
-    **Other variables.** Trainable variables not in a Dense layer (BatchNorm, convolutions,
-    embeddings, ...): ``other_variables="error"`` (default) refuses them, naming the layer;
+    **Conv2D** (KFC; Grosse & Martens 2016). A Conv2D layer (channels last, ``groups=1``)
+    is a Dense layer applied at each of its T output positions t to the image patch a_t
+    (``tf.image.extract_patches``, flattened (kh, kw, c_in) as the kernel's rows are), with
+    shared weights, so the per-example gradient is Σ_t ā_t g_tᵀ. ``conv="expand"``
+    (default) treats positions as examples: A = (1/(NT)) Σ_{n,t} ā ā ᵀ,
+    G = (1/N) Σ_{n,t,c} g gᵀ; ``conv="reduce"`` sums over positions first:
+    A = (1/N) Σ_n ā̄_n ā̄_nᵀ with ā̄_n the mean patch, G = (1/N) Σ_{n,c} (Σ_t g)(Σ_t g)ᵀ
+    (Eschenhagen et al. 2023). Both are exact for one example with one output position;
+    the capture computes z with the layer's own convolution and records the patches.
+
+    **Other variables.** Trainable variables not in a Dense or Conv2D layer (BatchNorm,
+    Conv1D, embeddings, ...): ``other_variables="error"`` (default) refuses them, naming the layer;
     ``"exclude"`` leaves their rows and columns zero (eigenvalue 0); ``"diagonal"`` keeps the
     exact diagonal of the matrix of ``kind`` for them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from
     per-example Jacobians (C backward passes per example: small models). Regularization
@@ -199,7 +244,8 @@ class KFACOperator(LinearOperator):
 
     **Cost.** One pass over the data at construction: a forward pass per batch, C backward
     passes for type-2 (plus the output Hessian, C more on the outputs only), S for mc, one
-    for empirical. The operator then holds only the factors: a product costs
+    for empirical; a Conv2D layer also holds its patches (T·kh·kw·c_in per example) while
+    its batch is processed. The operator then holds only the factors: a product costs
     O(Σ_l d_a² d_out + d_a d_out²) on the host, computed as A V G per layer without forming
     the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
     once) give the exact spectrum, trace, log-determinant, Frobenius norm and damped inverse.
@@ -210,7 +256,9 @@ class KFACOperator(LinearOperator):
     approximate curvature", ICML 2015. R. Grosse, J. Martens, "A Kronecker-factored
     approximate Fisher matrix for convolution layers", ICML 2016. T. George, C. Laurent,
     X. Bouthillier, N. Ballas, P. Vincent, "Fast approximate natural gradient descent in a
-    Kronecker-factored eigenbasis", NeurIPS 2018.
+    Kronecker-factored eigenbasis", NeurIPS 2018. R. Eschenhagen, A. Immer, R. Turner,
+    F. Schneider, P. Hennig, "Kronecker-factored approximate curvature for modern neural
+    network architectures", NeurIPS 2023.
     """
 
     #: False: K-FAC (A ⊗ G); True (:class:`EKFACOperator`): eigenvalue-corrected.
@@ -268,9 +316,10 @@ class KFACOperator(LinearOperator):
         num_samples: int = 1,
         seed: int = 0,
         other_variables: str = "error",
+        conv: str = "expand",
         dtype: Any = None,
     ) -> KFACOperator:
-        """K-FAC of ``model``'s Dense layers at its current weights, from one pass over
+        """K-FAC of ``model``'s Dense and Conv2D layers at its current weights, from one pass over
         ``data``.
 
         Parameters
@@ -295,7 +344,10 @@ class KFACOperator(LinearOperator):
             An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
-            trainable variables outside Dense layers.
+            trainable variables outside Dense and Conv2D layers.
+        conv:
+            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv2D layers
+            (class docstring); no effect on Dense layers.
         dtype:
             float32 or float64 (default: the variables' dtype); float64 runs the pass on a
             float64 clone of the model.
@@ -324,6 +376,7 @@ class KFACOperator(LinearOperator):
             int, check_seed("seed", seed, below=2**62, allow_none=False, allow_generator=False)
         )
         other_variables = check_choice("other_variables", other_variables, OTHER_VARIABLES)
+        conv = check_choice("conv", conv, CONV_VARIANTS)
         if data is None:
             raise ValueError("data is required: (x, y) arrays or a tf.data.Dataset of them.")
         variables, positions, target = keras_models.resolve_variables_and_dtype(model, None, dtype)
@@ -368,20 +421,33 @@ class KFACOperator(LinearOperator):
         layout: list[tuple[Any, int | None, int | None]] = []
         covered: set[int] = set()
         for layer in _tf_compat.flatten_layers(run_model):
-            if not isinstance(layer, keras.layers.Dense):
+            if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
                 continue
             k = where(layer.kernel)
             b = where(layer.bias) if layer.use_bias else None
             if k is None and b is None:
                 continue
-            if type(layer).call is not keras.layers.Dense.call:
+            base = (
+                keras.layers.Dense if isinstance(layer, keras.layers.Dense) else keras.layers.Conv2D
+            )
+            if type(layer).call is not base.call:
                 raise ValueError(
-                    f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides Dense.call, "
-                    "so its pre-activations are not a W + b; spectra cannot factor it."
+                    f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides "
+                    f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
+                    "cannot factor it."
+                )
+            if base is keras.layers.Conv2D and (
+                layer.data_format != "channels_last" or layer.groups != 1
+            ):
+                raise ValueError(
+                    f"K-FAC supports Conv2D layers with data_format='channels_last' and "
+                    f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
+                    f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
+                    "making it non-trainable, or use GGNOperator."
                 )
             if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
                 raise ValueError(
-                    f"K-FAC: the Dense layer {layer.name!r} is LoRA-enabled or quantized; its "
+                    f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
                     "kernel is not one matrix. Merge or dequantize it first."
                 )
             dense_layers.append(layer)
@@ -393,18 +459,20 @@ class KFACOperator(LinearOperator):
             owner = _owner(run_model, chosen[j])
             listed = ", ".join(repr(names[i]) for i in others)
             raise ValueError(
-                f"K-FAC supports Dense layers; layer {owner} has trainable variables it does not "
+                f"K-FAC supports Dense and Conv2D layers; layer {owner} has trainable variables it "
+                "does not "
                 f"cover ({listed}). Pass other_variables='exclude' (their rows and columns are "
                 "zero) or other_variables='diagonal' (the exact diagonal of the matrix for them)."
             )
         if not dense_layers:
             raise ValueError(
-                f"model {model.name!r} has no Dense layer with trainable variables: K-FAC "
-                "covers Dense layers only."
+                f"model {model.name!r} has no Dense or Conv2D layer with trainable "
+                "variables: K-FAC covers those layers only."
             )
         batches = Batches(data, batch_size, cast_floats_to=target)
         num_examples = batches.num_examples
         accumulators = _Accumulators(layout, others, chosen)
+        accumulators.conv = conv
 
         def data_pass(want_diagonal: bool) -> None:
             for index, (batch, _weight) in enumerate(batches):
@@ -738,7 +806,7 @@ class KFACOperator(LinearOperator):
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} kind={self.kind!r} of {len(self.blocks)} Dense layers, "
+            f"<{type(self).__name__} kind={self.kind!r} of {len(self.blocks)} layers, "
             f"{self.shape[0]} parameters, dtype={self.dtype}>"
         )
 
@@ -789,7 +857,8 @@ class _Accumulators:
         self.A: list[np.ndarray] = []
         self.G: list[np.ndarray] = []
         for layer, k, b in self.layout:
-            d_in, d_out = (int(d) for d in layer.kernel.shape)
+            d_in = int(np.prod(layer.kernel.shape[:-1]))
+            d_out = int(layer.kernel.shape[-1])
             d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
             self.A.append(np.zeros((d_a, d_a)))
             self.G.append(np.zeros((d_out, d_out)))
@@ -798,14 +867,18 @@ class _Accumulators:
         #: EKFAC's second pass: the eigenbases (Q_A, Q_G) per layer, and the sums
         #: Σ_i (Q_Aᵀ ā_i)² Σ_c (Q_Gᵀ g_ic)²ᵀ accumulated in S.
         self.bases: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: How Conv2D factors treat the output positions: "expand" or "reduce".
+        self.conv = "expand"
         self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
 
 
 def _augmented(a: np.ndarray, kernel: bool, bias: bool) -> np.ndarray:
+    """[a; 1] along the last axis (a without the 1 when the bias is not a variable, only
+    the 1 when the kernel is not)."""
     parts = [a] if kernel else []
     if bias:
-        parts.append(np.ones((a.shape[0], 1)))
-    return np.concatenate(parts, axis=1)
+        parts.append(np.ones((*a.shape[:-1], 1)))
+    return np.concatenate(parts, axis=-1)
 
 
 def _columns(
@@ -901,8 +974,9 @@ def _accumulate_batch(
     kappa = distribution.scale(output) if kind == "mc" else 1.0
     columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
-    projected_inputs: list[np.ndarray] = []
-    projected_gradients: list[np.ndarray] = []
+    abars: list[np.ndarray] = []
+    projected_inputs: dict[int, np.ndarray] = {}
+    projected_gradients: dict[int, np.ndarray] = {}
     for index, ((layer, k, b), record) in enumerate(zip(acc.layout, records)):
         if record is None:
             raise ValueError(
@@ -911,11 +985,18 @@ def _accumulate_batch(
             )
         a, _ = record
         abar = _augmented(np.asarray(a, np.float64), k is not None, b is not None)
+        abars.append(abar)  # (n, T, d_a): T = 1 for Dense, the output positions for Conv2D
+        positions = abar.shape[1]
         if acc.bases is None:
-            acc.A[index] += abar.T @ abar
-        else:
-            projected_inputs.append((abar @ acc.bases[index][0]) ** 2)
-            projected_gradients.append(np.zeros((abar.shape[0], acc.G[index].shape[0])))
+            if positions == 1 or acc.conv == "expand":
+                flat = abar.reshape(-1, abar.shape[-1])
+                acc.A[index] += flat.T @ flat / positions
+            else:
+                mean = abar.mean(axis=1)
+                acc.A[index] += mean.T @ mean
+        elif positions == 1:
+            projected_inputs[index] = (abar[:, 0] @ acc.bases[index][0]) ** 2
+            projected_gradients[index] = np.zeros((abar.shape[0], acc.G[index].shape[0]))
     zs = [record[1] for record in records]  # type: ignore[index]
     for c in range(int(columns.shape[-1])):
         grads = outer.gradient(
@@ -925,13 +1006,25 @@ def _accumulate_batch(
             unconnected_gradients=tf.UnconnectedGradients.ZERO,
         )
         for index, g in enumerate(grads):
-            g = np.asarray(g, np.float64)
+            d_out = acc.G[index].shape[0]
+            g = np.asarray(g, np.float64).reshape(n, -1, d_out)  # (n, T, d_out)
+            positions = g.shape[1]
             if acc.bases is None:
-                acc.G[index] += g.T @ g
+                if positions == 1 or acc.conv == "expand":
+                    flat = g.reshape(-1, d_out)
+                    acc.G[index] += flat.T @ flat
+                else:
+                    summed = g.sum(axis=1)
+                    acc.G[index] += summed.T @ summed
+            elif positions == 1:
+                projected_gradients[index] += (g[:, 0] @ acc.bases[index][1]) ** 2
             else:
-                projected_gradients[index] += (g @ acc.bases[index][1]) ** 2
-    for index, (p_a, p_g) in enumerate(zip(projected_inputs, projected_gradients)):
-        acc.S[index] += p_a.T @ p_g
+                # Per-example gradients Σ_t ā_t g_tᵀ, projected onto the eigenbasis.
+                QA, QG = acc.bases[index]
+                per_example = np.einsum("nta,ntb->nab", abars[index], g)
+                acc.S[index] += np.sum((QA.T @ per_example @ QG) ** 2, axis=0)
+    for index, p_a in projected_inputs.items():
+        acc.S[index] += p_a.T @ projected_gradients[index]
     if other_tf:
         jacobians = outer.jacobian(
             point, other_tf, unconnected_gradients=tf.UnconnectedGradients.ZERO

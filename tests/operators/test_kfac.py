@@ -353,3 +353,119 @@ def test_refusals(mlp, data, kfac):
         kfac.matvec(np.ones(3))
     with pytest.raises(ValueError, match="damping must be >= 0"):
         kfac.inverse(-1.0)
+
+
+# -- Conv2D (KFC) ---------------------------------------------------------------------------
+H, W, C_IN, FILTERS = 4, 4, 2, 3
+
+
+def _conv_model(seed, *, kernel=3, padding="same", strides=1, classes=CLASSES):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((H, W, C_IN), dtype=F64),
+            keras.layers.Conv2D(
+                FILTERS, kernel, strides=strides, padding=padding, activation="tanh", dtype=F64
+            ),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(classes, activation="softmax", dtype=F64),
+        ]
+    )
+
+
+def _patches(image, kernel, pad):
+    """Patches of one (H, W, C) image by explicit slicing, each flattened (kh, kw, c)."""
+    padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+    rows = padded.shape[0] - kernel + 1
+    cols = padded.shape[1] - kernel + 1
+    return np.stack(
+        [
+            padded[i : i + kernel, j : j + kernel].reshape(-1)
+            for i in range(rows)
+            for j in range(cols)
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(9)
+    return rng.normal(size=(5, H, W, C_IN)), rng.integers(0, CLASSES, 5)
+
+
+@pytest.mark.parametrize("variant", ["expand", "reduce"])
+def test_conv_factors_match_their_definition(images, variant):
+    x, labels = images
+    model = _conv_model(10)
+    op = KFACOperator.from_keras(
+        model, "sparse_categorical_crossentropy", images, batch_size=2, conv=variant
+    )
+    conv, dense = model.layers[0], model.layers[2]
+    kernel = conv.kernel.numpy().reshape(-1, FILTERS)
+    d_a = kernel.shape[0] + 1
+    A, G = np.zeros((d_a, d_a)), np.zeros((FILTERS, FILTERS))
+    for i in range(len(x)):
+        abar = np.concatenate([_patches(x[i], 3, 1), np.ones((H * W, 1))], axis=1)
+        z = tf.constant((abar[:, :-1] @ kernel + conv.bias.numpy())[None])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(z)
+            logits = tf.reshape(tf.tanh(z), [1, -1]) @ dense.kernel.value + dense.bias.value
+            with tf.GradientTape() as outer:
+                outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    loss = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(loss, logits)
+            hessian = outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        values, vectors = np.linalg.eigh(hessian)
+        columns = vectors * np.sqrt(np.maximum(values, 0))
+        if variant == "expand":
+            A += abar.T @ abar / (H * W) / len(x)
+        else:
+            mean = abar.mean(axis=0)
+            A += np.outer(mean, mean) / len(x)
+        for c in range(CLASSES):
+            g = tape.gradient(logits, z, output_gradients=tf.constant(columns[None, :, c]))
+            g = g.numpy().reshape(H * W, FILTERS)
+            if variant == "expand":
+                G += g.T @ g / len(x)
+            else:
+                G += np.outer(g.sum(axis=0), g.sum(axis=0)) / len(x)
+    block = op.blocks[0]
+    np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-14)
+    dense_op = op.to_dense()
+    rng = np.random.default_rng(11)
+    v = rng.normal(size=op.shape[0])
+    np.testing.assert_allclose(op.matvec(v), dense_op @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        op.eigenvalues(), np.linalg.eigvalsh(dense_op)[::-1], atol=1e-12 * op.eigenvalues()[0]
+    )
+
+
+def test_conv_with_one_position_and_one_example_equals_the_ggn(images):
+    x, labels = images
+    # A 4x4 kernel on a 4x4 image without padding: one output position (T = 1).
+    model = _conv_model(12, kernel=4, padding="valid")
+    loss = "sparse_categorical_crossentropy"
+    ggn = GGNOperator.from_keras(model, loss, (x[:1], labels[:1]))
+    exact = ggn.matmat(np.eye(ggn.shape[0]))
+    conv_rows = np.arange(int(np.prod(model.layers[0].kernel.shape)) + FILTERS)
+    for variant in ("expand", "reduce"):
+        op = KFACOperator.from_keras(model, loss, (x[:1], labels[:1]), conv=variant)
+        block = op.to_dense()[np.ix_(conv_rows, conv_rows)]
+        np.testing.assert_allclose(block, exact[np.ix_(conv_rows, conv_rows)], atol=1e-12)
+
+
+def test_conv_ekfac_against_the_dense_projection(images):
+    model = _conv_model(13, strides=2)
+    loss = "sparse_categorical_crossentropy"
+    ekfac = EKFACOperator.from_keras(model, loss, images, batch_size=2)
+    ggn = GGNOperator.from_keras(model, loss, images).matmat(np.eye(ekfac.shape[0]))
+    for block in ekfac.blocks:
+        rows = np.r_[block.kernel_slice, block.bias_slice]
+        Q = np.kron(*block.basis)
+        expected = np.diag(Q.T @ ggn[np.ix_(rows, rows)] @ Q).reshape(block.scalings.shape)
+        np.testing.assert_allclose(block.scalings, expected, rtol=1e-9, atol=1e-14)
