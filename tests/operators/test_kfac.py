@@ -185,6 +185,14 @@ def test_one_example_single_linear_layer_mse_equals_the_ggn():
     exact = ggn.matmat(np.eye(ggn.shape[0]))
     np.testing.assert_allclose(kfac.to_dense(), exact, rtol=0, atol=1e-12)
     assert np.abs(exact).max() > 0.1
+    # A linear layer under MSE has a constant G = (2/d) I: K-FAC is then exact for any N,
+    # which checks the dataset weighting, for the mean and (G scaled by N) the sum.
+    x, y = rng.normal(size=(5, D_IN)), rng.normal(size=(5, 2))
+    for loss in ("mse", keras.losses.MeanSquaredError(reduction="sum")):
+        kfac = KFACOperator.from_keras(model, loss, (x, y), batch_size=2)
+        ggn = GGNOperator.from_keras(model, loss, (x, y), batch_size=2)
+        exact = ggn.matmat(np.eye(ggn.shape[0]))
+        np.testing.assert_allclose(kfac.to_dense(), exact, rtol=1e-12, atol=1e-12)
 
 
 def test_one_example_single_softmax_layer_equals_the_ggn_and_several_do_not(data):
@@ -469,3 +477,23 @@ def test_conv_ekfac_against_the_dense_projection(images):
         Q = np.kron(*block.basis)
         expected = np.diag(Q.T @ ggn[np.ix_(rows, rows)] @ Q).reshape(block.scalings.shape)
         np.testing.assert_allclose(block.scalings, expected, rtol=1e-9, atol=1e-14)
+
+
+def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
+    x, labels = data
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(BATCH)
+    from_dataset = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", dataset)
+    np.testing.assert_allclose(from_dataset.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
+    conv1d = keras.Sequential(
+        [keras.Input((D_IN, 1), dtype=F64), keras.layers.Conv1D(2, 2, dtype=F64),
+         keras.layers.Flatten(dtype=F64), keras.layers.Dense(CLASSES, dtype=F64)]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"layer 'conv1d\w*' \(Conv1D\) has trainable variables"):
+        KFACOperator.from_keras(conv1d, "mse", (x[..., None], np.zeros((N, CLASSES))))
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        KFACOperator.from_keras(
+            mlp,
+            keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
+            data,
+            kind="empirical",
+        )
