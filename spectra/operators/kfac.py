@@ -122,6 +122,28 @@ class _Capture:
         self._layers = list(layers)
         self._tapes = list(tapes)
         self.records: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
+        #: What the layers could not capture, raised after the forward pass (an error raised
+        #: inside ``call`` reaches the user wrapped in Keras' multi-line context).
+        self.errors: list[str] = []
+
+    def check(self) -> None:
+        """Raise the first capture problem as a one-line ``ValueError``."""
+        if self.errors:
+            raise ValueError(self.errors[0])
+
+    def _refuse(self, layer: Any, message: str, inputs: Any) -> tf.Tensor:
+        """Note ``message`` and compute the layer as Keras does, so the pass completes."""
+        self.errors.append(message)
+        return type(layer).call(layer, inputs)
+
+    def _shared(self, layer: Any) -> str | None:
+        if id(layer) not in self.records:
+            return None
+        return (
+            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is called more than once "
+            "in a forward pass (shared weights), which its Kronecker factors do not model; use "
+            "GGNOperator or FisherOperator."
+        )
 
     def __enter__(self) -> _Capture:
         for layer in self._layers:
@@ -139,17 +161,16 @@ class _Capture:
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
             a = tf.convert_to_tensor(inputs)
             if a.shape.rank != 2:
-                raise ValueError(
+                return self._refuse(
+                    layer,
                     f"K-FAC supports Dense layers on inputs of shape (batch, features); layer "
                     f"{layer.name!r} gets inputs of shape {tuple(a.shape)} (weights shared over "
-                    "positions, as in a convolution). Flatten before it, or use GGNOperator."
+                    "positions, as in a convolution). Flatten before it, or use GGNOperator.",
+                    inputs,
                 )
-            if id(layer) in self.records:
-                raise ValueError(
-                    f"K-FAC: the Dense layer {layer.name!r} is called more than once in a "
-                    "forward pass (shared weights), which its Kronecker factors do not model; "
-                    "use GGNOperator or FisherOperator."
-                )
+            shared = self._shared(layer)
+            if shared:
+                return self._refuse(layer, shared, inputs)
             z = tf.matmul(a, tf.convert_to_tensor(layer.kernel))
             if layer.use_bias:
                 z = z + tf.convert_to_tensor(layer.bias)
@@ -163,12 +184,9 @@ class _Capture:
     def _conv_call_of(self, layer: Any) -> Any:
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
             x = tf.convert_to_tensor(inputs)
-            if id(layer) in self.records:
-                raise ValueError(
-                    f"K-FAC: the Conv2D layer {layer.name!r} is called more than once in a "
-                    "forward pass (shared weights), which its Kronecker factors do not model; "
-                    "use GGNOperator or FisherOperator."
-                )
+            shared = self._shared(layer)
+            if shared:
+                return self._refuse(layer, shared, inputs)
             kh, kw = layer.kernel_size
             patches = tf.image.extract_patches(
                 x,
@@ -939,6 +957,7 @@ def _accumulate_batch(
         with inner:
             with capture:
                 outputs = run_model(x, training=False)
+            capture.check()
             flat = tf.nest.flatten(outputs)
             if len(flat) != 1:
                 raise ValueError(

@@ -355,8 +355,17 @@ def test_refusals(mlp, data, kfac):
         [keras.Input((2, D_IN), dtype=F64), keras.layers.Dense(3, dtype=F64),
          keras.layers.Flatten(dtype=F64)]
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"inputs of shape \(batch, features\)"):
+    with pytest.raises(ValueError, match=r"inputs of shape \(batch, features\)") as raised:
         KFACOperator.from_keras(sequence, "mse", (np.zeros((2, 2, D_IN)), np.zeros((2, 6))))
+    assert "\n" not in str(raised.value)  # not wrapped in Keras' call context
+    inputs = keras.Input((D_IN,), dtype=F64)
+    shared_layer = keras.layers.Dense(D_IN, activation="tanh", dtype=F64)
+    head = keras.layers.Dense(CLASSES, dtype=F64)
+    shared = keras.Model(inputs, head(shared_layer(shared_layer(inputs))))
+    with pytest.raises(ValueError, match=r"called more than once.*shared weights") as raised:
+        KFACOperator.from_keras(shared, "mse", (x, np.zeros((N, CLASSES))))
+    assert "\n" not in str(raised.value)
+    assert "call" not in shared_layer.__dict__  # the layer is restored after the error
     with pytest.raises(ValueError, match="expected a vector of length"):
         kfac.matvec(np.ones(3))
     with pytest.raises(ValueError, match="damping must be >= 0"):
