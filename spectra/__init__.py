@@ -65,6 +65,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.operators": operator_class_names(),
     "spectra.operators.block_diagonal": ["BlockDiagonalOperator"],
     "spectra.operators.submatrix": ["SubmatrixOperator"],
+    "spectra.operators.kfac": ["EKFACOperator", "KFACOperator"],
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [
         "DensityCurve",

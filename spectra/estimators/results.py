@@ -466,6 +466,37 @@ class SpectralDensity(Result):
     def num_probes(self) -> int:
         return int(self.nodes.shape[0])
 
+    @classmethod
+    def from_eigenvalues(
+        cls, eigenvalues: Any, *, settings: dict[str, Any] | None = None
+    ) -> SpectralDensity:
+        """The exact spectral measure ``(1/n) Σ_i δ(t − λ_i)`` of a matrix whose n
+        eigenvalues are all known (e.g. ``KFACOperator.eigenvalues()``).
+
+        One "probe" whose nodes are the eigenvalues in ascending order, each of weight 1/n,
+        marked exact (``steps_taken = dimension = n``): :meth:`density` is the Gaussian
+        smoothing of the true spectrum with no sampling error (a zero-width band),
+        :meth:`moments` and :meth:`mass_below` are exact up to rounding. ``ValueError``
+        for an empty or non-finite array.
+        """
+        values = np.sort(np.asarray(eigenvalues, dtype=np.float64).ravel())
+        if values.size == 0 or not np.all(np.isfinite(values)):
+            raise ValueError(
+                "eigenvalues must be a non-empty array of finite numbers; got "
+                f"{values.size} values, {int(np.sum(~np.isfinite(values)))} non-finite."
+            )
+        n = int(values.size)
+        return cls(
+            nodes=values[None, :],
+            weights=np.full((1, n), 1.0 / n),
+            steps_taken=np.array([n]),
+            dimension=n,
+            num_products=0,
+            num_operator_calls=0,
+            wall_time=0.0,
+            settings={"method": "exact eigenvalues", "num_steps": n, **(settings or {})},
+        )
+
     def default_sigma(self) -> float:
         """Default kernel width: (max node − min node) / 100.
 

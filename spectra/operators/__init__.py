@@ -6,7 +6,9 @@ module supplying a :class:`Curvature` (``curvature``): what is differentiated.
 :class:`HessianOperator` (``hessian``) is the loss Hessian, :class:`GGNOperator`
 (``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
 the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
-for the API and the CLI. The compiled machinery is in ``engine``; batches and their
+for the API and the CLI. :class:`KFACOperator` (``kfac``) is their Kronecker-factored
+approximation for Dense and Conv2D layers (K-FAC; EKFAC with :class:`EKFACOperator`),
+whose spectrum is exact. The compiled machinery is in ``engine``; batches and their
 weights in ``batching``, devices and workers in ``replicas``, Keras models and losses in
 ``keras_models``, and the checks of data against a model in ``data_checks``.
 Structured views of any operator (NumPy only): the block-diagonal approximation
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
+    from spectra.operators.kfac import EKFACOperator, KFACBlock, KFACOperator
     from spectra.operators.submatrix import SubmatrixOperator
 
 _SOURCE: dict[str, str] = {
@@ -46,6 +49,9 @@ _SOURCE: dict[str, str] = {
     "MonteCarloFisher": "spectra.operators.fisher",
     "GGN": "spectra.operators.ggn",
     "Hessian": "spectra.operators.hessian",
+    "EKFACOperator": "spectra.operators.kfac",
+    "KFACBlock": "spectra.operators.kfac",
+    "KFACOperator": "spectra.operators.kfac",
     # The operator classes, from the registry.
     **{entry.class_name: entry.operator.partition(":")[0] for entry in CURVATURES.values()},
 }
@@ -57,11 +63,14 @@ __all__ = [
     "Curvature",
     "CurvatureOperator",
     "CurvatureParts",
+    "EKFACOperator",
     "EmpiricalFisher",
     "FisherOperator",
     "GGNOperator",
     "Hessian",
     "HessianOperator",
+    "KFACBlock",
+    "KFACOperator",
     "MonteCarloFisher",
     "SubmatrixOperator",
     "block_size_for",

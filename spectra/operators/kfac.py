@@ -1,0 +1,1062 @@
+"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense and Conv2D layers.
+
+For a Dense layer z = a W + b (Keras' kernel W of shape d_in × d_out), the gradient of
+example i's loss in the layer's parameters is the outer product of the layer's input and
+of the gradient in its pre-activation output. With the bias as the homogeneous coordinate
+of the input, ā = [a; 1], and the parameters flattened as spectra flattens them (kernel
+row-major, then bias), the per-example gradient is ā ⊗ g. The layer's block of the GGN or
+Fisher::
+
+    (1/N) Σ_i Σ_c (ā_i ⊗ g_ic)(ā_i ⊗ g_ic)ᵀ = (1/N) Σ_i ā_i ā_iᵀ ⊗ (Σ_c g_ic g_icᵀ),
+
+is approximated by the Kronecker product of the two expectations (Martens & Grosse 2015)::
+
+    A = (1/N) Σ_i ā_i ā_iᵀ,     G = (1/N) Σ_i Σ_c g_ic g_icᵀ,     block ≈ A ⊗ G,
+
+assuming activations and output gradients independent; blocks of different layers are
+dropped (block diagonal). With one example the approximation is exact. Because the matrix
+is a Kronecker product per layer, its whole spectrum is exact: the eigenvalues of A ⊗ G
+are the products α_i γ_j of those of A and G. Conv2D layers are factored the same way with
+ā the image patches and g the output gradients at every output position (KFC, Grosse &
+Martens 2016), in its "expand" or "reduce" variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, cast
+
+import keras
+import numpy as np
+import tensorflow as tf
+from scipy.sparse.linalg import LinearOperator
+
+from spectra import _tf_compat
+from spectra._validation import check_choice, check_float, check_int, check_seed
+from spectra.operators import keras_models
+from spectra.operators.batching import Batches
+from spectra.operators.curvature import variable_name
+from spectra.operators.data_checks import _loss_function
+from spectra.operators.fisher import _check_reduction, predictive_distribution
+
+__all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
+
+KINDS = ("type-2", "mc", "empirical")
+OTHER_VARIABLES = ("error", "exclude", "diagonal")
+CONV_VARIANTS = ("expand", "reduce")
+#: Keras cross-entropies that read the logits behind a softmax/sigmoid output.
+_LOGIT_LOSSES = (
+    "categorical_crossentropy",
+    "sparse_categorical_crossentropy",
+    "binary_crossentropy",
+)
+#: ``to_dense`` refuses matrices larger than this many rows (a dense float64 copy).
+MAX_DENSE_SIZE = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class KFACBlock:
+    """One Dense layer's Kronecker factors.
+
+    ``A`` (d_a × d_a): E[ā āᵀ] over examples, with ā the layer's input a (when its kernel
+    is a variable of the operator) followed by 1 (when its bias is). ``G`` (d_out × d_out):
+    E[Σ_c g_c g_cᵀ] of the pre-activation output gradients. ``kernel``/``bias``: the names
+    of the variables (None when not one of the operator's). ``kernel_slice``,
+    ``bias_slice``: where they lie in the flat parameter vector. ``scalings`` (EKFAC only,
+    d_a × d_out): the eigenvalues in the eigenbasis Q_A ⊗ Q_G of A ⊗ G, re-estimated as
+    the second moments of the projected per-example gradients; ``basis`` (EKFAC only):
+    that eigenbasis (Q_A, Q_G), the one the scalings were measured in.
+    """
+
+    layer: str
+    A: np.ndarray
+    G: np.ndarray
+    kernel: str | None
+    bias: str | None
+    kernel_slice: slice | None
+    bias_slice: slice | None
+    scalings: np.ndarray | None = None
+    basis: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of parameters of the block: d_a · d_out."""
+        return self.A.shape[0] * self.G.shape[0]
+
+
+@dataclasses.dataclass
+class _Eigen:
+    """Eigendecompositions of one block's factors (clipped at 0: A and G are PSD)."""
+
+    alpha: np.ndarray
+    QA: np.ndarray
+    gamma: np.ndarray
+    QG: np.ndarray
+
+
+def _psd_eigh(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values, vectors = np.linalg.eigh(M)
+    return np.maximum(values, 0.0), vectors
+
+
+def _in_basis(M: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eigenvalues of M in its known eigenbasis Q (clipped at 0), and Q."""
+    return np.maximum(np.einsum("ij,ik,kj->j", Q, M, Q), 0.0), Q
+
+
+class _Capture:
+    """Record each Dense layer's input a and pre-activation output z = a W + b during one
+    forward pass, by replacing the layer's ``call`` (an instance attribute, removed on
+    exit) with the same computation written out, so that z is a tensor the tapes see.
+
+    Why this way: Keras' Dense computes z inside ``call`` and returns only σ(z); wrapping
+    ``call`` gives both a and z from the model's own forward pass (any model structure:
+    Sequential, functional, subclassed, nested) without rebuilding the graph, and the
+    gradient in z then comes from the tape, not from an added perturbation variable whose
+    shape would depend on the batch.
+    """
+
+    def __init__(self, layers: Sequence[Any], tapes: Sequence[tf.GradientTape]) -> None:
+        self._layers = list(layers)
+        self._tapes = list(tapes)
+        self.records: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
+        #: What the layers could not capture, raised after the forward pass (an error raised
+        #: inside ``call`` reaches the user wrapped in Keras' multi-line context).
+        self.errors: list[str] = []
+
+    def check(self) -> None:
+        """Raise the first capture problem as a one-line ``ValueError``."""
+        if self.errors:
+            raise ValueError(self.errors[0])
+
+    def _refuse(self, layer: Any, message: str, inputs: Any) -> tf.Tensor:
+        """Note ``message`` and compute the layer as Keras does, so the pass completes."""
+        self.errors.append(message)
+        return type(layer).call(layer, inputs)
+
+    def _shared(self, layer: Any) -> str | None:
+        if id(layer) not in self.records:
+            return None
+        return (
+            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is called more than once "
+            "in a forward pass (shared weights), which its Kronecker factors do not model; use "
+            "GGNOperator or FisherOperator."
+        )
+
+    def __enter__(self) -> _Capture:
+        for layer in self._layers:
+            layer.call = self._call_of(layer)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for layer in self._layers:
+            layer.__dict__.pop("call", None)
+
+    def _call_of(self, layer: Any) -> Any:
+        if isinstance(layer, keras.layers.Conv2D):
+            return self._conv_call_of(layer)
+
+        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+            a = tf.convert_to_tensor(inputs)
+            if a.shape.rank != 2:
+                return self._refuse(
+                    layer,
+                    f"K-FAC supports Dense layers on inputs of shape (batch, features); layer "
+                    f"{layer.name!r} gets inputs of shape {tuple(a.shape)} (weights shared over "
+                    "positions, as in a convolution). Flatten before it, or use GGNOperator.",
+                    inputs,
+                )
+            shared = self._shared(layer)
+            if shared:
+                return self._refuse(layer, shared, inputs)
+            z = tf.matmul(a, tf.convert_to_tensor(layer.kernel))
+            if layer.use_bias:
+                z = z + tf.convert_to_tensor(layer.bias)
+            for tape in self._tapes:
+                tape.watch(z)
+            self.records[id(layer)] = (a[:, None, :], z)
+            return layer.activation(z) if layer.activation is not None else z
+
+        return call
+
+    def _conv_call_of(self, layer: Any) -> Any:
+        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+            x = tf.convert_to_tensor(inputs)
+            shared = self._shared(layer)
+            if shared:
+                return self._refuse(layer, shared, inputs)
+            kh, kw = layer.kernel_size
+            patches = tf.image.extract_patches(
+                x,
+                sizes=[1, kh, kw, 1],
+                strides=[1, *layer.strides, 1],
+                rates=[1, *layer.dilation_rate, 1],
+                padding=layer.padding.upper(),
+            )
+            # Each patch is flattened (kh, kw, c_in) row-major, as the kernel's rows are.
+            a = tf.reshape(patches, [tf.shape(x)[0], -1, patches.shape[-1]])
+            z = layer.convolution_op(x, tf.convert_to_tensor(layer.kernel))
+            if layer.use_bias:
+                z = z + tf.convert_to_tensor(layer.bias)
+            for tape in self._tapes:
+                tape.watch(z)
+            self.records[id(layer)] = (a, z)
+            return layer.activation(z) if layer.activation is not None else z
+
+        return call
+
+
+class KFACOperator(LinearOperator):
+    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense and Conv2D
+    layers, a symmetric PSD ``LinearOperator`` over the same flat parameter vector as
+    :class:`~spectra.operators.HessianOperator` (same ``variable_names``, ``flatten``,
+    ``unflatten``).
+
+    **The matrix.** For each Dense layer l with input a and pre-activation output z,
+    ā = [a; 1] (bias as the homogeneous coordinate)::
+
+        K_l = A_l ⊗ G_l,   A_l = (1/N) Σ_i ā_i ā_iᵀ,   G_l = (1/N) Σ_i Σ_c g_ic g_icᵀ,
+
+    block diagonal across layers (Martens & Grosse 2015). With z the point where the loss
+    reads the model's output (the logits behind a softmax/sigmoid output for Keras'
+    cross-entropies, as in :class:`~spectra.operators.GGNOperator`), J_i = ∂z_i/∂z_l,i and
+    ℓ_i example i's loss (Keras' per-example loss, so MSE is averaged over the last axis),
+    the output gradients g_ic = J_iᵀ s_ic are:
+
+    * ``kind="type-2"``: s_ic the columns of a square root of ∇²_z ℓ_i (diag p − ppᵀ for
+      softmax cross-entropy, (2/d) I for MSE): the layer blocks of K are then those of the
+      GGN with the expectation factorized. One backward pass per output dimension C.
+    * ``kind="mc"``: s_is = ∇_z ℓ_i(ŷ_s)/√(κS) for S = ``num_samples`` labels drawn from the
+      model's predictive distribution (as :class:`~spectra.operators.FisherOperator`,
+      ``kind="mc"``; κ = 1 for cross-entropy, 2/d for MSE), seeded by ``seed`` and the batch
+      index: the K-FAC of the Monte Carlo Fisher, whose expectation is type-2.
+    * ``kind="empirical"``: s_i = ∇_z ℓ_i(y_i) at the true labels: K-FAC of the empirical
+      Fisher.
+
+    The loss is the dataset mean (1/N) Σ_i ℓ_i, as every spectra operator takes it; batches
+    are weighted n_b/N, so the matrix does not depend on ``batch_size``. A Keras loss with
+    ``reduction="sum"`` (L = Σ_i ℓ_i) scales G by N (type-2 only). With a single example,
+    K-FAC of one Dense layer equals the GGN (type-2) exactly; with more it is an
+    approximation (the expectation of a Kronecker product is not the Kronecker product of
+    expectations).
+
+    **Conv2D** (KFC; Grosse & Martens 2016). A Conv2D layer (channels last, ``groups=1``)
+    is a Dense layer applied at each of its T output positions t to the image patch a_t
+    (``tf.image.extract_patches``, flattened (kh, kw, c_in) as the kernel's rows are), with
+    shared weights, so the per-example gradient is Σ_t ā_t g_tᵀ. ``conv="expand"``
+    (default) treats positions as examples: A = (1/(NT)) Σ_{n,t} ā ā ᵀ,
+    G = (1/N) Σ_{n,t,c} g gᵀ; ``conv="reduce"`` sums over positions first:
+    A = (1/N) Σ_n ā̄_n ā̄_nᵀ with ā̄_n the mean patch, G = (1/N) Σ_{n,c} (Σ_t g)(Σ_t g)ᵀ
+    (Eschenhagen et al. 2023). Both are exact for one example with one output position;
+    the capture computes z with the layer's own convolution and records the patches.
+
+    **Other variables.** Trainable variables not in a Dense or Conv2D layer (BatchNorm,
+    Conv1D, embeddings, ...): ``other_variables="error"`` (default) refuses them, naming the layer;
+    ``"exclude"`` leaves their rows and columns zero (eigenvalue 0); ``"diagonal"`` keeps the
+    exact diagonal of the matrix of ``kind`` for them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from
+    per-example Jacobians (C backward passes per example: small models). Regularization
+    (``model.losses``) is not included: K-FAC is the curvature of the data loss. Sample
+    weights are refused.
+
+    **Cost.** One pass over the data at construction: a forward pass per batch, C backward
+    passes for type-2 (plus the output Hessian, C more on the outputs only), S for mc, one
+    for empirical; a Conv2D layer also holds its patches (T·kh·kw·c_in per example) while
+    its batch is processed. The operator then holds only the factors: a product costs
+    O(Σ_l d_a² d_out + d_a d_out²) on the host, computed as A V G per layer without forming
+    the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
+    once) give the exact spectrum, trace, log-determinant, Frobenius norm and damped inverse.
+    The factors are computed at construction: the operator is a snapshot (training on
+    changes nothing in it).
+
+    References: J. Martens, R. Grosse, "Optimizing neural networks with Kronecker-factored
+    approximate curvature", ICML 2015. R. Grosse, J. Martens, "A Kronecker-factored
+    approximate Fisher matrix for convolution layers", ICML 2016. T. George, C. Laurent,
+    X. Bouthillier, N. Ballas, P. Vincent, "Fast approximate natural gradient descent in a
+    Kronecker-factored eigenbasis", NeurIPS 2018. R. Eschenhagen, A. Immer, R. Turner,
+    F. Schneider, P. Hennig, "Kronecker-factored approximate curvature for modern neural
+    network architectures", NeurIPS 2023.
+    """
+
+    #: False: K-FAC (A ⊗ G); True (:class:`EKFACOperator`): eigenvalue-corrected.
+    eigenvalue_corrected = False
+
+    def __init__(
+        self,
+        blocks: Sequence[KFACBlock],
+        variable_names: Sequence[str],
+        variable_shapes: Sequence[tuple[int, ...]],
+        dtype: Any,
+        *,
+        kind: str = "type-2",
+        num_examples: int = 0,
+        other_slices: Sequence[slice] = (),
+        other_diagonal: np.ndarray | None = None,
+    ) -> None:
+        sizes = [int(np.prod(s)) for s in variable_shapes]
+        size = int(sum(sizes))
+        super().__init__(dtype=np.dtype(dtype), shape=(size, size))
+        self.blocks = list(blocks)
+        self.kind = kind
+        self._names = list(variable_names)
+        self._shapes = [tuple(int(d) for d in s) for s in variable_shapes]
+        self._sizes = sizes
+        self._num_examples = int(num_examples)
+        self._other_slices = list(other_slices)
+        other_size = sum(s.stop - s.start for s in self._other_slices)
+        self._other_diagonal = (
+            np.zeros(other_size) if other_diagonal is None else np.asarray(other_diagonal, float)
+        )
+        if self._other_diagonal.shape != (other_size,):
+            raise ValueError(
+                f"other_diagonal has {self._other_diagonal.size} entries for {other_size} "
+                "parameters outside the Dense blocks."
+            )
+        covered = sum(b.size for b in self.blocks) + other_size
+        if covered != size:
+            raise ValueError(
+                f"the K-FAC blocks cover {covered} of the {size} parameters; every variable must "
+                "belong to one Dense block or to the other variables."
+            )
+        self._eigen: list[_Eigen] | None = None
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def from_keras(
+        cls,
+        model: Any,
+        loss: Any = None,
+        data: Any = None,
+        *,
+        batch_size: int | None = None,
+        kind: str = "type-2",
+        num_samples: int = 1,
+        seed: int = 0,
+        other_variables: str = "error",
+        conv: str = "expand",
+        dtype: Any = None,
+    ) -> KFACOperator:
+        """K-FAC of ``model``'s Dense and Conv2D layers at its current weights, from one pass over
+        ``data``.
+
+        Parameters
+        ----------
+        model:
+            A built Keras model with one output of shape (batch, C).
+        loss:
+            As for :meth:`CurvatureOperator.from_keras
+            <spectra.operators.base.CurvatureOperator.from_keras>`: a Keras loss name or
+            object, or a callable ``(y_true, y_pred) -> scalar`` batch mean; None: the loss
+            the model was compiled with.
+        data:
+            ``(x, y)`` arrays or a ``tf.data.Dataset`` of such batches (no sample weights).
+        batch_size:
+            Examples per batch for array data (default: all at once); the matrix does not
+            depend on it.
+        kind:
+            ``"type-2"`` (default), ``"mc"`` or ``"empirical"`` (see the class docstring).
+        num_samples:
+            Labels drawn per example for ``kind="mc"`` (an int ≥ 1; 1 for the other kinds).
+        seed:
+            An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
+        other_variables:
+            ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
+            trainable variables outside Dense and Conv2D layers.
+        conv:
+            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv2D layers
+            (class docstring); no effect on Dense layers.
+        dtype:
+            float32 or float64 (default: the variables' dtype); float64 runs the pass on a
+            float64 clone of the model.
+
+        Returns
+        -------
+        KFACOperator
+            The operator, holding the factors (a snapshot of the weights).
+
+        Raises
+        ------
+        TypeError
+            An argument of the wrong type.
+        ValueError
+            A value out of range, or a model, loss or data K-FAC does not cover (named in
+            the message: several outputs, shared or sequence Dense layers, sample weights,
+            other trainable variables with ``other_variables="error"``, a non-convex loss
+            for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
+        """
+        keras_models.check_model(model)
+        kind = check_choice("kind", kind, KINDS)
+        num_samples = check_int("num_samples", num_samples, minimum=1)
+        if kind != "mc" and num_samples != 1:
+            raise ValueError("num_samples is for kind='mc'; the other kinds draw no labels.")
+        seed = cast(
+            int, check_seed("seed", seed, below=2**62, allow_none=False, allow_generator=False)
+        )
+        other_variables = check_choice("other_variables", other_variables, OTHER_VARIABLES)
+        conv = check_choice("conv", conv, CONV_VARIANTS)
+        if data is None:
+            raise ValueError("data is required: (x, y) arrays or a tf.data.Dataset of them.")
+        variables, positions, target = keras_models.resolve_variables_and_dtype(model, None, dtype)
+        if loss is None:
+            loss, loss_weights = keras_models.compiled_loss(model)
+            if loss_weights is not None:
+                raise ValueError(
+                    "K-FAC supports one output with one loss; loss_weights were given."
+                )
+        if isinstance(loss, (list, tuple, dict)):
+            raise ValueError(
+                "K-FAC supports a model with one output and one loss; got a "
+                f"{type(loss).__name__} of losses. Use GGNOperator for several outputs."
+            )
+        for weight, name in zip(variables, map(variable_name, variables)):
+            keras_models.check_finite(tf.convert_to_tensor(weight), name)
+        resolved = keras_models.resolve_loss(loss, target)
+        reduction = keras_models.reduction_of(resolved.call)
+        if kind != "type-2":
+            _check_reduction(resolved.call)
+        distribution = predictive_distribution(loss) if kind == "mc" else None
+        found = _loss_function(loss)
+        reads_logits = (
+            found is not None
+            and found[0].__name__ in _LOGIT_LOSSES
+            and not found[1].get("from_logits", False)
+        )
+        run_model = keras_models.model_in_dtype(model, target)
+        run_weights = list(run_model.weights)
+        chosen = [run_weights[p] for p in positions]
+        names = [variable_name(v) for v in variables]
+        shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        offsets = np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in shapes])])
+
+        def where(weight: Any) -> int | None:
+            for j, v in enumerate(chosen):
+                if v is weight:
+                    return j
+            return None
+
+        dense_layers: list[Any] = []
+        layout: list[tuple[Any, int | None, int | None]] = []
+        covered: set[int] = set()
+        for layer in _tf_compat.flatten_layers(run_model):
+            if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
+                continue
+            k = where(layer.kernel)
+            b = where(layer.bias) if layer.use_bias else None
+            if k is None and b is None:
+                continue
+            base = (
+                keras.layers.Dense if isinstance(layer, keras.layers.Dense) else keras.layers.Conv2D
+            )
+            if type(layer).call is not base.call:
+                raise ValueError(
+                    f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides "
+                    f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
+                    "cannot factor it."
+                )
+            if base is keras.layers.Conv2D and (
+                layer.data_format != "channels_last" or layer.groups != 1
+            ):
+                raise ValueError(
+                    f"K-FAC supports Conv2D layers with data_format='channels_last' and "
+                    f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
+                    f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
+                    "making it non-trainable, or use GGNOperator."
+                )
+            if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+                raise ValueError(
+                    f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
+                    "kernel is not one matrix. Merge or dequantize it first."
+                )
+            dense_layers.append(layer)
+            layout.append((layer, k, b))
+            covered.update(j for j in (k, b) if j is not None)
+        others = [j for j in range(len(chosen)) if j not in covered]
+        if others and other_variables == "error":
+            j = others[0]
+            owner = _owner(run_model, chosen[j])
+            listed = ", ".join(repr(names[i]) for i in others)
+            raise ValueError(
+                f"K-FAC supports Dense and Conv2D layers; layer {owner} has trainable variables it "
+                "does not "
+                f"cover ({listed}). Pass other_variables='exclude' (their rows and columns are "
+                "zero) or other_variables='diagonal' (the exact diagonal of the matrix for them)."
+            )
+        if not dense_layers:
+            raise ValueError(
+                f"model {model.name!r} has no Dense or Conv2D layer with trainable "
+                "variables: K-FAC covers those layers only."
+            )
+        batches = Batches(data, batch_size, cast_floats_to=target)
+        num_examples = batches.num_examples
+        accumulators = _Accumulators(layout, others, chosen)
+        accumulators.conv = conv
+
+        def data_pass(want_diagonal: bool) -> None:
+            for index, (batch, _weight) in enumerate(batches):
+                x, y, sample_weight = keras_models.unpack_batch(batch)
+                if sample_weight is not None:
+                    raise ValueError(
+                        "K-FAC does not take sample weights: pass (x, y) data (the factors "
+                        "are expectations over examples, each counted once)."
+                    )
+                _accumulate_batch(
+                    run_model,
+                    dense_layers,
+                    accumulators,
+                    x,
+                    y,
+                    loss=resolved.call,
+                    reduction=reduction,
+                    kind=kind,
+                    num_samples=num_samples,
+                    distribution=distribution,
+                    reads_logits=reads_logits,
+                    num_examples=num_examples,
+                    # The same labels in every pass: stateless, from the batch index.
+                    seed=tf.random.experimental.stateless_fold_in(
+                        tf.constant([seed, 0], tf.int64), index
+                    ),
+                    want_diagonal=want_diagonal,
+                )
+
+        data_pass(other_variables == "diagonal")
+        blocks = []
+        for (layer, k, b), A, G in zip(layout, accumulators.A, accumulators.G):
+            A = A / num_examples
+            G = G / num_examples
+            for factor, what in ((A, "A"), (G, "G")):
+                if not np.all(np.isfinite(factor)):
+                    raise ValueError(
+                        f"K-FAC: the factor {what} of layer {layer.name!r} is not finite (NaN or "
+                        "Inf in the activations or output gradients); check the data and weights."
+                    )
+            blocks.append(
+                KFACBlock(
+                    layer=layer.name,
+                    A=A,
+                    G=G,
+                    kernel=None if k is None else names[k],
+                    bias=None if b is None else names[b],
+                    kernel_slice=None if k is None else slice(int(offsets[k]), int(offsets[k + 1])),
+                    bias_slice=None if b is None else slice(int(offsets[b]), int(offsets[b + 1])),
+                )
+            )
+        if cls.eigenvalue_corrected:
+            # Second pass: second moments of the per-example gradients in the eigenbasis.
+            bases = [(_psd_eigh(block.A)[1], _psd_eigh(block.G)[1]) for block in blocks]
+            accumulators.bases = bases
+            data_pass(False)
+            blocks = [
+                dataclasses.replace(block, scalings=S / num_examples, basis=basis)
+                for block, S, basis in zip(blocks, accumulators.S, bases)
+            ]
+            for block, S in zip(blocks, accumulators.S):
+                if not np.all(np.isfinite(S)):
+                    raise ValueError(
+                        f"EKFAC: the scalings of layer {block.layer!r} are not finite."
+                    )
+        diagonal = None
+        if others and other_variables == "diagonal":
+            diagonal = np.concatenate([d / num_examples for d in accumulators.diagonal])
+            if not np.all(np.isfinite(diagonal)):
+                raise ValueError("K-FAC: the diagonal of the other variables is not finite.")
+        return cls(
+            blocks,
+            names,
+            shapes,
+            target.as_numpy_dtype,
+            kind=kind,
+            num_examples=num_examples,
+            other_slices=[slice(int(offsets[j]), int(offsets[j + 1])) for j in others],
+            other_diagonal=diagonal,
+        )
+
+    # -- the parameter vector --------------------------------------------------------
+    @property
+    def variable_names(self) -> list[str]:
+        """Names of the variables, in the order of the flat parameter vector."""
+        return list(self._names)
+
+    @property
+    def variable_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the variables, in the order of the flat parameter vector."""
+        return list(self._shapes)
+
+    @property
+    def num_examples(self) -> int:
+        """N, the number of examples the factors average over."""
+        return self._num_examples
+
+    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
+        """Concatenate per-variable arrays (row-major) into one flat vector."""
+        if len(tensors) != len(self._shapes):
+            raise ValueError(f"expected {len(self._shapes)} arrays, got {len(tensors)}")
+        parts = []
+        for i, (t, shape) in enumerate(zip(tensors, self._shapes)):
+            array = np.asarray(t)
+            if tuple(array.shape) != shape:
+                raise ValueError(
+                    f"tensors[{i}] ({self._names[i]!r}) has shape {tuple(array.shape)}, "
+                    f"expected {shape}"
+                )
+            parts.append(array.reshape(-1))
+        return np.concatenate(parts).astype(self.dtype, copy=False)
+
+    def unflatten(self, vector: Any) -> list[np.ndarray]:
+        """Split a flat vector into per-variable arrays (the inverse of :meth:`flatten`)."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.shape[0],):
+            raise ValueError(f"vector must have shape ({self.shape[0]},), got {vector.shape}")
+        splits = np.cumsum(self._sizes)[:-1]
+        return [p.reshape(s) for p, s in zip(np.split(vector, splits), self._shapes)]
+
+    # -- products ----------------------------------------------------------------------
+    def _block_matrix(self, block: KFACBlock, X: np.ndarray) -> np.ndarray:
+        """The rows of X for a block as matrices M (k, d_a, d_out), M[j] = unvec(X[:, j])."""
+        d_out = block.G.shape[0]
+        k = X.shape[1]
+        parts = []
+        if block.kernel_slice is not None:
+            parts.append(X[block.kernel_slice].T.reshape(k, -1, d_out))
+        if block.bias_slice is not None:
+            parts.append(X[block.bias_slice].T.reshape(k, 1, d_out))
+        return np.concatenate(parts, axis=1)
+
+    def _put_block(self, block: KFACBlock, out: np.ndarray, M: np.ndarray) -> None:
+        k = M.shape[0]
+        rows = 0
+        if block.kernel_slice is not None:
+            rows = block.kernel_slice.stop - block.kernel_slice.start
+            rows //= block.G.shape[0]
+            out[block.kernel_slice] = M[:, :rows].reshape(k, -1).T
+        if block.bias_slice is not None:
+            out[block.bias_slice] = M[:, rows].T
+
+    def _other_rows(self, X: np.ndarray) -> np.ndarray:
+        if not self._other_slices:
+            return np.zeros((0, X.shape[1]))
+        return np.concatenate([X[s] for s in self._other_slices], axis=0)
+
+    def _put_other(self, out: np.ndarray, rows: np.ndarray) -> None:
+        start = 0
+        for s in self._other_slices:
+            n = s.stop - s.start
+            out[s] = rows[start : start + n]
+            start += n
+
+    def _apply(self, X: np.ndarray, per_block: Any, per_other: Any) -> np.ndarray:
+        out = np.zeros(X.shape, dtype=np.float64)
+        for index, block in enumerate(self.blocks):
+            self._put_block(block, out, per_block(index, block, self._block_matrix(block, X)))
+        if self._other_slices:
+            self._put_other(out, per_other(self._other_rows(X)))
+        return out
+
+    def _checked(self, X: Any) -> np.ndarray:
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[0] != self.shape[0]:
+            raise ValueError(
+                f"expected a vector of length {self.shape[0]} or a block of shape "
+                f"({self.shape[0]}, k); got shape {X.shape}"
+            )
+        if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
+            raise TypeError(f"expected real numbers, got dtype {X.dtype}")
+        return X.astype(np.float64)
+
+    def matvec(self, x: Any) -> np.ndarray:
+        """K x for a vector of length P (or shape (P, 1)), in the operator's dtype."""
+        array = np.asarray(x)
+        if array.shape not in ((self.shape[0],), (self.shape[0], 1)):
+            raise ValueError(
+                f"expected a vector of length {self.shape[0]} (or shape ({self.shape[0]}, 1)); "
+                f"got shape {array.shape}"
+            )
+        return self._matmat(array.reshape(-1, 1)).reshape(array.shape)
+
+    def matmat(self, X: Any) -> np.ndarray:
+        """K X for a block X of shape (P, k), in the operator's dtype."""
+        return self._matmat(X)
+
+    def rmatvec(self, x: Any) -> np.ndarray:
+        """Kᵀ x = K x (K is symmetric)."""
+        return self.matvec(x)
+
+    def rmatmat(self, X: Any) -> np.ndarray:
+        """Kᵀ X = K X (K is symmetric)."""
+        return self._matmat(X)
+
+    def _block_product(self, index: int, block: KFACBlock, M: np.ndarray) -> np.ndarray:
+        """The block applied to M (k, d_a, d_out): A M G for K-FAC; for EKFAC
+        Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ."""
+        if block.scalings is None:
+            return block.A @ M @ block.G
+        e = self._eigens()[index]
+        return e.QA @ ((e.QA.T @ M @ e.QG) * block.scalings) @ e.QG.T
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        X = self._checked(X)
+        out = self._apply(X, self._block_product, lambda rows: self._other_diagonal[:, None] * rows)
+        return out.astype(self.dtype, copy=False)
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matmat(np.asarray(x).reshape(-1, 1)).reshape(-1)
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matvec(x)
+
+    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
+        return self._matmat(X)
+
+    def _adjoint(self) -> KFACOperator:
+        return self
+
+    def _transpose(self) -> KFACOperator:
+        return self
+
+    # -- the exact spectrum --------------------------------------------------------------
+    def _eigens(self) -> list[_Eigen]:
+        if self._eigen is None:
+            self._eigen = [
+                _Eigen(*_psd_eigh(b.A), *_psd_eigh(b.G))
+                if b.basis is None
+                else _Eigen(*_in_basis(b.A, b.basis[0]), *_in_basis(b.G, b.basis[1]))
+                for b in self.blocks
+            ]
+        return self._eigen
+
+    def _block_values(self, index: int) -> np.ndarray:
+        """The eigenvalues of block ``index`` as a d_a × d_out matrix (entry (i, j) belongs
+        to the eigenvector q_A,i ⊗ q_G,j): α γᵀ for K-FAC, the scalings for EKFAC."""
+        block = self.blocks[index]
+        if block.scalings is not None:
+            return block.scalings
+        e = self._eigens()[index]
+        return np.outer(e.alpha, e.gamma)
+
+    def eigenvalues(self) -> np.ndarray:
+        """All eigenvalues, exact, in descending order: α_i γ_j for every pair of
+        eigenvalues of each block's A and G (EKFAC: its scalings), and the diagonal of the
+        other variables (0 when excluded). Cost: one eigendecomposition per factor
+        (cached)."""
+        parts = [self._block_values(i).ravel() for i in range(len(self.blocks))]
+        parts.append(self._other_diagonal)
+        return np.sort(np.concatenate(parts))[::-1]
+
+    def trace(self) -> float:
+        """tr K = Σ_l tr A_l · tr G_l (+ the other variables' diagonal), exact."""
+        total = sum(
+            float(np.trace(b.A)) * float(np.trace(b.G))
+            if b.scalings is None
+            else float(b.scalings.sum())
+            for b in self.blocks
+        )
+        return total + float(self._other_diagonal.sum())
+
+    def frobenius_norm(self) -> float:
+        """‖K‖_F = √(Σ_l ‖A_l‖_F² ‖G_l‖_F² + Σ d²), exact."""
+        squares = sum(
+            float(np.sum(b.A**2)) * float(np.sum(b.G**2))
+            if b.scalings is None
+            else float(np.sum(b.scalings**2))
+            for b in self.blocks
+        ) + float(np.sum(self._other_diagonal**2))
+        return math.sqrt(squares)
+
+    def logdet(self, damping: float = 0.0) -> float:
+        """log det(K + δI) = Σ log(α_i γ_j + δ), exact. ``ValueError`` when K + δI is
+        singular (K is PSD and usually rank-deficient: pass ``damping`` > 0)."""
+        damping = check_float("damping", damping, positive=False)
+        shifted = self.eigenvalues() + damping
+        if not np.all(shifted > 0):
+            raise ValueError(
+                f"K + {damping:g}·I is singular or indefinite (smallest eigenvalue "
+                f"{float(shifted.min()):.3g}); pass damping > 0 (e.g. damping=1e-3)."
+            )
+        return float(np.sum(np.log(shifted)))
+
+    def inverse(self, damping: float) -> LinearOperator:
+        """(K + δI)⁻¹ as a ``LinearOperator``, exact through the factors'
+        eigendecompositions: per block, V ↦ Q_A [(Q_Aᵀ V Q_G) / (α γᵀ + δ)] Q_Gᵀ.
+        ``damping`` δ ≥ 0; ``ValueError`` when K + δI is singular."""
+        damping = check_float("damping", damping, positive=False)
+        if damping < 0:
+            raise ValueError(f"damping must be >= 0, got {damping}")
+        smallest = float(self.eigenvalues().min()) + damping if self.shape[0] else 1.0
+        if not smallest > 0:
+            raise ValueError(
+                f"K + {damping:g}·I is singular (smallest eigenvalue {smallest:.3g}); pass "
+                "damping > 0 (e.g. damping=1e-3)."
+            )
+        eigens = self._eigens()
+
+        def per_block(index: int, _block: KFACBlock, M: np.ndarray) -> np.ndarray:
+            e = eigens[index]
+            rotated = e.QA.T @ M @ e.QG
+            return e.QA @ (rotated / (self._block_values(index) + damping)) @ e.QG.T
+
+        def per_other(rows: np.ndarray) -> np.ndarray:
+            return rows / (self._other_diagonal + damping)[:, None]
+
+        def matmat(X: np.ndarray) -> np.ndarray:
+            return self._apply(self._checked(X), per_block, per_other)
+
+        return LinearOperator(
+            shape=self.shape,
+            dtype=np.float64,
+            matvec=lambda x: matmat(np.asarray(x).reshape(-1, 1)).reshape(-1),
+            rmatvec=lambda x: matmat(np.asarray(x).reshape(-1, 1)).reshape(-1),
+            matmat=matmat,
+        )
+
+    def to_dense(self) -> np.ndarray:
+        """K as a dense float64 matrix (P × P; refused above 20 000 rows): the Kronecker
+        products placed at each block's rows and columns."""
+        size = self.shape[0]
+        if size > MAX_DENSE_SIZE:
+            raise ValueError(
+                f"to_dense() would build a {size} x {size} matrix (more than {MAX_DENSE_SIZE} "
+                "rows); use the products, eigenvalues() or trace() instead."
+            )
+        return self._apply(
+            np.eye(size), self._block_product, lambda rows: self._other_diagonal[:, None] * rows
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} kind={self.kind!r} of {len(self.blocks)} layers, "
+            f"{self.shape[0]} parameters, dtype={self.dtype}>"
+        )
+
+
+class EKFACOperator(KFACOperator):
+    """EKFAC (eigenvalue-corrected K-FAC; George et al. 2018), a symmetric PSD
+    ``LinearOperator`` like :class:`KFACOperator`, built with the same ``from_keras``.
+
+    Per Dense layer it keeps K-FAC's eigenbasis Q = Q_A ⊗ Q_G (the eigenvectors of A and
+    G) and replaces the eigenvalues α_i γ_j by the second moments of the per-example
+    gradients projected onto it::
+
+        K_l = Q diag(s) Qᵀ,   s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ ā_n)² (q_G,jᵀ g_nc)²,
+
+    that is s = diag(Qᵀ B_l Q) for B_l the layer's exact block of the matrix of ``kind``
+    ((1/N) Σ_n Σ_c (ā_n ⊗ g_nc)(ā_n ⊗ g_nc)ᵀ: the GGN's block for type-2). Among matrices
+    diagonal in Q it is the closest to B_l in Frobenius norm, hence at least as close as
+    K-FAC. Its spectrum is exact (the s_ij), and so are the trace, log-determinant,
+    Frobenius norm and damped inverse. Cost: a second pass over the data (the eigenbasis
+    needs the factors first) with the same backward passes as the first; products cost
+    four matrix products per layer instead of two.
+    """
+
+    eigenvalue_corrected = True
+
+
+def _owner(model: Any, weight: Any) -> str:
+    """A layer as errors name it: ``'name' (Type)`` of the layer holding ``weight``."""
+    for layer in _tf_compat.flatten_layers(model):
+        if isinstance(layer, keras.Model):
+            continue
+        if any(w is weight for w in layer.trainable_weights):
+            return f"{layer.name!r} ({type(layer).__name__})"
+    return repr(variable_name(weight))
+
+
+class _Accumulators:
+    """Running sums Σ ā āᵀ, Σ g gᵀ per Dense layer and Σ (per-example gradient)² for the
+    other variables, in float64."""
+
+    def __init__(
+        self,
+        layout: Sequence[tuple[Any, int | None, int | None]],
+        others: list[int],
+        chosen: list[Any],
+    ) -> None:
+        self.layout = list(layout)
+        self.A: list[np.ndarray] = []
+        self.G: list[np.ndarray] = []
+        for layer, k, b in self.layout:
+            d_in = int(np.prod(layer.kernel.shape[:-1]))
+            d_out = int(layer.kernel.shape[-1])
+            d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
+            self.A.append(np.zeros((d_a, d_a)))
+            self.G.append(np.zeros((d_out, d_out)))
+        self.others = [chosen[j] for j in others]
+        self.diagonal = [np.zeros(int(np.prod(v.shape))) for v in self.others]
+        #: EKFAC's second pass: the eigenbases (Q_A, Q_G) per layer, and the sums
+        #: Σ_i (Q_Aᵀ ā_i)² Σ_c (Q_Gᵀ g_ic)²ᵀ accumulated in S.
+        self.bases: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: How Conv2D factors treat the output positions: "expand" or "reduce".
+        self.conv = "expand"
+        self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
+
+
+def _augmented(a: np.ndarray, kernel: bool, bias: bool) -> np.ndarray:
+    """[a; 1] along the last axis (a without the 1 when the bias is not a variable, only
+    the 1 when the kernel is not)."""
+    parts = [a] if kernel else []
+    if bias:
+        parts.append(np.ones((*a.shape[:-1], 1)))
+    return np.concatenate(parts, axis=-1)
+
+
+def _columns(
+    tape: tf.GradientTape,
+    inner_gradient: tf.Tensor | None,
+    point: tf.Tensor,
+    sampled: Sequence[tf.Tensor],
+    true_value: tf.Tensor | None,
+    kind: str,
+    scale: float,
+) -> tf.Tensor:
+    """The cotangents s_ic at the split point, shape (n, C, K): K columns per example."""
+    if kind == "type-2":
+        hessian = tape.batch_jacobian(inner_gradient, point)
+        hessian = 0.5 * (hessian + tf.linalg.matrix_transpose(hessian))
+        values, vectors = tf.linalg.eigh(hessian)
+        top = tf.reduce_max(tf.abs(values))
+        most_negative = -tf.reduce_min(values)
+        if float(most_negative) > 1e-6 * max(float(top), np.finfo(np.float64).tiny):
+            raise ValueError(
+                "K-FAC type-2 needs a loss convex in the model's outputs (a PSD output "
+                f"Hessian); this loss has output-Hessian eigenvalue {-float(most_negative):.3g}. "
+                "Use kind='mc' or 'empirical', or GGNOperator."
+            )
+        return vectors * tf.sqrt(tf.maximum(values, 0))[:, None, :]
+    if kind == "empirical":
+        return tape.gradient(true_value, point)[:, :, None]
+    grads = [tape.gradient(value, point) for value in sampled]
+    return tf.stack(grads, axis=-1) / tf.cast(tf.sqrt(scale * len(sampled)), point.dtype)
+
+
+def _accumulate_batch(
+    run_model: Any,
+    dense_layers: Sequence[Any],
+    acc: _Accumulators,
+    x: Any,
+    y: Any,
+    *,
+    loss: Any,
+    reduction: str,
+    kind: str,
+    num_samples: int,
+    distribution: Any,
+    reads_logits: bool,
+    num_examples: int,
+    seed: tf.Tensor,
+    want_diagonal: bool,
+) -> None:
+    """Add one batch's Σ ā āᵀ, Σ_c g gᵀ (and other variables' squared gradients)."""
+    outer = tf.GradientTape(persistent=True, watch_accessed_variables=False)
+    inner = tf.GradientTape(watch_accessed_variables=False)
+    capture = _Capture(dense_layers, [outer, inner])
+    other_tf = [_tf_variable(v) for v in acc.others] if want_diagonal else []
+    sampled: list[tf.Tensor] = []
+    with outer:
+        for v in other_tf:
+            outer.watch(v)
+        with inner:
+            with capture:
+                outputs = run_model(x, training=False)
+            capture.check()
+            flat = tf.nest.flatten(outputs)
+            if len(flat) != 1:
+                raise ValueError(
+                    f"K-FAC supports a model with one output; {run_model.name!r} has {len(flat)}."
+                )
+            output = tf.convert_to_tensor(flat[0])
+            point = output
+            logits = _tf_compat.keras_logits(output) if reads_logits else None
+            if logits is not None:
+                point = logits
+            if point.shape.rank != 2:
+                raise ValueError(
+                    f"K-FAC needs model outputs of shape (batch, C); got {tuple(point.shape)}."
+                )
+            inner.watch(point)
+            outer.watch(point)
+            n = int(point.shape[0]) if point.shape[0] is not None else int(tf.shape(point)[0])
+            scale = float(num_examples if reduction == "sum" else n)
+
+            def unit_loss(labels: Any) -> tf.Tensor:
+                value = tf.convert_to_tensor(loss(labels, output))
+                if value.shape.rank:
+                    value = tf.reduce_mean(value)
+                return scale * value
+
+            true_value = unit_loss(y)
+            if kind == "mc":
+                labels = distribution.sample(output, point, num_samples, seed)
+                for s in range(num_samples):
+                    sampled.append(unit_loss(labels[s * n : (s + 1) * n]))
+        inner_gradient = inner.gradient(true_value, point) if kind == "type-2" else None
+    keras_models.check_finite(true_value, "the batch loss")
+    kappa = distribution.scale(output) if kind == "mc" else 1.0
+    columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa)
+    records = [capture.records.get(id(layer)) for layer in dense_layers]
+    abars: list[np.ndarray] = []
+    projected_inputs: dict[int, np.ndarray] = {}
+    projected_gradients: dict[int, np.ndarray] = {}
+    for index, ((layer, k, b), record) in enumerate(zip(acc.layout, records)):
+        if record is None:
+            raise ValueError(
+                f"K-FAC: the Dense layer {layer.name!r} is not called in the model's forward "
+                "pass, so it has no factors; make its weights non-trainable."
+            )
+        a, _ = record
+        abar = _augmented(np.asarray(a, np.float64), k is not None, b is not None)
+        abars.append(abar)  # (n, T, d_a): T = 1 for Dense, the output positions for Conv2D
+        positions = abar.shape[1]
+        if acc.bases is None:
+            if positions == 1 or acc.conv == "expand":
+                flat = abar.reshape(-1, abar.shape[-1])
+                acc.A[index] += flat.T @ flat / positions
+            else:
+                mean = abar.mean(axis=1)
+                acc.A[index] += mean.T @ mean
+        elif positions == 1:
+            projected_inputs[index] = (abar[:, 0] @ acc.bases[index][0]) ** 2
+            projected_gradients[index] = np.zeros((abar.shape[0], acc.G[index].shape[0]))
+    zs = [record[1] for record in records]  # type: ignore[index]
+    for c in range(int(columns.shape[-1])):
+        grads = outer.gradient(
+            point,
+            zs,
+            output_gradients=columns[:, :, c],
+            unconnected_gradients=tf.UnconnectedGradients.ZERO,
+        )
+        for index, g in enumerate(grads):
+            d_out = acc.G[index].shape[0]
+            g = np.asarray(g, np.float64).reshape(n, -1, d_out)  # (n, T, d_out)
+            positions = g.shape[1]
+            if acc.bases is None:
+                if positions == 1 or acc.conv == "expand":
+                    flat = g.reshape(-1, d_out)
+                    acc.G[index] += flat.T @ flat
+                else:
+                    summed = g.sum(axis=1)
+                    acc.G[index] += summed.T @ summed
+            elif positions == 1:
+                projected_gradients[index] += (g[:, 0] @ acc.bases[index][1]) ** 2
+            else:
+                # Per-example gradients Σ_t ā_t g_tᵀ, projected onto the eigenbasis.
+                QA, QG = acc.bases[index]
+                per_example = np.einsum("nta,ntb->nab", abars[index], g)
+                acc.S[index] += np.sum((QA.T @ per_example @ QG) ** 2, axis=0)
+    for index, p_a in projected_inputs.items():
+        acc.S[index] += p_a.T @ projected_gradients[index]
+    if other_tf:
+        jacobians = outer.jacobian(
+            point, other_tf, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        for index, jac in enumerate(jacobians):
+            jac = tf.reshape(jac, [n, int(point.shape[1]), -1])
+            per_example = tf.einsum("ncp,nck->nkp", tf.cast(jac, columns.dtype), columns)
+            acc.diagonal[index] += np.asarray(
+                tf.reduce_sum(per_example**2, axis=[0, 1]), np.float64
+            )
+    del outer
+
+
+def _tf_variable(variable: Any) -> Any:
+    inner = getattr(variable, "value", None)
+    return inner if isinstance(inner, tf.Variable) else variable

@@ -1,0 +1,508 @@
+"""KFACOperator against its definition and against the exact GGN, on small float64 models.
+
+The references are built independently of the operator's capture of the layers: a
+per-example loop that runs the MLP by hand (z = a W + b, σ(z)) under ``tf.GradientTape``,
+takes the output Hessian in the logits with nested tapes and back-propagates the columns
+of its square root (type-2) or the gradient at the true label (empirical).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from spectra.estimators.results import SpectralDensity
+from spectra.operators import GGNOperator
+from spectra.operators.kfac import EKFACOperator, KFACOperator
+
+N, BATCH, D_IN, CLASSES = 7, 3, 4, 3
+F64 = "float64"
+
+
+def _mlp(units, activations, seed=0, *, batchnorm=False):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((D_IN,), dtype=F64)]
+    for i, (u, act) in enumerate(zip(units, activations)):
+        layers.append(keras.layers.Dense(u, activation=act, dtype=F64))
+        if batchnorm and i == 0:
+            layers.append(keras.layers.BatchNormalization(dtype=F64))
+    model = keras.Sequential(layers)
+    if batchnorm:  # non-trivial moving statistics and affine parameters
+        bn = model.layers[1]
+        rng = np.random.default_rng(seed)
+        for w in bn.weights:
+            w.assign(rng.uniform(0.5, 1.5, size=w.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(N, D_IN))
+    labels = rng.integers(0, CLASSES, N)
+    return x, labels
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _mlp([5, CLASSES], ["tanh", "softmax"])
+
+
+@pytest.fixture(scope="module")
+def kfac(mlp, data):
+    return KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data, batch_size=BATCH)
+
+
+def _reference_factors(model, x, labels, kind):
+    """A_l, G_l by their definition, one example at a time."""
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    A = [np.zeros((layer.kernel.shape[0] + 1,) * 2) for layer in dense]
+    G = [np.zeros((layer.kernel.shape[1],) * 2) for layer in dense]
+    for i in range(len(x)):
+        h = tf.constant(x[i : i + 1])
+        with tf.GradientTape(persistent=True) as tape:
+            zs = []
+            for layer in dense:
+                abar = np.concatenate([h.numpy()[0], [1.0]])
+                A[len(zs)] += np.outer(abar, abar) / len(x)
+                z = h @ layer.kernel.value + layer.bias.value
+                tape.watch(z)
+                zs.append(z)
+                h = z if layer is dense[-1] else tf.tanh(z)
+            logits = zs[-1]
+            with tf.GradientTape() as inner_outer:
+                inner_outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    loss = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(loss, logits)
+            hessian = inner_outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        if kind == "type-2":
+            values, vectors = np.linalg.eigh(hessian)
+            columns = vectors * np.sqrt(np.maximum(values, 0))
+        else:
+            columns = grad.numpy().reshape(CLASSES, 1)
+        for c in range(columns.shape[1]):
+            cot = tf.constant(columns[None, :, c])
+            grads = tape.gradient(logits, zs, output_gradients=cot)
+            for layer_index, g in enumerate(grads):
+                g = np.zeros_like(G[layer_index][:1]) if g is None else g.numpy()
+                G[layer_index] += g.T @ g / len(x)
+    return A, G
+
+
+@pytest.mark.parametrize("kind", ["type-2", "empirical"])
+def test_factors_match_their_definition(mlp, data, kfac, kind):
+    x, labels = data
+    op = (
+        kfac
+        if kind == "type-2"
+        else KFACOperator.from_keras(
+            mlp, "sparse_categorical_crossentropy", data, batch_size=BATCH, kind=kind
+        )
+    )
+    A, G = _reference_factors(mlp, x, labels, kind)
+    assert len(op.blocks) == 2
+    for block, a, g in zip(op.blocks, A, G):
+        np.testing.assert_allclose(block.A, a, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(block.G, g, rtol=1e-10, atol=1e-14)
+        assert np.abs(block.G).max() > 1e-3  # not trivially zero
+
+
+def test_layout_matches_the_exact_operators(mlp, data, kfac):
+    ggn = GGNOperator.from_keras(mlp, "sparse_categorical_crossentropy", data)
+    assert kfac.variable_names == ggn.variable_names
+    assert kfac.variable_shapes == ggn.variable_shapes
+    assert kfac.shape == ggn.shape
+    vector = np.arange(kfac.shape[0], dtype=np.float64)
+    for a, b in zip(kfac.unflatten(vector), ggn.unflatten(vector)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(kfac.flatten(kfac.unflatten(vector)), vector)
+
+
+def test_products_eigenvalues_and_scalars_against_the_dense_matrix(kfac):
+    dense = kfac.to_dense()
+    np.testing.assert_array_equal(dense, dense.T)
+    rng = np.random.default_rng(2)
+    v = rng.normal(size=kfac.shape[0])
+    V = rng.normal(size=(kfac.shape[0], 4))
+    np.testing.assert_allclose(kfac.matvec(v), dense @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(kfac.matmat(V), dense @ V, rtol=1e-12, atol=1e-14)
+    # The Kronecker structure, checked on the first block: A ⊗ G in row-major order.
+    block = kfac.blocks[0]
+    rows = np.r_[block.kernel_slice, block.bias_slice]
+    np.testing.assert_allclose(dense[np.ix_(rows, rows)], np.kron(block.A, block.G), rtol=1e-13)
+    exact = np.linalg.eigvalsh(dense)[::-1]
+    np.testing.assert_allclose(kfac.eigenvalues(), exact, rtol=1e-10, atol=1e-12 * exact[0])
+    assert kfac.trace() == pytest.approx(np.trace(dense), rel=1e-12)
+    assert kfac.frobenius_norm() == pytest.approx(np.linalg.norm(dense), rel=1e-12)
+    damping = 1e-2
+    sign, logdet = np.linalg.slogdet(dense + damping * np.eye(len(dense)))
+    assert sign == 1
+    assert kfac.logdet(damping) == pytest.approx(logdet, rel=1e-10)
+    inverse = kfac.inverse(damping)
+    solved = np.linalg.solve(dense + damping * np.eye(len(dense)), V)
+    np.testing.assert_allclose(inverse.matmat(V), solved, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        inverse.matvec(v), np.linalg.solve(dense + damping * np.eye(len(dense)), v), rtol=1e-8
+    )
+    with pytest.raises(ValueError, match="damping > 0"):
+        kfac.logdet()  # A ⊗ G of a 7-example dataset is singular
+    with pytest.raises(ValueError, match="damping > 0"):
+        kfac.inverse(0.0)
+
+
+def test_exact_spectral_density(kfac):
+    eigenvalues = np.linalg.eigvalsh(kfac.to_dense())
+    density = SpectralDensity.from_eigenvalues(kfac.eigenvalues())
+    assert density.dimension == kfac.shape[0] == density.nodes.shape[1]
+    np.testing.assert_allclose(density.nodes[0], np.sort(kfac.eigenvalues()))
+    moments = density.moments(2)
+    np.testing.assert_allclose(moments.estimate[1], eigenvalues.mean(), rtol=1e-10)
+    np.testing.assert_allclose(moments.estimate[2], np.mean(eigenvalues**2), rtol=1e-10)
+    threshold = float(np.median(eigenvalues)) * 1.0001 + 1e-12
+    mass = density.mass_below(threshold)
+    assert mass.estimate == pytest.approx(
+        np.mean(eigenvalues < threshold), abs=1.0 / len(eigenvalues)
+    )
+    curve = density.density()
+    assert np.trapezoid(curve.values, curve.grid) == pytest.approx(1.0, abs=1e-3)
+    np.testing.assert_array_equal(curve.lower, np.maximum(curve.values, 0))  # no sampling error
+    with pytest.raises(ValueError, match="finite numbers"):
+        SpectralDensity.from_eigenvalues([1.0, np.nan])
+
+
+def test_one_example_single_linear_layer_mse_equals_the_ggn():
+    model = _mlp([2], [None], seed=3)
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(1, D_IN)), rng.normal(size=(1, 2))
+    kfac = KFACOperator.from_keras(model, "mse", (x, y))
+    ggn = GGNOperator.from_keras(model, "mse", (x, y), dtype=np.float64)
+    exact = ggn.matmat(np.eye(ggn.shape[0]))
+    np.testing.assert_allclose(kfac.to_dense(), exact, rtol=0, atol=1e-12)
+    assert np.abs(exact).max() > 0.1
+    # A linear layer under MSE has a constant G = (2/d) I: K-FAC is then exact for any N,
+    # which checks the dataset weighting, for the mean and (G scaled by N) the sum.
+    x, y = rng.normal(size=(5, D_IN)), rng.normal(size=(5, 2))
+    for loss in ("mse", keras.losses.MeanSquaredError(reduction="sum")):
+        kfac = KFACOperator.from_keras(model, loss, (x, y), batch_size=2)
+        ggn = GGNOperator.from_keras(model, loss, (x, y), batch_size=2)
+        exact = ggn.matmat(np.eye(ggn.shape[0]))
+        np.testing.assert_allclose(kfac.to_dense(), exact, rtol=1e-12, atol=1e-12)
+
+
+def test_one_example_single_softmax_layer_equals_the_ggn_and_several_do_not(data):
+    x, labels = data
+    model = _mlp([CLASSES], ["softmax"], seed=4)
+    loss = "sparse_categorical_crossentropy"
+
+    def dense_pair(n):
+        kfac = KFACOperator.from_keras(model, loss, (x[:n], labels[:n]))
+        ggn = GGNOperator.from_keras(model, loss, (x[:n], labels[:n]))
+        return kfac.to_dense(), ggn.matmat(np.eye(ggn.shape[0]))
+
+    one_k, one_g = dense_pair(1)
+    np.testing.assert_allclose(one_k, one_g, rtol=0, atol=1e-12)
+    many_k, many_g = dense_pair(N)
+    # The approximation is real: E[ā āᵀ ⊗ S Sᵀ] ≠ E[ā āᵀ] ⊗ E[S Sᵀ] when p varies.
+    assert np.linalg.norm(many_k - many_g) > 1e-2 * np.linalg.norm(many_g)
+    # ... yet the traces agree only by accident: check the approximation keeps the scale.
+    assert np.trace(many_k) == pytest.approx(np.trace(many_g), rel=0.5)
+
+
+def test_ekfac_against_the_dense_projection(mlp, data, kfac):
+    loss = "sparse_categorical_crossentropy"
+    ekfac = EKFACOperator.from_keras(mlp, loss, data, batch_size=BATCH)
+    ggn = GGNOperator.from_keras(mlp, loss, data).matmat(np.eye(kfac.shape[0]))
+    dense = ekfac.to_dense()
+    kfac_dense = kfac.to_dense()
+    np.testing.assert_allclose(dense, dense.T, atol=1e-15)
+    for block, kblock in zip(ekfac.blocks, kfac.blocks):
+        # The eigenbasis is K-FAC's: the same factors, and Q_A, Q_G diagonalize them.
+        np.testing.assert_array_equal(block.A, kblock.A)
+        np.testing.assert_array_equal(block.G, kblock.G)
+        QA, QG = block.basis
+        for M, Q in ((block.A, QA), (block.G, QG)):
+            rotated = Q.T @ M @ Q
+            np.testing.assert_allclose(rotated, np.diag(np.diag(rotated)), atol=1e-12)
+        # The scalings: the exact GGN block projected onto Q_A ⊗ Q_G, its diagonal.
+        rows = np.r_[block.kernel_slice, block.bias_slice]
+        exact_block = ggn[np.ix_(rows, rows)]
+        Q = np.kron(QA, QG)
+        expected = np.diag(Q.T @ exact_block @ Q).reshape(block.scalings.shape)
+        np.testing.assert_allclose(block.scalings, expected, rtol=1e-9, atol=1e-14)
+        # ... so EKFAC is at least as close to the exact block as K-FAC (here strictly).
+        err_e = np.linalg.norm(dense[np.ix_(rows, rows)] - exact_block)
+        err_k = np.linalg.norm(kfac_dense[np.ix_(rows, rows)] - exact_block)
+        assert err_e < err_k
+    exact = np.linalg.eigvalsh(dense)[::-1]
+    np.testing.assert_allclose(ekfac.eigenvalues(), exact, rtol=1e-9, atol=1e-12 * exact[0])
+    assert ekfac.trace() == pytest.approx(np.trace(dense), rel=1e-12)
+    assert ekfac.trace() == pytest.approx(np.trace(ggn), rel=1e-12)  # diag(QᵀBQ) keeps tr B
+    assert ekfac.frobenius_norm() == pytest.approx(np.linalg.norm(dense), rel=1e-12)
+    damping = 1e-2
+    shifted = dense + damping * np.eye(len(dense))
+    assert ekfac.logdet(damping) == pytest.approx(np.linalg.slogdet(shifted)[1], rel=1e-10)
+    v = np.random.default_rng(8).normal(size=len(dense))
+    np.testing.assert_allclose(ekfac.matvec(v), dense @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        ekfac.inverse(damping).matvec(v), np.linalg.solve(shifted, v), rtol=1e-8
+    )
+
+
+def test_batching_does_not_change_the_matrix(mlp, data, kfac):
+    whole = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data)
+    np.testing.assert_allclose(whole.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
+
+
+def test_monte_carlo_approaches_type_2(mlp, data, kfac):
+    mc = KFACOperator.from_keras(
+        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=400, seed=5
+    )
+    few = KFACOperator.from_keras(
+        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=1, seed=5
+    )
+    exact = kfac.to_dense()
+    error = np.linalg.norm(mc.to_dense() - exact) / np.linalg.norm(exact)
+    assert error < 0.1
+    assert np.linalg.norm(few.to_dense() - exact) / np.linalg.norm(exact) > error
+
+
+def test_snapshot_and_float32_model_in_float64(data):
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=6)
+    x, labels = data
+    keras.utils.set_random_seed(6)
+    f32 = keras.Sequential(
+        [keras.Input((D_IN,)), keras.layers.Dense(5, activation="tanh"),
+         keras.layers.Dense(CLASSES, activation="softmax")]
+    )  # fmt: skip
+    for w32, w64 in zip(f32.weights, model.weights):
+        w32.assign(tf.cast(w64.value, tf.float32))
+    op32 = KFACOperator.from_keras(f32, "sparse_categorical_crossentropy", data)
+    op = KFACOperator.from_keras(
+        f32, "sparse_categorical_crossentropy", (x.astype(np.float32), labels), dtype=np.float64
+    )
+    ref = KFACOperator.from_keras(model, "sparse_categorical_crossentropy", data)
+    assert op32.dtype == np.float32 and op.dtype == np.float64
+    np.testing.assert_allclose(op.to_dense(), ref.to_dense(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(op32.to_dense(), ref.to_dense(), rtol=1e-3, atol=1e-5)
+    before = op.to_dense()
+    for w in f32.weights:
+        w.assign(w.value * 2)
+    np.testing.assert_array_equal(op.to_dense(), before)
+    assert not hasattr(f32.layers[0], "__dict__") or "call" not in f32.layers[0].__dict__
+
+
+def test_other_variables(data):
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=7, batchnorm=True)
+    loss = "sparse_categorical_crossentropy"
+    with pytest.raises(
+        ValueError,
+        match=r"'batch_normalization\w*' \(BatchNormalization\).*"
+        r"other_variables='exclude'",
+    ):
+        KFACOperator.from_keras(model, loss, data)
+    excluded = KFACOperator.from_keras(model, loss, data, other_variables="exclude")
+    diagonal = KFACOperator.from_keras(model, loss, data, other_variables="diagonal")
+    ggn = GGNOperator.from_keras(model, loss, data).matmat(np.eye(excluded.shape[0]))
+    names = excluded.variable_names
+    sizes = [int(np.prod(s)) for s in excluded.variable_shapes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    other = np.concatenate(
+        [np.arange(offsets[j], offsets[j + 1]) for j, n in enumerate(names) if "batch_norm" in n]
+    )
+    assert len(other) == 10  # gamma and beta
+    dense_excluded = excluded.to_dense()
+    np.testing.assert_array_equal(dense_excluded[other], 0)
+    dense_diagonal = diagonal.to_dense()
+    np.testing.assert_allclose(np.diag(dense_diagonal)[other], np.diag(ggn)[other], rtol=1e-10)
+    off = dense_diagonal[np.ix_(other, other)] - np.diag(np.diag(dense_diagonal)[other])
+    np.testing.assert_array_equal(off, 0)
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(dense_diagonal)[::-1], diagonal.eigenvalues(), atol=1e-12
+    )
+    assert diagonal.trace() == pytest.approx(np.trace(dense_diagonal), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "match"),
+    [
+        ({"kind": "type2"}, ValueError, "kind must be one of 'type-2', 'mc', 'empirical'"),
+        ({"kind": 2}, TypeError, "kind must be one of"),
+        ({"num_samples": 3}, ValueError, "num_samples is for kind='mc'"),
+        ({"kind": "mc", "num_samples": 0}, ValueError, "num_samples must be an integer >= 1"),
+        ({"other_variables": "drop"}, ValueError, "other_variables must be one of"),
+        ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
+    ],
+)
+def test_bad_arguments(mlp, data, keywords, error, match):
+    with pytest.raises(error, match=match):
+        KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", data, **keywords)
+
+
+def test_refusals(mlp, data, kfac):
+    x, labels = data
+    loss = "sparse_categorical_crossentropy"
+    with pytest.raises(ValueError, match="sample weights"):
+        KFACOperator.from_keras(mlp, loss, (x, labels, np.ones(N)))
+    with pytest.raises(ValueError, match="data is required"):
+        KFACOperator.from_keras(mlp, loss)
+    sequence = keras.Sequential(
+        [keras.Input((2, D_IN), dtype=F64), keras.layers.Dense(3, dtype=F64),
+         keras.layers.Flatten(dtype=F64)]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"inputs of shape \(batch, features\)") as raised:
+        KFACOperator.from_keras(sequence, "mse", (np.zeros((2, 2, D_IN)), np.zeros((2, 6))))
+    assert "\n" not in str(raised.value)  # not wrapped in Keras' call context
+    inputs = keras.Input((D_IN,), dtype=F64)
+    shared_layer = keras.layers.Dense(D_IN, activation="tanh", dtype=F64)
+    head = keras.layers.Dense(CLASSES, dtype=F64)
+    shared = keras.Model(inputs, head(shared_layer(shared_layer(inputs))))
+    with pytest.raises(ValueError, match=r"called more than once.*shared weights") as raised:
+        KFACOperator.from_keras(shared, "mse", (x, np.zeros((N, CLASSES))))
+    assert "\n" not in str(raised.value)
+    assert "call" not in shared_layer.__dict__  # the layer is restored after the error
+    with pytest.raises(ValueError, match="expected a vector of length"):
+        kfac.matvec(np.ones(3))
+    with pytest.raises(ValueError, match="damping must be >= 0"):
+        kfac.inverse(-1.0)
+
+
+# -- Conv2D (KFC) ---------------------------------------------------------------------------
+H, W, C_IN, FILTERS = 4, 4, 2, 3
+
+
+def _conv_model(seed, *, kernel=3, padding="same", strides=1, classes=CLASSES):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((H, W, C_IN), dtype=F64),
+            keras.layers.Conv2D(
+                FILTERS, kernel, strides=strides, padding=padding, activation="tanh", dtype=F64
+            ),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(classes, activation="softmax", dtype=F64),
+        ]
+    )
+
+
+def _patches(image, kernel, pad):
+    """Patches of one (H, W, C) image by explicit slicing, each flattened (kh, kw, c)."""
+    padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+    rows = padded.shape[0] - kernel + 1
+    cols = padded.shape[1] - kernel + 1
+    return np.stack(
+        [
+            padded[i : i + kernel, j : j + kernel].reshape(-1)
+            for i in range(rows)
+            for j in range(cols)
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(9)
+    return rng.normal(size=(5, H, W, C_IN)), rng.integers(0, CLASSES, 5)
+
+
+@pytest.mark.parametrize("variant", ["expand", "reduce"])
+def test_conv_factors_match_their_definition(images, variant):
+    x, labels = images
+    model = _conv_model(10)
+    op = KFACOperator.from_keras(
+        model, "sparse_categorical_crossentropy", images, batch_size=2, conv=variant
+    )
+    conv, dense = model.layers[0], model.layers[2]
+    kernel = conv.kernel.numpy().reshape(-1, FILTERS)
+    d_a = kernel.shape[0] + 1
+    A, G = np.zeros((d_a, d_a)), np.zeros((FILTERS, FILTERS))
+    for i in range(len(x)):
+        abar = np.concatenate([_patches(x[i], 3, 1), np.ones((H * W, 1))], axis=1)
+        z = tf.constant((abar[:, :-1] @ kernel + conv.bias.numpy())[None])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(z)
+            logits = tf.reshape(tf.tanh(z), [1, -1]) @ dense.kernel.value + dense.bias.value
+            with tf.GradientTape() as outer:
+                outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    loss = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(loss, logits)
+            hessian = outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        values, vectors = np.linalg.eigh(hessian)
+        columns = vectors * np.sqrt(np.maximum(values, 0))
+        if variant == "expand":
+            A += abar.T @ abar / (H * W) / len(x)
+        else:
+            mean = abar.mean(axis=0)
+            A += np.outer(mean, mean) / len(x)
+        for c in range(CLASSES):
+            g = tape.gradient(logits, z, output_gradients=tf.constant(columns[None, :, c]))
+            g = g.numpy().reshape(H * W, FILTERS)
+            if variant == "expand":
+                G += g.T @ g / len(x)
+            else:
+                G += np.outer(g.sum(axis=0), g.sum(axis=0)) / len(x)
+    block = op.blocks[0]
+    np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-14)
+    dense_op = op.to_dense()
+    rng = np.random.default_rng(11)
+    v = rng.normal(size=op.shape[0])
+    np.testing.assert_allclose(op.matvec(v), dense_op @ v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        op.eigenvalues(), np.linalg.eigvalsh(dense_op)[::-1], atol=1e-12 * op.eigenvalues()[0]
+    )
+
+
+def test_conv_with_one_position_and_one_example_equals_the_ggn(images):
+    x, labels = images
+    # A 4x4 kernel on a 4x4 image without padding: one output position (T = 1).
+    model = _conv_model(12, kernel=4, padding="valid")
+    loss = "sparse_categorical_crossentropy"
+    ggn = GGNOperator.from_keras(model, loss, (x[:1], labels[:1]))
+    exact = ggn.matmat(np.eye(ggn.shape[0]))
+    conv_rows = np.arange(int(np.prod(model.layers[0].kernel.shape)) + FILTERS)
+    for variant in ("expand", "reduce"):
+        op = KFACOperator.from_keras(model, loss, (x[:1], labels[:1]), conv=variant)
+        block = op.to_dense()[np.ix_(conv_rows, conv_rows)]
+        np.testing.assert_allclose(block, exact[np.ix_(conv_rows, conv_rows)], atol=1e-12)
+
+
+def test_conv_ekfac_against_the_dense_projection(images):
+    model = _conv_model(13, strides=2)
+    loss = "sparse_categorical_crossentropy"
+    ekfac = EKFACOperator.from_keras(model, loss, images, batch_size=2)
+    ggn = GGNOperator.from_keras(model, loss, images).matmat(np.eye(ekfac.shape[0]))
+    for block in ekfac.blocks:
+        rows = np.r_[block.kernel_slice, block.bias_slice]
+        Q = np.kron(*block.basis)
+        expected = np.diag(Q.T @ ggn[np.ix_(rows, rows)] @ Q).reshape(block.scalings.shape)
+        np.testing.assert_allclose(block.scalings, expected, rtol=1e-9, atol=1e-14)
+
+
+def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
+    x, labels = data
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(BATCH)
+    from_dataset = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", dataset)
+    np.testing.assert_allclose(from_dataset.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
+    conv1d = keras.Sequential(
+        [keras.Input((D_IN, 1), dtype=F64), keras.layers.Conv1D(2, 2, dtype=F64),
+         keras.layers.Flatten(dtype=F64), keras.layers.Dense(CLASSES, dtype=F64)]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"layer 'conv1d\w*' \(Conv1D\) has trainable variables"):
+        KFACOperator.from_keras(conv1d, "mse", (x[..., None], np.zeros((N, CLASSES))))
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        KFACOperator.from_keras(
+            mlp,
+            keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
+            data,
+            kind="empirical",
+        )
