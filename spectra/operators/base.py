@@ -47,7 +47,6 @@ from spectra.operators.curvature import Curvature, FunctionProgram, variable_nam
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.memory import (
-    BLOCK_COPIES,
     MemoryPlan,
     default_memory_budget,
     format_bytes,
@@ -76,7 +75,7 @@ _BLOCK_BYTES = 512 * 1024**2
 
 def block_size_for(num_parameters: int, itemsize: int, budget_bytes: int = _BLOCK_BYTES) -> int:
     """The largest power-of-two block (≤ 64 vectors) whose (k, n) arrays fit the budget."""
-    return sub_block_size(BLOCK_COPIES * num_parameters * itemsize, budget_bytes)
+    return sub_block_size(0, budget_bytes, per_row=num_parameters * itemsize)
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -531,36 +530,38 @@ class CurvatureOperator(LinearOperator):
         share one pass over the data).
 
         An explicit ``max_block_size`` is used as given. Otherwise the largest power of two
-        k ≤ 64 with k·(per-vector memory) ≤ memory_budget − snapshot − kept caches − one
-        streamed batch cache (see :meth:`memory_plan`); before the first pass, with no
-        batch measured, only the block's (k, n) arrays are counted.
+        k ≤ 64 whose product memory (the tangents of the vectors in flight and the block's
+        (k, n) arrays, see :mod:`spectra.operators.memory`) fits memory_budget − snapshot −
+        kept caches − one streamed batch cache; before the first pass, with no batch
+        measured, only the block's arrays are counted.
         """
         if self._block_size_override is not None:
             return self._block_size_override
-        return sub_block_size(self._per_vector_bytes(), self._block_room())
+        return sub_block_size(self._batch_bytes, self._block_room(), per_row=self._per_row_bytes())
 
     @max_block_size.setter
     def max_block_size(self, value: int) -> None:
         self._block_size_override = check_int("max_block_size", value)
 
-    def _per_vector_bytes(self) -> int:
-        """Estimated memory of one vector of a block product: one tangent per frontier
-        tensor of a batch (the largest batch cache measured) and the block's (k, n) arrays."""
-        return self._batch_bytes + BLOCK_COPIES * self.shape[0] * self._engine.dtype.size
+    def _per_row_bytes(self) -> int:
+        """One row of a block product's (k, n) arrays."""
+        return self.shape[0] * self._engine.dtype.size
 
     def _block_room(self) -> int:
         streamed = self._batch_bytes if self._num_streamed else 0
         return self.memory_budget - self._snapshot_bytes - self.cache_nbytes - streamed
 
-    def memory_plan(self) -> MemoryPlan:
+    def memory_plan(self, block: int | None = None) -> MemoryPlan:
         """What this operator holds and will use, in bytes (a :class:`MemoryPlan`).
 
-        Before the first pass over the data (``loss()``, ``gradient()`` or a product) the
-        batch figures are not known yet (``measured`` is False); afterwards they are the
-        caches measured on that pass. ``peak`` estimates the most a product adds to the
+        ``block``: the number of vectors of the product to plan for (default: a whole
+        sub-block, :attr:`max_block_size`); a larger block runs in sub-blocks. Before the
+        first pass over the data (``loss()``, ``gradient()`` or a product) the batch figures
+        are not known yet (``measured`` is False); afterwards they are the caches measured
+        on that pass. ``peak`` estimates the most the operator and a product add to the
         memory the model itself holds. Costs nothing (no pass over the data).
         """
-        prepared = self._loss is not None
+        block = self.max_block_size if block is None else check_int("block", block)
         return MemoryPlan(
             budget=self.memory_budget,
             snapshot=self._snapshot_bytes,
@@ -568,9 +569,10 @@ class CurvatureOperator(LinearOperator):
             cached=self.cache_nbytes,
             cached_batches=len(self._caches or ()),
             streamed_batches=self._num_streamed,
-            per_vector=self._per_vector_bytes(),
-            block_size=self.max_block_size,
-            measured=prepared,
+            per_vector=self._batch_bytes,
+            per_row=self._per_row_bytes(),
+            block_size=min(block, self.max_block_size),
+            measured=self._loss is not None,
         )
 
     # -- flat vectors and variables -------------------------------------------------

@@ -6,19 +6,21 @@ An operator holds, besides the model itself:
 * the **batch caches** it keeps (each batch's frontier tensors: activations, masks,
   back-propagated signals), at most the cache budget; a batch that does not fit is
   *streamed*: its cache is recomputed in every pass and lives while its products run;
-* per **block product** of k vectors, k tangents of the vector-dependent part. A product's
-  second backward creates, per stored frontier tensor, a tangent of the same shape, so the
-  per-vector memory of the apply part is estimated as the bytes of one batch's frontier
-  (measured on the first pass: the largest batch cache seen) plus the (k, n) arrays of
-  the block (:data:`BLOCK_COPIES` of them: the input block, the batch's product, the
-  running sum per replica and the host copy). The estimate comes from the measured cache
-  rather than from the graph's static shapes because the batch dimension of the traced
-  graph is usually unknown, and from the cache rather than a measured peak because the CPU
-  allocator offers no per-call peak (``tf.config.experimental.get_memory_info`` is
-  GPU-only).
+* per **block product** of k vectors: the tangents of the vector-dependent part for the
+  vectors in flight, and the block's (k, n) arrays (:func:`product_bytes`). The
+  compiled block product is a ``tf.map_fn`` over the vectors running at most
+  :data:`PARALLEL_VECTORS` of them at once, so min(k, 10) vectors' tangents are alive
+  together. A product's second backward creates, per stored frontier tensor, a tangent of
+  the same shape, so one vector's tangents are estimated as the bytes of one batch's
+  frontier, measured on the first pass (the largest batch cache seen). The estimate
+  comes from the measured cache rather than from the graph's static shapes because the
+  batch dimension of the traced graph is usually unknown, and from the cache rather than
+  a measured peak because the CPU allocator offers no per-call peak
+  (``tf.config.experimental.get_memory_info`` is GPU-only).
 
-A block larger than the sub-block size is multiplied in sub-blocks, one pass over the
-data each, so that k·per-vector + the kept caches + the snapshot stay within the budget.
+A block larger than the sub-block size is multiplied in sub-blocks, one after another on
+each batch of the same pass over the data, so that one sub-block's product memory + the
+kept caches + one streamed batch + the snapshot stay within the budget.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from dataclasses import dataclass
 __all__ = [
     "BLOCK_COPIES",
     "DEFAULT_MEMORY_FRACTION",
+    "PARALLEL_VECTORS",
     "MemoryPlan",
     "available_memory",
     "default_memory_budget",
     "format_bytes",
+    "product_bytes",
     "sub_block_size",
 ]
 
@@ -42,6 +46,8 @@ DEFAULT_MEMORY_FRACTION = 0.5
 #: Arrays of shape (k, n) alive during a block product: the input block, the product of a
 #: batch, the running sum per replica, and the host copy.
 BLOCK_COPIES = 4
+#: Vectors of a block whose products run at once (``tf.map_fn``'s ``parallel_iterations``).
+PARALLEL_VECTORS = 10
 #: The largest sub-block; larger blocks gain no speed on the measured models.
 LARGEST_SUB_BLOCK = 64
 
@@ -99,10 +105,27 @@ def default_memory_budget() -> int:
     return int(available_memory() * DEFAULT_MEMORY_FRACTION)
 
 
-def sub_block_size(per_vector: int, room: int, largest: int = LARGEST_SUB_BLOCK) -> int:
-    """The largest power of two k ≤ ``largest`` with k·``per_vector`` ≤ ``room`` (at least 1)."""
-    fits = max(1, min(largest, room // max(per_vector, 1)))
-    return 1 << (int(fits).bit_length() - 1)
+def product_bytes(k: int, per_vector: int, per_row: int) -> int:
+    """Memory of a block product of k vectors, ``per_row`` = n·itemsize.
+
+    During a batch's product: min(k, :data:`PARALLEL_VECTORS`) vectors' tangents
+    (``per_vector`` each) and two (k, n) arrays (the input block and the running sums);
+    after the pass, with the tangents freed, :data:`BLOCK_COPIES` of them (the sums, the
+    concatenated and transposed host copies). The larger of the two.
+    """
+    during = min(k, PARALLEL_VECTORS) * per_vector + 2 * k * per_row
+    return max(during, BLOCK_COPIES * k * per_row)
+
+
+def sub_block_size(
+    per_vector: int, room: int, largest: int = LARGEST_SUB_BLOCK, per_row: int = 0
+) -> int:
+    """The largest power of two k ≤ ``largest`` whose :func:`product_bytes` fit ``room``
+    (at least 1)."""
+    k = 1
+    while 2 * k <= largest and product_bytes(2 * k, per_vector, per_row) <= room:
+        k *= 2
+    return k
 
 
 def format_bytes(n: float) -> str:
@@ -120,9 +143,11 @@ class MemoryPlan:
     ``budget``: the memory budget; ``snapshot``: the parameter copies (n numbers per local
     replica); ``cache_per_batch``: the largest batch cache; ``cached``: bytes of the kept
     caches; ``cached_batches``/``streamed_batches``: how many batches (of this process) are
-    kept and recomputed per pass; ``per_vector``: estimated memory of one vector of a block
-    product; ``block_size``: vectors per sub-block; ``peak``: the estimated peak,
-    snapshot + cached + (one batch cache if any streams) + ``block_size``·``per_vector``;
+    kept and recomputed per pass; ``per_vector``: estimated tangents of one vector in
+    flight (one batch's frontier); ``per_row``: one row of the block's (k, n) arrays
+    (n·itemsize);
+    ``block_size``: vectors per sub-block of the planned product; ``peak``: the estimated
+    peak, snapshot + cached + (one batch cache if any streams) + :func:`product_bytes`;
     ``measured``: False until the first pass over the data (the batch figures are then 0).
     """
 
@@ -133,8 +158,14 @@ class MemoryPlan:
     cached_batches: int
     streamed_batches: int
     per_vector: int
+    per_row: int
     block_size: int
     measured: bool
+
+    @property
+    def products(self) -> int:
+        """Bytes of one sub-block's product (:func:`product_bytes`)."""
+        return product_bytes(self.block_size, self.per_vector, self.per_row)
 
     @property
     def streaming_batch(self) -> int:
@@ -145,8 +176,7 @@ class MemoryPlan:
     def peak(self) -> int:
         """Estimated peak beyond the model itself: snapshot, kept caches, one streamed
         batch and one sub-block's tangents."""
-        products = self.block_size * self.per_vector
-        return self.snapshot + self.cached + self.streaming_batch + products
+        return self.snapshot + self.cached + self.streaming_batch + self.products
 
     def __str__(self) -> str:
         if not self.measured:
@@ -163,6 +193,7 @@ class MemoryPlan:
             f"  cache {format_bytes(self.cache_per_batch)} per batch: cached "
             f"{self.cached_batches} of {total} batches ({format_bytes(self.cached)}), "
             f"streaming {self.streamed_batches}\n"
-            f"  products: {format_bytes(self.per_vector)} per vector, sub-blocks of "
-            f"{self.block_size} ({format_bytes(self.block_size * self.per_vector)})"
+            f"  products: sub-blocks of {self.block_size} ({format_bytes(self.products)}: "
+            f"{format_bytes(self.per_vector)} of tangents per vector in flight, "
+            f"{format_bytes(self.per_row)} per row of the (k, n) arrays)"
         )

@@ -162,7 +162,7 @@ def test_a_tiny_budget_splits_a_block_into_sub_blocks(problem, monkeypatch):
     plan = full.memory_plan()
     assert plan.measured and plan.cached == full.cache_nbytes and plan.block_size == 64
     # Room for the snapshot, the four caches and four vectors' tangents, not eight.
-    budget = plan.snapshot + plan.cached + int(4.5 * plan.per_vector)
+    budget = plan.snapshot + plan.cached + int(4.5 * (plan.per_vector + 2 * plan.per_row))
     tight = HessianOperator.from_keras(
         model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, cache=True, memory_budget=budget
     )
@@ -245,12 +245,15 @@ def test_the_plan_reads_as_a_summary():
         cached=900 * 1024**2,
         cached_batches=3,
         streamed_batches=1,
-        per_vector=310 * 1024**2,
-        block_size=4,
+        per_vector=300 * 1024**2,
+        per_row=1024**2,
+        block_size=16,
         measured=True,
     )
-    assert plan.peak == (8 + 900 + 300 + 4 * 310) * 1024**2
+    # Ten vectors' tangents in flight, two (16, n) arrays.
+    assert plan.products == (10 * 300 + 2 * 16) * 1024**2
+    assert plan.peak == (8 + 900 + 300 + 3032) * 1024**2
     text = str(plan)
-    assert "budget 4.0 GiB, estimated peak 2.4 GiB" in text
+    assert "budget 4.0 GiB, estimated peak 4.1 GiB" in text
     assert "cached 3 of 4 batches (900.0 MiB), streaming 1" in text
-    assert "310.0 MiB per vector, sub-blocks of 4 (1.2 GiB)" in text
+    assert "sub-blocks of 16 (3.0 GiB: 300.0 MiB of tangents per vector in flight" in text
