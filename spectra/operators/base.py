@@ -47,6 +47,7 @@ from spectra.operators.curvature import Curvature, FunctionProgram, variable_nam
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.memory import (
+    TANGENT_FACTOR,
     MemoryPlan,
     default_memory_budget,
     format_bytes,
@@ -537,11 +538,17 @@ class CurvatureOperator(LinearOperator):
         """
         if self._block_size_override is not None:
             return self._block_size_override
-        return sub_block_size(self._batch_bytes, self._block_room(), per_row=self._per_row_bytes())
+        return sub_block_size(
+            self._per_vector_bytes(), self._block_room(), per_row=self._per_row_bytes()
+        )
 
     @max_block_size.setter
     def max_block_size(self, value: int) -> None:
         self._block_size_override = check_int("max_block_size", value)
+
+    def _per_vector_bytes(self) -> int:
+        """Estimated tangents of one vector in flight in a product."""
+        return int(TANGENT_FACTOR * self._batch_bytes)
 
     def _per_row_bytes(self) -> int:
         """One row of a block product's (k, n) arrays."""
@@ -569,7 +576,7 @@ class CurvatureOperator(LinearOperator):
             cached=self.cache_nbytes,
             cached_batches=len(self._caches or ()),
             streamed_batches=self._num_streamed,
-            per_vector=self._batch_bytes,
+            per_vector=self._per_vector_bytes(),
             per_row=self._per_row_bytes(),
             block_size=min(block, self.max_block_size),
             measured=self._loss is not None,
