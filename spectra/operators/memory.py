@@ -203,4 +203,14 @@ class MemoryPlan:
             f"  products: sub-blocks of {self.block_size} ({format_bytes(self.products)}: "
             f"{format_bytes(self.per_vector)} of tangents per vector in flight, "
             f"{format_bytes(self.per_row)} per row of the (k, n) arrays)"
+        ) + self._over_budget()
+
+    def _over_budget(self) -> str:
+        """A line saying by how much the estimate exceeds the budget (empty if it fits)."""
+        if self.peak <= self.budget:
+            return ""
+        return (
+            f"\n  over the budget by {format_bytes(self.peak - self.budget)}: lower batch_size "
+            "(smaller batch caches and tangents), cache fewer batches (cache_bytes) or raise "
+            "memory_budget"
         )

@@ -193,6 +193,8 @@ def test_a_tiny_budget_splits_a_block_into_sub_blocks(problem, monkeypatch):
     )
     np.testing.assert_allclose(tiniest.matmat(V[:, :3]), unsplit[:, :3], rtol=0, atol=1e-12)
     assert tiniest.max_block_size == 1 and tiniest.num_cached_batches == 0
+    assert "over the budget by" in str(tiniest.memory_plan())
+    assert "over the budget" not in str(tight.memory_plan())
 
 
 def test_explicit_overrides_take_precedence(problem):
