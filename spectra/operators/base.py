@@ -32,7 +32,6 @@ import contextlib
 import enum
 import functools
 import inspect
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -47,6 +46,13 @@ from spectra.operators.batching import Batches
 from spectra.operators.curvature import Curvature, FunctionProgram, variable_name
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
+from spectra.operators.memory import (
+    TANGENT_FACTOR,
+    MemoryPlan,
+    default_memory_budget,
+    format_bytes,
+    sub_block_size,
+)
 from spectra.operators.replicas import Replicas
 
 __all__ = ["CurvatureOperator", "block_size_for"]
@@ -65,28 +71,12 @@ class _Default(enum.Enum):
 
 _DEFAULT = _Default.SEED
 
-_LARGEST_BLOCK = 64
 _BLOCK_BYTES = 512 * 1024**2
-# Arrays of shape (k, n) alive during a block product: the input block, the product of a
-# batch, the running sum per replica, and the host copy.
-_BLOCK_COPIES = 4
 
 
 def block_size_for(num_parameters: int, itemsize: int, budget_bytes: int = _BLOCK_BYTES) -> int:
     """The largest power-of-two block (≤ 64 vectors) whose (k, n) arrays fit the budget."""
-    per_vector = _BLOCK_COPIES * num_parameters * itemsize
-    fits = max(1, min(_LARGEST_BLOCK, budget_bytes // max(per_vector, 1)))
-    return 1 << (int(fits).bit_length() - 1)
-
-
-def _default_cache_bytes() -> int:
-    """2 GiB, or a quarter of physical memory if that is less."""
-    limit = 2 * 1024**3
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return limit
-    return int(min(limit, physical // 4))
+    return sub_block_size(0, budget_bytes, per_row=num_parameters * itemsize)
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -221,6 +211,7 @@ class CurvatureOperator(LinearOperator):
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
         max_block_size: int | None = None,
+        memory_budget: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
@@ -261,7 +252,15 @@ class CurvatureOperator(LinearOperator):
         captures, keep_alive = _capture_snapshots(engine, replicas.devices)
         snapshot = _Snapshot(captures, [[] for _ in replicas.devices], 0, keep_alive=keep_alive)
         self._setup(
-            engine, batches, user_variables, snapshot, replicas, cache, cache_bytes, max_block_size
+            engine,
+            batches,
+            user_variables,
+            snapshot,
+            replicas,
+            cache,
+            cache_bytes,
+            max_block_size,
+            memory_budget,
         )
 
     @classmethod
@@ -280,6 +279,7 @@ class CurvatureOperator(LinearOperator):
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
         max_block_size: int | None = None,
+        memory_budget: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
         **curvature_options: Any,
@@ -346,8 +346,8 @@ class CurvatureOperator(LinearOperator):
         :attr:`default_seed`: None (the model's own seed states) for the Hessian and the
         GGN, 0 for the Fisher, which also seeds its sampled labels with it.
 
-        ``batch_size``, ``cache``, ``cache_bytes``, ``max_block_size``, ``allow_unused``
-        and ``strategy`` are as in :class:`~spectra.operators.HessianOperator`;
+        ``batch_size``, ``cache``, ``cache_bytes``, ``max_block_size``, ``memory_budget``,
+        ``allow_unused`` and ``strategy`` are as in :class:`~spectra.operators.HessianOperator`;
         ``strategy`` defaults to the ``tf.distribute`` strategy the model was built under
         (or the one in scope).
 
@@ -451,7 +451,15 @@ class CurvatureOperator(LinearOperator):
         # one (HessianOperator) and refuses a call elsewhere.
         operator = cls.__new__(cls)
         operator._setup(
-            engine, batches, variables, snapshot, replicas, cache, cache_bytes, max_block_size
+            engine,
+            batches,
+            variables,
+            snapshot,
+            replicas,
+            cache,
+            cache_bytes,
+            max_block_size,
+            memory_budget,
         )
         return operator
 
@@ -478,27 +486,35 @@ class CurvatureOperator(LinearOperator):
         cache: bool | str,
         cache_bytes: int | None,
         max_block_size: int | None,
+        memory_budget: int | None = None,
     ) -> None:
         if isinstance(cache, (bool, np.bool_)):
             cache = bool(cache)
         elif cache != "auto":
             raise ValueError(f"cache must be 'auto', True or False; got {cache!r}.")
-        if max_block_size is None:
-            max_block_size = block_size_for(engine.size, engine.dtype.size)
-        max_block_size = check_int("max_block_size", max_block_size)
+        max_block_size = check_int("max_block_size", max_block_size, allow_none=True)
         cache_bytes = check_int("cache_bytes", cache_bytes, minimum=0, allow_none=True)
+        memory_budget = check_int("memory_budget", memory_budget, allow_none=True)
         self._engine = engine
         self._batches = batches
         self._replicas = replicas
         self._snapshot = snapshot
         self.variables = variables
         self._cache_policy = cache
-        self.cache_bytes = _default_cache_bytes() if cache_bytes is None else int(cache_bytes)
-        self.max_block_size = int(max_block_size)
+        self.memory_budget = default_memory_budget() if memory_budget is None else memory_budget
+        self._snapshot_bytes = engine.size * engine.dtype.size * len(replicas.devices)
+        if cache_bytes is None:
+            # Half the budget for the kept caches, less the snapshot; the rest is for the
+            # streamed batch and the products' sub-blocks.
+            cache_bytes = max(0, self.memory_budget // 2 - self._snapshot_bytes)
+        self.cache_bytes = int(cache_bytes)
+        self._block_size_override = max_block_size
         self.num_hvps = 0
         self.num_data_passes = 0
         self._caches: list[_CachedBatch] | None = None
-        self._streaming = False
+        self._cached_index: dict[int, _CachedBatch] = {}
+        self._num_streamed = 0
+        self._batch_bytes = 0
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
         n = engine.size
@@ -507,6 +523,64 @@ class CurvatureOperator(LinearOperator):
             # The count all-reduce now, while every worker is here (SPMD construction):
             # later uses (num_examples, repr) must not start a collective on one worker.
             batches.synchronize()
+
+    # -- memory -----------------------------------------------------------------------
+    @property
+    def max_block_size(self) -> int:
+        """Vectors per sub-block of a ``matmat`` (larger blocks are split; all sub-blocks
+        share one pass over the data).
+
+        An explicit ``max_block_size`` is used as given. Otherwise the largest power of two
+        k ≤ 64 whose product memory (the tangents of the vectors in flight and the block's
+        (k, n) arrays, see :mod:`spectra.operators.memory`) fits memory_budget − snapshot −
+        kept caches − one streamed batch cache; before the first pass, with no batch
+        measured, only the block's arrays are counted.
+        """
+        if self._block_size_override is not None:
+            return self._block_size_override
+        return sub_block_size(
+            self._per_vector_bytes(), self._block_room(), per_row=self._per_row_bytes()
+        )
+
+    @max_block_size.setter
+    def max_block_size(self, value: int) -> None:
+        self._block_size_override = check_int("max_block_size", value)
+
+    def _per_vector_bytes(self) -> int:
+        """Estimated tangents of one vector in flight in a product."""
+        return int(TANGENT_FACTOR * self._batch_bytes)
+
+    def _per_row_bytes(self) -> int:
+        """One row of a block product's (k, n) arrays."""
+        return self.shape[0] * self._engine.dtype.size
+
+    def _block_room(self) -> int:
+        streamed = self._batch_bytes if self._num_streamed else 0
+        return self.memory_budget - self._snapshot_bytes - self.cache_nbytes - streamed
+
+    def memory_plan(self, block: int | None = None) -> MemoryPlan:
+        """What this operator holds and will use, in bytes (a :class:`MemoryPlan`).
+
+        ``block``: the number of vectors of the product to plan for (default: a whole
+        sub-block, :attr:`max_block_size`); a larger block runs in sub-blocks. Before the
+        first pass over the data (``loss()``, ``gradient()`` or a product) the batch figures
+        are not known yet (``measured`` is False); afterwards they are the caches measured
+        on that pass. ``peak`` estimates the most the operator and a product add to the
+        memory the model itself holds. Costs nothing (no pass over the data).
+        """
+        block = self.max_block_size if block is None else check_int("block", block)
+        return MemoryPlan(
+            budget=self.memory_budget,
+            snapshot=self._snapshot_bytes,
+            cache_per_batch=self._batch_bytes,
+            cached=self.cache_nbytes,
+            cached_batches=len(self._caches or ()),
+            streamed_batches=self._num_streamed,
+            per_vector=self._per_vector_bytes(),
+            per_row=self._per_row_bytes(),
+            block_size=min(block, self.max_block_size),
+            measured=self._loss is not None,
+        )
 
     # -- flat vectors and variables -------------------------------------------------
     @property
@@ -579,18 +653,29 @@ class CurvatureOperator(LinearOperator):
         The operator keeps its snapshot: the next use recomputes the same state.
         """
         self._caches = None
-        self._streaming = False
+        self._cached_index = {}
+        self._num_streamed = 0
         self._loss = None
         self._gradient = None
 
     @property
     def is_cached(self) -> bool:
         """True when every batch's vector-independent state is held in memory."""
-        return self._caches is not None
+        return self._caches is not None and self._num_streamed == 0
+
+    @property
+    def num_cached_batches(self) -> int:
+        """Batches (of this process) whose caches are kept (0 before the first pass)."""
+        return len(self._caches or ())
+
+    @property
+    def num_streamed_batches(self) -> int:
+        """Batches (of this process) recomputed in every pass (0 before the first pass)."""
+        return self._num_streamed
 
     @property
     def cache_nbytes(self) -> int:
-        """Bytes held by the batch caches (0 when streaming)."""
+        """Bytes held by the kept batch caches (0 when every batch streams)."""
         return sum(entry.cache.nbytes for entry in self._caches or [])
 
     def _inputs(self, index: int, batch: Any, replica: int) -> list[Any]:
@@ -627,7 +712,7 @@ class CurvatureOperator(LinearOperator):
         if self._loss is not None:
             return
         dtype = self._engine.dtype
-        fill = _CacheFill(self._cache_policy, self.cache_bytes)
+        fill = _CacheFill(self._cache_policy, self.cache_bytes, self._batches.num_examples)
         losses = self._replicas.accumulator(dtype)
         grads = self._replicas.accumulator(dtype)
 
@@ -635,12 +720,13 @@ class CurvatureOperator(LinearOperator):
             inputs = self._inputs(index, batch, replica)
             where = self._batches.describe(index)
             with _graph_errors(where):
-                if fill.keeping:
+                if fill.wants(index):
                     cache = self._engine.cache(inputs)
                     batch_loss, batch_grad = cache.loss, cache.gradient
                     fill.offer(_CachedBatch(cache, weight, replica, index))
                 else:
                     batch_loss, batch_grad = self._engine.loss_and_gradient(inputs)
+                    fill.count()
             _check_batch_finite(where, weight, self._batches, batch_loss, batch_grad)
             losses.add(replica, _weighted(batch_loss, weight))
             grads.add(replica, _weighted(batch_grad, weight))
@@ -665,8 +751,10 @@ class CurvatureOperator(LinearOperator):
         self.num_data_passes += 1
         self._loss = float(loss)
         self._gradient = gradient
-        self._caches = fill.caches() if fill.keeping else None
-        self._streaming = not fill.keeping
+        self._caches = fill.caches()
+        self._cached_index = {entry.batch_index: entry for entry in self._caches}
+        self._num_streamed = fill.num_batches - len(self._caches)
+        self._batch_bytes = fill.largest
 
     def loss(self) -> float:
         """The dataset loss L(θ) at the operator's parameters."""
@@ -775,7 +863,7 @@ class CurvatureOperator(LinearOperator):
                 cache = self._engine.cache(inputs)
             product(cache, weight, replica, index)
 
-        if self._caches is not None:
+        if self._caches is not None and self._num_streamed == 0:
             per_replica: dict[int, list[_CachedBatch]] = {}
             for entry in self._caches:
                 per_replica.setdefault(entry.replica, []).append(entry)
@@ -783,8 +871,13 @@ class CurvatureOperator(LinearOperator):
                 [(r, functools.partial(cached, entries)) for r, entries in per_replica.items()]
             )
         else:
+            # In batch order, the kept caches reused and the other batches recomputed, so
+            # the sums add in the same order whatever is kept.
+            kept = self._cached_index
             tasks = (
-                (replica, functools.partial(streamed, index, batch, weight, replica))
+                (replica, functools.partial(cached, [kept[index]]))
+                if index in kept
+                else (replica, functools.partial(streamed, index, batch, weight, replica))
                 for index, batch, weight, replica in self._batches.assigned()
             )
         error = self._run_pass(tasks)
@@ -807,11 +900,15 @@ class CurvatureOperator(LinearOperator):
         return np.ascontiguousarray(out.T)
 
     def _iterate_caches(self) -> Iterator[_CachedBatch]:
-        """This process's batch caches, one after another (computed now when streaming)."""
-        if self._caches is not None:
+        """This process's batch caches, one after another (computed now for the batches
+        that stream)."""
+        if self._caches is not None and self._num_streamed == 0:
             yield from self._caches
             return
         for index, batch, weight, replica in self._batches.assigned():
+            if index in self._cached_index:
+                yield self._cached_index[index]
+                continue
             inputs = self._inputs(index, batch, replica)
             with self._replicas.device(replica), _graph_errors(self._batches.describe(index)):
                 cache = self._engine.cache(inputs)
@@ -837,11 +934,16 @@ class CurvatureOperator(LinearOperator):
         )
 
     def __repr__(self) -> str:
-        mode = (
-            "cached"
-            if self._caches is not None
-            else ("streaming" if self._streaming else "not yet evaluated")
-        )
+        if self._caches is None:
+            mode = "not yet evaluated"
+        elif not self._caches:
+            mode = "streaming"
+        else:
+            total = len(self._caches) + self._num_streamed
+            held = format_bytes(self.cache_nbytes)
+            mode = f"cached {len(self._caches)} of {total} batches ({held})"
+            if self._num_streamed:
+                mode += f", streaming {self._num_streamed}"
         return (
             f"<{type(self).__name__} n={self.shape[0]} dtype={self.dtype} "
             f"variables={len(self._engine.shapes)} examples={self._batches.num_examples} "
@@ -861,26 +963,59 @@ class _CachedBatch(NamedTuple):
 
 class _CacheFill:
     """The batch caches of the first pass, kept while they fit the budget (thread-safe:
-    the local replicas fill it concurrently)."""
+    the local replicas fill it concurrently).
 
-    def __init__(self, policy: bool | str, budget: int) -> None:
-        self.keeping = policy is not False
-        self._auto = policy == "auto"
+    ``True`` keeps every cache; ``False`` keeps none (one batch is still computed with its
+    cache, to measure a batch's cache for the memory plan); ``"auto"`` keeps what fits
+    the budget and streams the rest. When the kept caches exceed the budget, the one worth
+    least per byte is dropped: a batch's recomputation costs in proportion to its examples,
+    so the value of keeping it is its examples per byte of cache (ties: the later batch is
+    dropped).
+    """
+
+    def __init__(self, policy: bool | str, budget: int, num_examples: int) -> None:
+        self._policy = policy
         self._budget = budget
+        self._num_examples = max(num_examples, 1)
         self._used = 0
         self._kept: list[_CachedBatch] = []
+        self._measuring: int | None = None
+        self.largest = 0
+        self.num_batches = 0
         self._lock = threading.Lock()
+
+    def wants(self, index: int) -> bool:
+        """Whether batch ``index`` should be computed with its cache."""
+        if self._policy is not False:
+            return True
+        with self._lock:
+            if self._measuring is None:
+                self._measuring = index
+            return self._measuring == index
+
+    def count(self) -> None:
+        """A batch computed without its cache."""
+        with self._lock:
+            self.num_batches += 1
 
     def offer(self, entry: _CachedBatch) -> None:
         with self._lock:
-            if not self.keeping:
+            self.num_batches += 1
+            self.largest = max(self.largest, entry.cache.nbytes)
+            if self._policy is False:
                 return
+            self._kept.append(entry)
             self._used += entry.cache.nbytes
-            if self._auto and self._used > self._budget:
-                self.keeping = False
-                self._kept = []
-            else:
-                self._kept.append(entry)
+            if self._policy is True:
+                return
+            while self._used > self._budget and self._kept:
+                worst = min(range(len(self._kept)), key=lambda i: self._value(self._kept[i]))
+                self._used -= self._kept.pop(worst).cache.nbytes
+
+    def _value(self, entry: _CachedBatch) -> tuple[float, int]:
+        """Examples per byte (then earlier batches first): the order of keeping."""
+        examples = entry.weight * self._num_examples
+        return (examples / max(entry.cache.nbytes, 1), -entry.batch_index)
 
     def caches(self) -> list[_CachedBatch]:
         """The kept caches in batch order."""

@@ -61,6 +61,7 @@ import tensorflow as tf
 
 from spectra import _tf_compat
 from spectra.operators.curvature import BatchProblem, Curvature, Program
+from spectra.operators.memory import PARALLEL_VECTORS
 
 __all__ = ["BatchCache", "Engine", "cached_engine", "clear_engine_cache", "spec_key"]
 
@@ -232,7 +233,14 @@ class Engine:
         # needs no slicing or stacking op around the compiled call.
         single = tf.ensure_shape(parts.product(tf.reshape(vector, [self.size])), [self.size])
         single = tf.reshape(single, [1, self.size])
-        products = tf.map_fn(parts.product, block, fn_output_signature=self.dtype)
+        # At most PARALLEL_VECTORS products run at once: their tangents are what a block
+        # holds beyond its (k, n) arrays (spectra.operators.memory).
+        products = tf.map_fn(
+            parts.product,
+            block,
+            fn_output_signature=self.dtype,
+            parallel_iterations=PARALLEL_VECTORS,
+        )
         return loss, gradient, single, products
 
     def _build(self, split: bool) -> None:

@@ -71,17 +71,23 @@ class HessianOperator(CurvatureOperator):
     batch_size:
         Batch size for array data (default: one batch of everything).
     cache:
-        ``"auto"`` (default): keep each batch's vector-independent state if all of it fits
-        in ``cache_bytes``, else stream the batches (recomputing the forward pass and the
-        gradient once per batch per ``matmat``). ``True``/``False`` force either. The
-        operator is the same matrix in every mode.
+        ``"auto"`` (default): keep the vector-independent state of the batches that fit
+        in ``cache_bytes`` (those with the most examples per byte) and stream the others
+        (recomputing their forward pass and gradient once per ``matmat``); ``True`` keeps
+        every batch, ``False`` none. The operator is the same matrix in every mode.
     cache_bytes:
-        Memory budget for the cache (default: 2 GiB or a quarter of physical memory).
+        Budget of the kept caches; overrides the share of ``memory_budget`` (default:
+        half of ``memory_budget`` less the snapshot of the parameters).
     max_block_size:
         At most this many vectors go through one compiled product (larger ``matmat``
-        blocks are split; all splits share one data pass). Default: chosen from a memory
-        budget of 512 MiB for the (k, n) arrays of a block, at most 64 — so a model with
-        n = 10⁶ float32 parameters gets blocks of 32, one with 10⁸ blocks of 1.
+        blocks are split into sub-blocks; all share one data pass); overrides the size
+        from ``memory_budget``. Default: the largest power of two k ≤ 64 whose k
+        per-vector tangents fit what the budget leaves after the snapshot and the caches
+        (see :meth:`~spectra.operators.CurvatureOperator.memory_plan`).
+    memory_budget:
+        Bytes the operator may use beyond the model: snapshot, kept caches, one streamed
+        batch and one sub-block of a product. Default: half of the memory available to
+        the process (``MemAvailable``), or of the GPU's memory when there is one.
     allow_unused:
         Keep variables that do not affect the loss as zero rows (warned) instead of
         raising a ``ValueError``.
@@ -128,6 +134,7 @@ class HessianOperator(CurvatureOperator):
         cache: bool | str = "auto",
         cache_bytes: int | None = None,
         max_block_size: int | None = None,
+        memory_budget: int | None = None,
         allow_unused: bool = False,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
@@ -140,6 +147,7 @@ class HessianOperator(CurvatureOperator):
             cache=cache,
             cache_bytes=cache_bytes,
             max_block_size=max_block_size,
+            memory_budget=memory_budget,
             allow_unused=allow_unused,
             strategy=strategy,
         )

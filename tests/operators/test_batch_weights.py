@@ -186,14 +186,16 @@ def test_the_cache_budget_counts_every_batch(problem):
     total.loss()
     needed = total.cache_nbytes  # batches of 7, 7 and 6 examples
     assert total.is_cached and 2 * one.cache_nbytes < needed
-    # A budget of exactly what the three caches hold still caches; one byte less streams,
-    # though each batch alone fits.
-    for budget, cached in ((needed, True), (needed - 1, False)):
+    # A budget of exactly what the three caches hold keeps all three; one byte less keeps
+    # two and streams the third, though each batch alone fits.
+    for budget, kept in ((needed, 3), (needed - 1, 2)):
         op = HessianOperator.from_keras(
             model, LOSS, (x, y), batch_size=7, cache="auto", cache_bytes=budget
         )
         assert op.loss() == pytest.approx(truth.loss(), rel=RTOL)
-        assert op.is_cached is cached and op.cache_nbytes == (needed if cached else 0)
+        assert op.is_cached is (kept == 3)
+        assert (op.num_cached_batches, op.num_streamed_batches) == (kept, 3 - kept)
+        assert (op.cache_nbytes == needed) is (kept == 3) and op.cache_nbytes <= budget
         assert _relative(op.matmat(V), hessian @ V) < RTOL
 
 

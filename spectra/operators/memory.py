@@ -1,0 +1,216 @@
+"""The memory model of a curvature operator: its budget, sub-blocks and plan.
+
+An operator holds, besides the model itself:
+
+* the **snapshot**: one copy of the parameters (n numbers) per local replica;
+* the **batch caches** it keeps (each batch's frontier tensors: activations, masks,
+  back-propagated signals), at most the cache budget; a batch that does not fit is
+  *streamed*: its cache is recomputed in every pass and lives while its products run;
+* per **block product** of k vectors: the tangents of the vector-dependent part for the
+  vectors in flight, and the block's (k, n) arrays (:func:`product_bytes`). The
+  compiled block product is a ``tf.map_fn`` over the vectors running at most
+  :data:`PARALLEL_VECTORS` of them at once, so min(k, 10) vectors' tangents are alive
+  together. A product's second backward creates, per stored frontier tensor, a tangent of
+  the same shape, plus the workspaces of its kernels, so one vector's tangents are
+  estimated as :data:`TANGENT_FACTOR` times the bytes of one batch's frontier, measured
+  on the first pass (the largest batch cache seen). The factor was measured (growth of
+  the resident high-water mark, products of 8 vectors, one malloc arena) at about 1.0
+  on an MLP 256-1024-1024-10 and 1.2 to 1.6 on a two-convolution CNN, whose convolution
+  gradients need workspaces beyond their outputs. The estimate
+  comes from the measured cache rather than from the graph's static shapes because the
+  batch dimension of the traced graph is usually unknown, and from the cache rather than
+  a measured peak because the CPU allocator offers no per-call peak
+  (``tf.config.experimental.get_memory_info`` is GPU-only).
+
+A block larger than the sub-block size is multiplied in sub-blocks, one after another on
+each batch of the same pass over the data, so that one sub-block's product memory + the
+kept caches + one streamed batch + the snapshot stay within the budget.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "BLOCK_COPIES",
+    "DEFAULT_MEMORY_FRACTION",
+    "PARALLEL_VECTORS",
+    "TANGENT_FACTOR",
+    "MemoryPlan",
+    "available_memory",
+    "default_memory_budget",
+    "format_bytes",
+    "product_bytes",
+    "sub_block_size",
+]
+
+#: Fraction of the memory available to the process (or of the accelerator's memory) that
+#: an operator's default ``memory_budget`` takes.
+DEFAULT_MEMORY_FRACTION = 0.5
+#: Arrays of shape (k, n) alive during a block product: the input block, the product of a
+#: batch, the running sum per replica, and the host copy.
+BLOCK_COPIES = 4
+#: Vectors of a block whose products run at once (``tf.map_fn``'s ``parallel_iterations``).
+PARALLEL_VECTORS = 10
+#: One vector's tangents in a product, in units of one batch's cache (see above).
+TANGENT_FACTOR = 1.15
+#: The largest sub-block; larger blocks gain no speed on the measured models.
+LARGEST_SUB_BLOCK = 64
+
+
+def _meminfo_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _gpu_memory() -> int | None:
+    """Total memory of the first visible GPU in bytes, or None without one."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return None
+    try:  # a TensorFlow internal: without it, the host's memory is the figure
+        from tensorflow.python.client import device_lib
+    except ImportError:
+        return None
+    for device in device_lib.list_local_devices():
+        if device.device_type == "GPU" and device.memory_limit:
+            return int(device.memory_limit)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes available to this process: the first GPU's memory when there is one, else
+    ``MemAvailable`` (Linux), else free pages (``os.sysconf``), else physical memory,
+    else 4 GiB."""
+    gpu = _gpu_memory()
+    if gpu:
+        return gpu
+    available = _meminfo_available()
+    if available:
+        return available
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            value = os.sysconf("SC_PAGE_SIZE") * os.sysconf(pages)
+        except (AttributeError, ValueError, OSError):
+            continue
+        if value > 0:
+            return int(value)
+    return 4 * 1024**3
+
+
+def default_memory_budget() -> int:
+    """:data:`DEFAULT_MEMORY_FRACTION` (one half) of :func:`available_memory`."""
+    return int(available_memory() * DEFAULT_MEMORY_FRACTION)
+
+
+def product_bytes(k: int, per_vector: int, per_row: int) -> int:
+    """Memory of a block product of k vectors, ``per_row`` = n·itemsize.
+
+    During a batch's product: min(k, :data:`PARALLEL_VECTORS`) vectors' tangents
+    (``per_vector`` each) and two (k, n) arrays (the input block and the running sums);
+    after the pass, with the tangents freed, :data:`BLOCK_COPIES` of them (the sums, the
+    concatenated and transposed host copies). The larger of the two.
+    """
+    during = min(k, PARALLEL_VECTORS) * per_vector + 2 * k * per_row
+    return max(during, BLOCK_COPIES * k * per_row)
+
+
+def sub_block_size(
+    per_vector: int, room: int, largest: int = LARGEST_SUB_BLOCK, per_row: int = 0
+) -> int:
+    """The largest power of two k ≤ ``largest`` whose :func:`product_bytes` fit ``room``
+    (at least 1)."""
+    k = 1
+    while 2 * k <= largest and product_bytes(2 * k, per_vector, per_row) <= room:
+        k *= 2
+    return k
+
+
+def format_bytes(n: float) -> str:
+    """``1.2 GiB``, ``340 MiB``, ``12 KiB`` or ``512 B``."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What an operator will hold in memory, in bytes (see :mod:`spectra.operators.memory`).
+
+    ``budget``: the memory budget; ``snapshot``: the parameter copies (n numbers per local
+    replica); ``cache_per_batch``: the largest batch cache; ``cached``: bytes of the kept
+    caches; ``cached_batches``/``streamed_batches``: how many batches (of this process) are
+    kept and recomputed per pass; ``per_vector``: estimated tangents of one vector in
+    flight (:data:`TANGENT_FACTOR` times one batch's frontier); ``per_row``: one row of
+    the block's (k, n) arrays (n·itemsize); ``block_size``: vectors per sub-block of the
+    planned product; ``peak``: the estimated peak, snapshot + cached + (one batch cache if
+    any streams) + :func:`product_bytes`; ``measured``: False until the first pass over
+    the data (the batch figures are then 0).
+    """
+
+    budget: int
+    snapshot: int
+    cache_per_batch: int
+    cached: int
+    cached_batches: int
+    streamed_batches: int
+    per_vector: int
+    per_row: int
+    block_size: int
+    measured: bool
+
+    @property
+    def products(self) -> int:
+        """Bytes of one sub-block's product (:func:`product_bytes`)."""
+        return product_bytes(self.block_size, self.per_vector, self.per_row)
+
+    @property
+    def streaming_batch(self) -> int:
+        """Bytes of the one streamed batch cache alive at a time (0 when all are kept)."""
+        return self.cache_per_batch if self.streamed_batches else 0
+
+    @property
+    def peak(self) -> int:
+        """Estimated peak beyond the model itself: snapshot, kept caches, one streamed
+        batch and one sub-block's tangents."""
+        return self.snapshot + self.cached + self.streaming_batch + self.products
+
+    def __str__(self) -> str:
+        if not self.measured:
+            return (
+                f"memory plan (before the first pass): budget {format_bytes(self.budget)}, "
+                f"snapshot {format_bytes(self.snapshot)}; batch caches and sub-block size "
+                "are measured on the first pass"
+            )
+        total = self.cached_batches + self.streamed_batches
+        return (
+            f"memory plan: budget {format_bytes(self.budget)}, estimated peak "
+            f"{format_bytes(self.peak)}\n"
+            f"  snapshot {format_bytes(self.snapshot)}\n"
+            f"  cache {format_bytes(self.cache_per_batch)} per batch: cached "
+            f"{self.cached_batches} of {total} batches ({format_bytes(self.cached)}), "
+            f"streaming {self.streamed_batches}\n"
+            f"  products: sub-blocks of {self.block_size} ({format_bytes(self.products)}: "
+            f"{format_bytes(self.per_vector)} of tangents per vector in flight, "
+            f"{format_bytes(self.per_row)} per row of the (k, n) arrays)"
+        ) + self._over_budget()
+
+    def _over_budget(self) -> str:
+        """A line saying by how much the estimate exceeds the budget (empty if it fits)."""
+        if self.peak <= self.budget:
+            return ""
+        return (
+            f"\n  over the budget by {format_bytes(self.peak - self.budget)}: lower batch_size "
+            "(smaller batch caches and tangents), cache fewer batches (cache_bytes) or raise "
+            "memory_budget"
+        )

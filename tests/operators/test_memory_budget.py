@@ -1,0 +1,339 @@
+"""The memory budget: partial caching, sub-blocks sized from it, and the memory plan.
+
+A small float64 CNN on 32 examples in 4 batches of 8. Partial caching (a budget that keeps
+some batches and streams the others) must give exactly the products, loss and gradient of
+caching everything and of streaming everything, Dropout masks included; a block product
+under a tiny budget is split into sub-blocks with results equal to the unsplit product.
+The dense Hessian (``tf.GradientTape.jacobian``) is the truth for one check of each mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from spectra.operators import HessianOperator, memory
+from spectra.operators.memory import MemoryPlan
+
+NUM_EXAMPLES = 32
+BATCH = 8
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _cnn(dropout: bool) -> keras.Model:
+    layers = [
+        keras.Input((6, 6, 1)),
+        keras.layers.Conv2D(3, 3, activation="tanh"),
+        keras.layers.Flatten(),
+    ]
+    if dropout:
+        layers.append(keras.layers.Dropout(0.3))
+    layers.append(keras.layers.Dense(3))
+    return keras.Sequential(layers)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    keras.utils.set_random_seed(11)
+    model = _cnn(dropout=False)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((NUM_EXAMPLES, 6, 6, 1)).astype(np.float32)
+    y = rng.integers(0, 3, NUM_EXAMPLES)
+    full = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, cache=True
+    )
+    full.loss()
+    V = rng.standard_normal((full.shape[0], 16))
+    return model, x, y, full, V
+
+
+def _dense_hessian(model, x, y) -> np.ndarray:
+    """The float64 Hessian of the mean loss by ``tf.GradientTape.jacobian``."""
+    weights = [tf.Variable(tf.cast(w, tf.float64)) for w in model.get_weights()]
+    x64 = tf.constant(x, tf.float64)
+    kernel, bias, dense, dense_bias = weights
+
+    def loss():
+        h = tf.tanh(tf.nn.conv2d(x64, kernel, 1, "VALID") + bias)
+        logits = tf.reshape(h, [len(x), -1]) @ dense + dense_bias
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(tf.constant(y), logits)
+        )
+
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            value = loss()
+        grad = tf.concat([tf.reshape(g, [-1]) for g in inner.gradient(value, weights)], 0)
+    rows = outer.jacobian(grad, weights)
+    return np.concatenate([np.reshape(r, (grad.shape[0], -1)) for r in rows], axis=1)
+
+
+def _partial(model, x, y, full, **kwargs):
+    """An operator whose cache budget holds two of the four batches."""
+    per_batch = full.cache_nbytes // 4
+    return HessianOperator.from_keras(
+        model,
+        LOSS,
+        (x, y),
+        batch_size=BATCH,
+        dtype=np.float64,
+        cache_bytes=2 * per_batch + 1,
+        **kwargs,
+    )
+
+
+def test_partial_caching_equals_full_caching_and_streaming(problem):
+    model, x, y, full, V = problem
+    partial = _partial(model, x, y, full)
+    streaming = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, cache=False
+    )
+    assert partial.loss() == full.loss() == streaming.loss()
+    np.testing.assert_array_equal(partial.gradient(), full.gradient())
+    np.testing.assert_array_equal(partial.gradient(), streaming.gradient())
+    assert (partial.num_cached_batches, partial.num_streamed_batches) == (2, 2)
+    assert not partial.is_cached and full.is_cached and not streaming.is_cached
+    assert 0 < partial.cache_nbytes <= partial.cache_bytes < full.cache_nbytes
+    assert streaming.cache_nbytes == 0
+    products = [op.matmat(V) for op in (partial, full, streaming)]
+    # Same batch order, same kernels: equal to the last bit.
+    np.testing.assert_array_equal(products[0], products[1])
+    np.testing.assert_array_equal(products[0], products[2])
+    hessian = _dense_hessian(model, x, y)
+    np.testing.assert_allclose(products[0], hessian @ V, rtol=1e-10, atol=1e-12)
+    # The kept caches are reused: a second pass gives the same numbers again.
+    np.testing.assert_array_equal(partial.matvec(V[:, 0]), products[1][:, 0])
+    assert partial.num_data_passes == 3  # the first pass, a matmat and a matvec
+
+
+def test_the_mode_is_reported(problem):
+    model, x, y, full, _ = problem
+    partial = _partial(model, x, y, full)
+    assert "not yet evaluated" in repr(partial)
+    partial.loss()
+    assert re.search(r"cached 2 of 4 batches \(\d+\.\d KiB\), streaming 2;", repr(partial))
+    assert re.search(r"cached 4 of 4 batches \(\d+\.\d KiB\);", repr(full))
+    partial.reset_cache()
+    assert "not yet evaluated" in repr(partial) and partial.num_cached_batches == 0
+
+
+def test_what_is_kept_is_worth_most_per_byte(problem):
+    model, x, y, full, _ = problem
+    # Batches of 8, 8, 8 and 2 examples: the 2-example batch is worth as much per byte,
+    # and the later of equal batches is dropped first.
+    per_batch = full.cache_nbytes // 4
+    op = HessianOperator.from_keras(
+        model,
+        LOSS,
+        (x[:26], y[:26]),
+        batch_size=BATCH,
+        dtype=np.float64,
+        cache_bytes=per_batch + 1,
+    )
+    op.loss()
+    assert [entry.batch_index for entry in op._caches] == [0]
+
+
+def test_dropout_masks_are_the_same_in_kept_and_streamed_batches(problem):
+    _, x, y, _, V = problem
+    keras.utils.set_random_seed(13)
+    model = _cnn(dropout=True)
+    options = dict(batch_size=BATCH, dtype=np.float64, training=True, seed=3)
+    full = HessianOperator.from_keras(model, LOSS, (x, y), cache=True, **options)
+    streaming = HessianOperator.from_keras(model, LOSS, (x, y), cache=False, **options)
+    full.loss()
+    partial = HessianOperator.from_keras(
+        model, LOSS, (x, y), cache_bytes=full.cache_nbytes // 2 + 1, **options
+    )
+    assert partial.loss() == full.loss() == streaming.loss()
+    assert 0 < partial.num_cached_batches < 4
+    W = V[:, :3]
+    np.testing.assert_array_equal(partial.matmat(W), full.matmat(W))
+    np.testing.assert_array_equal(partial.matmat(W), streaming.matmat(W))
+
+
+def test_a_tiny_budget_splits_a_block_into_sub_blocks(problem, monkeypatch):
+    model, x, y, full, V = problem
+    plan = full.memory_plan()
+    assert plan.measured and plan.cached == full.cache_nbytes and plan.block_size == 64
+    # Room for the snapshot, the four caches and four vectors' tangents, not eight.
+    budget = plan.snapshot + plan.cached + int(4.5 * (plan.per_vector + 2 * plan.per_row))
+    tight = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, cache=True, memory_budget=budget
+    )
+    tight.loss()
+    assert tight.max_block_size == 4
+    sizes = []
+    engine = tight._engine
+    apply = engine.apply
+
+    def spy(cache, vectors):
+        sizes.append(int(vectors.shape[0]))
+        return apply(cache, vectors)
+
+    monkeypatch.setattr(engine, "apply", spy)
+    out = tight.matmat(V)
+    monkeypatch.undo()
+    assert sizes == [4] * 16  # 4 sub-blocks on each of the 4 batches, one data pass
+    assert tight.num_data_passes == 2
+    unsplit = full.matmat(V)
+    np.testing.assert_allclose(out, unsplit, rtol=0, atol=1e-12 * np.abs(unsplit).max())
+    # A budget below one vector's room still multiplies, one vector at a time.
+    tiniest = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, memory_budget=1
+    )
+    np.testing.assert_allclose(tiniest.matmat(V[:, :3]), unsplit[:, :3], rtol=0, atol=1e-12)
+    assert tiniest.max_block_size == 1 and tiniest.num_cached_batches == 0
+    assert "over the budget by" in str(tiniest.memory_plan())
+    assert "over the budget" not in str(tight.memory_plan())
+
+
+def test_explicit_overrides_take_precedence(problem):
+    model, x, y, _, _ = problem
+    op = HessianOperator.from_keras(
+        model,
+        LOSS,
+        (x, y),
+        batch_size=BATCH,
+        dtype=np.float64,
+        memory_budget=1,
+        cache_bytes=10**9,
+        max_block_size=5,
+    )
+    op.loss()
+    assert op.max_block_size == 5 and op.is_cached and op.memory_budget == 1
+    op.max_block_size = 2
+    assert op.memory_plan().block_size == 2
+    with pytest.raises(ValueError, match="max_block_size must be an integer >= 1"):
+        op.max_block_size = 0
+    with pytest.raises(ValueError, match="memory_budget must be an integer >= 1, got 0"):
+        HessianOperator.from_keras(model, LOSS, (x, y), memory_budget=0)
+    with pytest.raises(TypeError, match="memory_budget must be an integer or None, got"):
+        HessianOperator.from_keras(model, LOSS, (x, y), memory_budget=1.5e9)
+
+
+def test_the_default_budget_is_half_the_available_memory(problem, monkeypatch):
+    model, x, y, _, _ = problem
+    monkeypatch.setattr(memory, "_gpu_memory", lambda: None)
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: 6 * 1024**3)
+    assert memory.available_memory() == 6 * 1024**3
+    op = HessianOperator.from_keras(model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64)
+    assert op.memory_budget == 3 * 1024**3
+    assert op.cache_bytes == 3 * 1024**3 // 2 - op.shape[0] * 8
+    plan = op.memory_plan()
+    assert not plan.measured and "before the first pass" in str(plan)
+
+
+def test_the_available_memory_is_read_from_meminfo():
+    available = memory._meminfo_available()
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo on this system")
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    expected = int(fields["MemAvailable"].split()[0]) * 1024
+    assert available is not None and abs(available - expected) < 256 * 1024**2
+
+
+def test_the_plan_reads_as_a_summary():
+    plan = MemoryPlan(
+        budget=4 * 1024**3,
+        snapshot=8 * 1024**2,
+        cache_per_batch=300 * 1024**2,
+        cached=900 * 1024**2,
+        cached_batches=3,
+        streamed_batches=1,
+        per_vector=300 * 1024**2,
+        per_row=1024**2,
+        block_size=16,
+        measured=True,
+    )
+    # Ten vectors' tangents in flight, two (16, n) arrays.
+    assert plan.products == (10 * 300 + 2 * 16) * 1024**2
+    assert plan.peak == (8 + 900 + 300 + 3032) * 1024**2
+    text = str(plan)
+    assert "budget 4.0 GiB, estimated peak 4.1 GiB" in text
+    assert "cached 3 of 4 batches (900.0 MiB), streaming 1" in text
+    assert "sub-blocks of 16 (3.0 GiB: 300.0 MiB of tangents per vector in flight" in text
+
+
+# Builds an operator and runs a block product of 8 vectors in a fresh process, and prints
+# the plan's peak against the growth of the resident set's high-water mark (VmHWM, reset
+# through /proc/self/clear_refs after a warm-up that traces the engine on 2 examples).
+_PEAK_SCRIPT = """
+import json, os, sys
+import keras, numpy as np
+from spectra.operators import HessianOperator
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+if sys.argv[1] == "cnn":
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(10),
+    ])
+    x, batch_size = rng.standard_normal((512, 32, 32, 3)).astype(np.float32), 128
+else:
+    model = keras.Sequential([
+        keras.Input((256,)),
+        keras.layers.Dense(1024, activation="tanh"),
+        keras.layers.Dense(1024, activation="tanh"),
+        keras.layers.Dense(10),
+    ])
+    x, batch_size = rng.standard_normal((8192, 256)).astype(np.float32), 2048
+y = rng.integers(0, 10, len(x))
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+warm = HessianOperator.from_keras(model, loss, (x[:2], y[:2]), cache=False)
+warm.matmat(np.ones((warm.shape[0], 2), np.float32))
+V = rng.standard_normal((warm.shape[0], 8)).astype(np.float32)
+del warm
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS")
+op = HessianOperator.from_keras(model, loss, (x, y), batch_size=batch_size, cache=True)
+op.matmat(V)
+print(json.dumps({"measured": status("VmHWM") - base, "plan": op.memory_plan(8).peak}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc to reset VmHWM"
+)
+@pytest.mark.parametrize("model", ["cnn", "mlp"])
+def test_the_plan_estimates_the_measured_peak(model):
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+    # One malloc arena: with glibc's default per-thread arenas, memory freed on one
+    # TensorFlow thread is not reused on another and the resident set grows with
+    # fragmentation (tens of percent, varying from run to run).
+    env["MALLOC_ARENA_MAX"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, model],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["measured"] > 300 * 1024**2  # the activations dominate TF's overhead
+    assert abs(result["plan"] - result["measured"]) <= 0.25 * result["measured"], result
