@@ -96,6 +96,8 @@ _MAX_ANNOTATED = 10
 # x range then grows by these fractions of its width to hold the text.
 _MAX_ANNOTATED_GROUPS = 30
 _ANNOTATION_ROOM = 0.15
+# In a print style the labels are larger against the axes' width.
+_STYLED_ANNOTATION_ROOM = 0.24
 # The legend under the bars starts this many points under the axes (tick labels and the
 # axis label: about 2.6 lines of text at 8-10 pt).
 _LEGEND_DROP_POINTS = 30.0
@@ -1139,9 +1141,10 @@ def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.nd
             fontsize=_small(),
         )
     low, high = ax.get_xlim()
+    room = _ANNOTATION_ROOM if _ACTIVE_STYLE.get() is None else _STYLED_ANNOTATION_ROOM
     ax.set_xlim(
         low - _NEGATIVE_ANNOTATION_ROOM * (high - low) * (low < 0),
-        high + _ANNOTATION_ROOM * (high - low),
+        high + room * (high - low),
     )
 
 
@@ -1451,7 +1454,7 @@ def add_title(
     title: str | None,
     caption: str | None = None,
     *,
-    metadata: str | None = None,
+    metadata: str | Mapping[str, str] | None = None,
 ) -> Figure:
     """Put a ``title`` above the figure and a small ``caption`` under it (either None: none).
 
@@ -1462,17 +1465,28 @@ def add_title(
     the figure grows by the height of these lines, so the axes keep their size, and
     the fonts keep the style's sizes (title 9 pt, caption 7 pt). ``metadata`` (default: the
     caption) is the description :func:`save_figure` writes into the file's metadata with
-    the title, whether or not they are drawn. Returns the figure.
+    the title, whether or not they are drawn; a mapping gives both ("Title",
+    "Description"), e.g. the title of a figure drawn without one. Returns the figure.
     """
     figure = _root_figure(fig_or_ax)
-    _describe(figure, title, metadata if metadata is not None else caption)
+    if isinstance(metadata, Mapping):
+        _describe(figure, metadata.get("Title") or title, metadata.get("Description"))
+    else:
+        _describe(figure, title, metadata if metadata is not None else caption)
     styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
     title_size = STYLES["column"].rc["figure.titlesize"] if styled else 12
     caption_size = _MIN_FONT_SIZE if styled else _CAPTION_FONTSIZE
     added_points = 0.0
     if title:
-        figure.suptitle(title, fontsize=title_size, fontweight="bold")
-        added_points += 1.5 * title_size
+        shown = title
+        if styled:
+            # Bold characters are about 0.62 em wide.
+            import textwrap
+
+            characters = int(figure.get_figwidth() * 72.0 / (0.62 * title_size))
+            shown = "\n".join(textwrap.wrap(title, max(20, characters)))
+        figure.suptitle(shown, fontsize=title_size, fontweight="bold")
+        added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
     if caption:
         axes = fig_or_ax if not isinstance(fig_or_ax, type(figure)) else None
         if axes is None and figure.axes:
@@ -1517,7 +1531,8 @@ def save_figure(
     dpi: float | None = None,
     metadata: Mapping[str, str] | None = None,
 ) -> pathlib.Path:
-    """Save a figure (or an Axes' figure) with tight bounds, atomically.
+    """Save a figure (or an Axes' figure) atomically: a figure made in a print style at
+    its exact size (the preset's width), any other with tight bounds.
 
     The format comes from the suffix of ``path`` (.png, .pdf, .svg, …). Fonts stay
     fonts: TrueType (Type 42) in PDF and PostScript, ``<text>`` in SVG (set for this
@@ -1541,8 +1556,8 @@ def save_figure(
         raise ValueError(
             f"unsupported figure format {file_format!r}; supported: {', '.join(sorted(supported))}"
         )
+    styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
     if dpi is None:
-        styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
         dpi = STYLES["column"].rc["savefig.dpi"] if styled else 150
     if not dpi > 0:
         raise ValueError(f"dpi must be positive, got {dpi}")
@@ -1558,6 +1573,12 @@ def save_figure(
 
     def write(temp_name: str) -> None:
         with mpl.rc_context(_FONT_RC):
-            figure.savefig(temp_name, format=file_format, dpi=dpi, bbox_inches="tight", **extra)
+            figure.savefig(
+                temp_name,
+                format=file_format,
+                dpi=dpi,
+                bbox_inches=None if styled else "tight",
+                **extra,
+            )
 
     return atomic_write(target, write)

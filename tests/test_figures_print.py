@@ -277,3 +277,51 @@ def test_style_context_restores_the_rc():
         figure, _ = new_figure("column")
     assert matplotlib.rcParams["font.size"] == before
     plt.close(figure)
+
+
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory):
+    """One small analyze run for a paper: page style, no title, no caption."""
+    from spectra.cli import main
+
+    out = tmp_path_factory.mktemp("paper") / "run"
+    args = ["analyze", "data/gd_trajectory/step_0200.keras", "--data", "data/digits.npz"]
+    args += ["--loss", "sparse_categorical_crossentropy", "--max-examples", "100"]
+    args += ["--top-k", "1", "--seed", "5", "--trace", "--trace-products", "8"]
+    args += ["--style", "page", "--no-title", "--caption", "none", "--format", "pdf,png"]
+    assert main([*args, "--out", str(out), "--no-progress", "--quiet"]) == 0
+    return out
+
+
+def test_cli_paper_figure(paper_run):
+    """--style page --no-title --caption none: 6.75 in wide at 300 dpi, no title text in
+    the PDF's page, the settings (seed, trace) in its metadata."""
+    import json
+
+    from PIL import Image
+
+    with Image.open(paper_run / "eigenvalues.png") as image:
+        width = image.size[0] / image.info["dpi"][0]
+        text = image.text
+    assert image.info["dpi"][0] == pytest.approx(300, abs=1)
+    assert width == pytest.approx(6.75, abs=0.004)  # the preset's width exactly
+    assert "Top eigenvalue of the Hessian" in text["Title"]
+    assert "seed 5" in text["Description"] and "trace " in text["Description"]
+    pdf = (paper_run / "eigenvalues.pdf").read_bytes()
+    assert b"/FontFile2" in pdf and b"/Type3" not in pdf
+    results = json.loads((paper_run / "results.json").read_text())
+    assert "--style page" in results["command"]
+
+
+def test_cli_replot_in_another_style(paper_run, tmp_path):
+    """spectra plot redraws the run in column style with a title and the full caption."""
+    from PIL import Image
+
+    from spectra.cli import main
+
+    out = tmp_path / "replot"
+    args = ["plot", str(paper_run / "results.json"), "--style", "column", "--caption", "full"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    with Image.open(out / "eigenvalues.png") as image:
+        width = image.size[0] / image.info["dpi"][0]
+    assert width == pytest.approx(3.25, abs=0.004)

@@ -277,8 +277,9 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
         f"Top eigenvalue of the {matrix}"
         if count == 1
         else f"Top {count} eigenvalues of the {matrix}",
-        (*where, describe_eigensolver(args, count, dtype)),
+        (*where[:2], describe_eigensolver(args, count, dtype)),
         (f"{eig.num_products} products", "bars: eigenvalue error bounds", known_trace),
+        matrix=where[2],
     )
     figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]
     if report.density is not None:
@@ -290,7 +291,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
             args,
             f"Spectral density of the {matrix}",
             (
-                *where,
+                *where[:2],
                 f"stochastic Lanczos quadrature, {density.num_probes} probes × "
                 f"{args.density_steps} steps, Gaussian σ = {sigma:.2g}",
             ),
@@ -299,6 +300,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
                 "band: ±2 standard errors across probes" if density.num_probes > 1 else None,
                 known_trace,
             ),
+            matrix=where[2],
         )
         figures.append(("density_figure", "density", figure))
     if report.layers is not None:
@@ -341,11 +343,12 @@ def _layers_figure(
         figure,
         args,
         f"Per-layer spectra of the {matrix}: diagonal blocks {symbol}ₗₗ",
-        (*where, f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}"),
+        (*where[:2], f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}"),
         (
             f"trace: Hutchinson, {args.trace_products} probes per layer" if args.trace else None,
             f"{layers.num_products} products in {layers.num_operator_calls} data passes",
         ),
+        matrix=where[2],
     )
 
 

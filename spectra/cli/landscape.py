@@ -399,8 +399,9 @@ def _figures(
         "Loss along the top Hessian eigenvector"
         + ("s" if args.directions == 2 else "")
         + " and a random direction",
-        (*where, solver),
+        (*where[:2], solver),
         (report.radius["rule"], f"{alphas.size} points"),
+        matrix=where[2],
     )
     figures: list[tuple[str, str, Any]] = [("curves_figure", "landscape_1d", figure)]
     if report.surface is not None:
@@ -411,8 +412,9 @@ def _figures(
             ax,
             args,
             "Loss surface in the plane of the top two Hessian eigenvectors",
-            (*where, solver),
+            (*where[:2], solver),
             (report.radius["rule"], f"{alphas.size}² points"),
+            matrix=where[2],
         )
         figures.append(("surface_figure", "landscape_2d", figure))
     return figures

@@ -106,20 +106,23 @@ def finish_figure(
     title: str,
     short: Sequence[Any],
     full: Sequence[Any] = (),
+    *,
+    matrix: str | None = None,
 ) -> Any:
     """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
-    the short caption is ``short`` (model, data, matrix, estimator), the full one adds
-    ``full`` and the seed; the full one goes into the file's metadata either way
+    the short caption is ``short`` (model, data, estimator; the title names the matrix),
+    the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
+    full one goes into the file's metadata either way
     (:func:`spectra.plotting.add_title`). Returns the figure."""
     from spectra.plotting import add_title, figure_caption
 
     seed = getattr(args, "seed", None)
-    complete = figure_caption(*short, *full, None if seed is None else f"seed {seed}")
+    complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
     caption = {"none": None, "short": figure_caption(*short), "full": complete}[
         getattr(args, "caption", "short")
     ]
     shown = None if getattr(args, "no_title", False) else title
-    return add_title(fig_or_ax, shown, caption, metadata=f"{title}. {complete}")
+    return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
 
 
 def _read(path: Path) -> Any:

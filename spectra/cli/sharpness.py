@@ -646,11 +646,10 @@ def sharpness_figure(
     short = (
         None if model is None else f"{model['name']}, {model['num_parameters']:,} parameters",
         describe_data(report["data"]),
-        describe_matrix(args, model),
-        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
         f"{args.method.capitalize()}, k = {args.top_k}, tol = {args.tol:g}, {start}",
     )
     full = (
+        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
         f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
@@ -659,7 +658,12 @@ def sharpness_figure(
         missing,
     )
     return finish_figure(
-        ax, args, f"Sharpness of the {matrix_title(args)} along training", short, full
+        ax,
+        args,
+        f"Sharpness of the {matrix_title(args)} along training",
+        short,
+        full,
+        matrix=describe_matrix(args, model),
     )
 
 
