@@ -182,7 +182,8 @@ def figure_style(style: str | None) -> Iterator[None]:
         finally:
             _ACTIVE_STYLE.reset(token)
         return
-    with mpl.rc_context(STYLES[name].rc):
+    settings: Any = STYLES[name].rc
+    with mpl.rc_context(settings):
         token = _ACTIVE_STYLE.set(name)
         try:
             yield
@@ -303,7 +304,7 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         return
     engine = figure.get_layout_engine()
     constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
-    labels = _fit_labels(labels, figure.get_figwidth())
+    labels = _fit_labels(labels, _root_figure(axes[0]).get_figwidth())
     if outside and alone and constrained:
         columns = 1 if _ACTIVE_STYLE.get() == "column" else 2
         legend = figure.legend(
@@ -1155,7 +1156,8 @@ def _legend_under_bars(ax: Axes, extra: list[Any]) -> None:
     handles += extra
     labels += [handle.get_label() for handle in extra]
     order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
-    labels = _fit_labels(labels, ax.get_position().width * ax.figure.get_figwidth() + 0.4)
+    width = ax.get_position().width * _root_figure(ax).get_figwidth()
+    labels = _fit_labels(labels, width + 0.4)
     from matplotlib.transforms import ScaledTranslation
 
     # A fixed distance under the axes (below the tick labels and the axis label), so that
@@ -1569,16 +1571,16 @@ def save_figure(
             )
         recorded[key] = value
     fields = _file_metadata(file_format, recorded)
-    extra = {} if fields is None else {"metadata": fields}
 
     def write(temp_name: str) -> None:
-        with mpl.rc_context(_FONT_RC):
+        fonts: Any = _FONT_RC
+        with mpl.rc_context(fonts):
             figure.savefig(
                 temp_name,
                 format=file_format,
                 dpi=dpi,
                 bbox_inches=None if styled else "tight",
-                **extra,
+                metadata=fields,
             )
 
     return atomic_write(target, write)
