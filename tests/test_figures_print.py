@@ -325,3 +325,61 @@ def test_cli_replot_in_another_style(paper_run, tmp_path):
     with Image.open(out / "eigenvalues.png") as image:
         width = image.size[0] / image.info["dpi"][0]
     assert width == pytest.approx(3.25, abs=0.004)
+
+
+def _sharpness_record(threshold):
+    entry = {
+        "status": "done",
+        "eigenvalues": [2.9],
+        "error_bounds": [1e-6],
+        "converged": [True],
+        "failure_probability": 1e-5,
+        "trace": None,
+        "trace_stderr": None,
+        "loss": 1.2,
+    }
+    done = [{**entry, "step": step, "loss": 2.0 - 0.2 * step} for step in (5, 10, 15)]
+    report = {
+        "model": {"name": "adam_mlp", "num_parameters": 1210},
+        "data": {"name": "adam_data", "num_examples": 400},
+        "learning_rate": 0.01,
+        "threshold": None if threshold is None else threshold.to_dict(),
+    }
+    return report, done
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypatch):
+    """λ_max(H) of an Adam run: no threshold line, and the legend says why, whether the
+    run dropped Adam's threshold (this version) or recorded it (an earlier one); with
+    --preconditioned, Adam's threshold is drawn."""
+    from spectra.analysis.stability import stability_threshold_of
+    from spectra.cli import sharpness
+    from spectra.cli._parser import build_parser
+
+    monkeypatch.setattr(sharpness, "describe_data", lambda data: data["name"])
+    adam = stability_threshold_of({"class_name": "Adam", "config": {"learning_rate": 0.01}})
+    report, done = _sharpness_record(adam if recorded else None)
+    args = build_parser().parse_args(["sharpness", "run", "--data", "d.npz", "--out", "o"])
+    args.command_line = "spectra sharpness run"
+    figure = sharpness.sharpness_figure(
+        args, report, done, None if not recorded else adam, "step", "file names"
+    )
+    dashed = [
+        line
+        for axes in figure.axes
+        for line in axes.get_lines()
+        if line.get_linestyle() == "--" and len(line.get_xdata())
+    ]
+    assert not dashed
+    texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert any(text.startswith("no ") and "λ_max(H)" in text for text in texts), texts
+    assert not any("3800" in text or "(2+2β₁)" in text for text in texts)
+    plt.close(figure)
+
+    args.preconditioned = True
+    report, done = _sharpness_record(adam)
+    figure = sharpness.sharpness_figure(args, report, done, adam, "step", "file names")
+    texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert any("(2+2β₁)" in text for text in texts)
+    plt.close(figure)
