@@ -232,12 +232,18 @@ def _small() -> Any:
     return STYLES[_ACTIVE_STYLE.get() or "column"].rc["legend.fontsize"]
 
 
-def _fix_tick_fonts(figure: Any) -> None:
+def _fix_tick_fonts(ax: Axes) -> None:
     """Ticks are made when drawn, after the style's context is gone: their sizes are set
-    on every axes now (a style's sizes, at least 7 pt)."""
+    now (a style's sizes, at least 7 pt) on ``ax`` and its twins, and on every axes of a
+    figure spectra made (its colorbar's too); other axes of a user's figure are left."""
     import matplotlib as mpl
 
-    for axes in figure.axes:
+    figure = _root_figure(ax)
+    if getattr(figure, _STYLE_ATTRIBUTE, None) is not None:
+        chosen = list(figure.axes)
+    else:
+        chosen = list(ax.get_shared_x_axes().get_siblings(ax))
+    for axes in chosen:
         axes.tick_params(axis="x", which="both", labelsize=mpl.rcParams["xtick.labelsize"])
         axes.tick_params(axis="y", which="both", labelsize=mpl.rcParams["ytick.labelsize"])
         for axis in (axes.xaxis, axes.yaxis):
@@ -255,7 +261,7 @@ def _styled(function: Any) -> Any:
         with figure_style(style):
             result = function(*args, **kwargs)
             if style is not None:
-                _fix_tick_fonts(_root_figure(result))
+                _fix_tick_fonts(result)
         return result
 
     return wrapper

@@ -383,3 +383,15 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
     texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
     assert any("(2+2β₁)" in text for text in texts)
     plt.close(figure)
+
+
+def test_other_axes_of_a_users_figure_are_left_alone(results):
+    figure, (mine, other) = plt.subplots(1, 2)
+    other.plot([0, 1], [0, 1])
+    figure.canvas.draw()
+    size = other.xaxis.get_ticklabels()[0].get_fontsize()
+    plot_eigenvalues(results["top5"], ax=mine, style="column")
+    figure.canvas.draw()
+    assert mine.xaxis.get_ticklabels()[0].get_fontsize() == 7.0
+    assert other.xaxis.get_ticklabels()[0].get_fontsize() == size
+    plt.close(figure)
