@@ -293,6 +293,7 @@ def paper_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # about 10 s: an analyze run through TensorFlow
 def test_cli_paper_figure(paper_run):
     """--style page --no-title --caption none: 6.75 in wide at 300 dpi, no title text in
     the PDF's page, the settings (seed, trace) in its metadata."""
@@ -313,6 +314,7 @@ def test_cli_paper_figure(paper_run):
     assert "--style page" in results["command"]
 
 
+@pytest.mark.slow  # shares the analyze run of test_cli_paper_figure
 def test_cli_replot_in_another_style(paper_run, tmp_path):
     """spectra plot redraws the run in column style with a title and the full caption."""
     from PIL import Image
