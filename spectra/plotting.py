@@ -84,6 +84,12 @@ _VISIBLE_ERROR_FRACTION = 0.01
 _VISIBLE_LOG_ERROR = 0.05
 # The linear eigenvalue axis spans at least this fraction of the largest |λ|.
 _MIN_RELATIVE_SPAN = 0.1
+# In a print style the index axis of annotated eigenvalues ends this much further right
+# (in index units, per eigenvalue and in all), so that the last value label fits.
+_LABEL_ROOM_PER_INDEX = 0.15
+_LABEL_ROOM = 0.35
+# Up to this many eigenvalues get a tick at every index.
+_MAX_TICKED_INDICES = 12
 # A threshold more than this many times above the data is named, not drawn.
 _OFF_SCALE_FACTOR = 3.0
 _CAPTION_FONTSIZE = 8
@@ -555,13 +561,18 @@ def _index_axis_and_scale(
 ) -> None:
     """Integer ticks on the index axis, which covers earlier results drawn on ``ax``; a log
     y scale (symmetric-log, linear below the smallest |λ| ≠ 0, when some λ <= 0)."""
-    from matplotlib.ticker import MaxNLocator, NullLocator
+    from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
     left, right = 0.5, values.size + 0.5
     if reused:
         left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
     ax.set_xlim(left, right)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    last = round(right - 0.5)
+    if last <= _MAX_TICKED_INDICES:
+        # Every index, and none past the last eigenvalue (the axis may leave room after it).
+        ax.xaxis.set_major_locator(FixedLocator(np.arange(1, last + 1)))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.xaxis.set_minor_locator(NullLocator())
     if log_scale:
         if np.all(values > 0):
@@ -646,6 +657,11 @@ def plot_eigenvalues(
             )
 
     _index_axis_and_scale(ax, values, reused, previous_limits, log_scale)
+    if annotate and _ACTIVE_STYLE.get() is not None:
+        # Room for the last label (up to 7 characters at 7 pt beside its marker): at print
+        # size an index step is about half an inch on a column for k = 5.
+        left, right = ax.get_xlim()
+        ax.set_xlim(left, right + _LABEL_ROOM_PER_INDEX * values.size + _LABEL_ROOM)
     ax.set_xlabel("Eigenvalue index i")
     ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)

@@ -126,6 +126,12 @@ def test_every_plot_fits_its_print_size(kind, style, titled, results):
     # (half a point of slack: the spines' own width)
     assert drawn.x0 >= -0.02 and drawn.y0 >= -0.02, drawn
     assert drawn.x1 <= size[0] + 0.02 and drawn.y1 <= size[1] + 0.02, (drawn, size)
+    # Value labels written beside markers stay inside the axes (off the spines).
+    if kind.startswith("eigenvalue"):
+        frame = ax.get_window_extent(renderer)
+        for label in ax.texts:
+            box = label.get_window_extent(renderer)
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1, label.get_text()
     # A legend in the axes stays in them; one under the axes (the per-layer bars) is no
     # wider than them; a figure legend stays on the canvas.
     for axes in figure.axes:
