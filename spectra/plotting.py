@@ -570,7 +570,7 @@ def _index_axis_and_scale(
     last = round(right - 0.5)
     if last <= _MAX_TICKED_INDICES:
         # Every index, and none past the last eigenvalue (the axis may leave room after it).
-        ax.xaxis.set_major_locator(FixedLocator(np.arange(1, last + 1)))
+        ax.xaxis.set_major_locator(FixedLocator([float(index) for index in range(1, last + 1)]))
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.xaxis.set_minor_locator(NullLocator())
