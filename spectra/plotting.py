@@ -16,11 +16,14 @@ Matplotlib is imported on first use (inside the functions), not with the module.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import functools
 import math
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -33,8 +36,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "STYLES",
     "add_title",
     "figure_caption",
+    "figure_size",
+    "figure_style",
+    "format_value",
+    "new_figure",
     "plot_eigenvalues",
     "plot_layerwise",
     "plot_loss_landscape_1d",
@@ -42,6 +50,7 @@ __all__ = [
     "plot_sharpness",
     "plot_spectral_density",
     "save_figure",
+    "value_digits",
 ]
 
 # Okabe & Ito (2008) colors without the yellow, which is too light on white.
@@ -73,6 +82,14 @@ _VISIBLE_ERROR_FRACTION = 0.01
 # On a log axis the bars' length is relative: below this relative error (a marker spans
 # about 5 % of a decade on a default figure) they hide under the markers.
 _VISIBLE_LOG_ERROR = 0.05
+# The linear eigenvalue axis spans at least this fraction of the largest |λ|.
+_MIN_RELATIVE_SPAN = 0.1
+# In a print style the index axis of annotated eigenvalues ends this much further right
+# (in index units, per eigenvalue and in all), so that the last value label fits.
+_LABEL_ROOM_PER_INDEX = 0.15
+_LABEL_ROOM = 0.35
+# Up to this many eigenvalues get a tick at every index.
+_MAX_TICKED_INDICES = 12
 # A threshold more than this many times above the data is named, not drawn.
 _OFF_SCALE_FACTOR = 3.0
 _CAPTION_FONTSIZE = 8
@@ -85,15 +102,175 @@ _MAX_ANNOTATED = 10
 # x range then grows by these fractions of its width to hold the text.
 _MAX_ANNOTATED_GROUPS = 30
 _ANNOTATION_ROOM = 0.15
+# In a print style the labels are larger against the axes' width.
+_STYLED_ANNOTATION_ROOM = 0.24
+# The legend under the bars starts this many points under the axes (tick labels and the
+# axis label: about 2.6 lines of text at 8-10 pt).
+_LEGEND_DROP_POINTS = 30.0
 _NEGATIVE_ANNOTATION_ROOM = 0.08
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
-def _new_axes() -> Axes:
+# Print presets: the figure's width in inches (one column of a two-column paper, or the
+# whole page), its height as a fraction of the width, the font sizes in points at that
+# width (none below _MIN_FONT_SIZE, the smallest most journals accept), the scale of
+# line widths and marker sizes, and the PNG resolution.
+_MIN_FONT_SIZE = 7.0
+
+
+class _Style(NamedTuple):
+    width: float
+    aspect: float
+    scale: float
+    rc: dict[str, Any]
+
+
+_BASE_RC: dict[str, Any] = {
+    "font.size": 8.0,
+    "axes.labelsize": 8.0,
+    "axes.titlesize": 8.0,
+    "figure.titlesize": 9.0,
+    "xtick.labelsize": 7.0,
+    "ytick.labelsize": 7.0,
+    "legend.fontsize": 7.0,
+    "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.minor.width": 0.4,
+    "ytick.minor.width": 0.4,
+    "xtick.major.size": 3.0,
+    "ytick.major.size": 3.0,
+    "legend.handlelength": 1.6,
+    "legend.borderaxespad": 0.4,
+    "axes.formatter.useoffset": False,
+    "savefig.dpi": 300,
+}
+STYLES: dict[str, _Style] = {
+    "column": _Style(width=3.25, aspect=0.78, scale=0.7, rc=_BASE_RC),
+    "page": _Style(width=6.75, aspect=0.45, scale=0.85, rc=_BASE_RC),
+}
+# Fonts kept as fonts in every file: TrueType (Type 42) in PDF and PostScript, which
+# journals accept (Type 3 bitmaps they often reject), and <text> elements in SVG.
+_FONT_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
+_ACTIVE_STYLE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "spectra_plotting_style", default=None
+)
+# Attributes spectra sets on the figures it styles or describes.
+_STYLE_ATTRIBUTE = "_spectra_style"
+_METADATA_ATTRIBUTE = "_spectra_metadata"
+
+
+def _check_style(style: Any) -> str | None:
+    if style is None:
+        return None
+    if not isinstance(style, str):
+        raise TypeError(f"style must be a str or None, got {type(style).__name__}")
+    if style not in STYLES:
+        raise ValueError(
+            f"style must be one of {', '.join(map(repr, STYLES))} or None, got {style!r}"
+        )
+    return style
+
+
+@contextlib.contextmanager
+def figure_style(style: str | None) -> Iterator[None]:
+    """Context in which spectra draws for print: the preset's font sizes, line widths and
+    no axis offsets (matplotlib's ``rc_context``, so the user's rcParams are restored on
+    exit). ``style`` is ``"column"`` (3.25 in wide), ``"page"`` (6.75 in) or None
+    (matplotlib's defaults, nothing changed). The plotting functions' ``style=`` enter it."""
+    import matplotlib as mpl
+
+    name = _check_style(style)
+    if name is None:
+        token = _ACTIVE_STYLE.set(None)
+        try:
+            yield
+        finally:
+            _ACTIVE_STYLE.reset(token)
+        return
+    settings: Any = STYLES[name].rc
+    with mpl.rc_context(settings):
+        token = _ACTIVE_STYLE.set(name)
+        try:
+            yield
+        finally:
+            _ACTIVE_STYLE.reset(token)
+
+
+def figure_size(style: str, aspect: float | None = None) -> tuple[float, float]:
+    """(width, height) in inches of a figure in ``style``: the preset's width and its
+    height as ``aspect`` (height / width; default the preset's)."""
+    preset = STYLES[_check_style(style) or "column"]
+    return preset.width, preset.width * (preset.aspect if aspect is None else aspect)
+
+
+def new_figure(
+    style: str | None = None, *, aspect: float | None = None, nrows: int = 1, ncols: int = 1
+) -> tuple[Figure, Any]:
+    """A figure with ``nrows`` × ``ncols`` axes (an array of axes for more than one) and a
+    constrained layout, sized by ``style`` (:func:`figure_size`; matplotlib's default
+    size for None)."""
     import matplotlib.pyplot as plt
 
-    _, ax = plt.subplots(layout="constrained")
+    name = _check_style(style)
+    size = None if name is None else figure_size(name, aspect)
+    with figure_style(name):
+        figure, axes = plt.subplots(nrows, ncols, figsize=size, layout="constrained")
+    setattr(figure, _STYLE_ATTRIBUTE, name)
+    return figure, axes
+
+
+def _new_axes() -> Axes:
+    _, ax = new_figure(_ACTIVE_STYLE.get())
     return ax
+
+
+def _w(width: float) -> float:
+    """A line width or marker size scaled to the active style's width."""
+    name = _ACTIVE_STYLE.get()
+    return width if name is None else width * STYLES[name].scale
+
+
+def _small() -> Any:
+    """The font size of legends and annotations: "small", at least 7 pt in a style."""
+    if _ACTIVE_STYLE.get() is None:
+        return "small"
+    return STYLES[_ACTIVE_STYLE.get() or "column"].rc["legend.fontsize"]
+
+
+def _fix_tick_fonts(ax: Axes) -> None:
+    """Ticks are made when drawn, after the style's context is gone: their sizes are set
+    now (a style's sizes, at least 7 pt) on ``ax`` and its twins, and on every axes of a
+    figure spectra made (its colorbar's too); other axes of a user's figure are left."""
+    import matplotlib as mpl
+
+    figure = _root_figure(ax)
+    if getattr(figure, _STYLE_ATTRIBUTE, None) is not None:
+        chosen = list(figure.axes)
+    else:
+        chosen = list(ax.get_shared_x_axes().get_siblings(ax))
+    for axes in chosen:
+        axes.tick_params(axis="x", which="both", labelsize=mpl.rcParams["xtick.labelsize"])
+        axes.tick_params(axis="y", which="both", labelsize=mpl.rcParams["ytick.labelsize"])
+        for axis in (axes.xaxis, axes.yaxis):
+            formatter = axis.get_major_formatter()
+            if hasattr(formatter, "set_useOffset"):
+                formatter.set_useOffset(False)
+
+
+def _styled(function: Any) -> Any:
+    """Run a plotting function inside :func:`figure_style` of its ``style`` keyword."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        style = _check_style(kwargs.get("style"))
+        with figure_style(style):
+            result = function(*args, **kwargs)
+            if style is not None:
+                _fix_tick_fonts(result)
+        return result
+
+    return wrapper
 
 
 def _next_color(ax: Axes, color: Any = None) -> Any:
@@ -139,13 +316,62 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         return
     engine = figure.get_layout_engine()
     constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
+    labels = _fit_labels(labels, _root_figure(axes[0]).get_figwidth())
     if outside and alone and constrained:
+        columns = 1 if _ACTIVE_STYLE.get() == "column" else 2
         legend = figure.legend(
-            handles, labels, loc="outside lower center", fontsize="small", frameon=False, ncols=2
+            handles,
+            labels,
+            loc="outside lower center",
+            fontsize=_small(),
+            frameon=False,
+            ncols=columns,
         )
         legend.set_gid(_SERIES_GID)
     else:
-        axes[-1].legend(handles, labels, framealpha=0.9, fontsize="small")
+        axes[-1].legend(handles, labels, framealpha=0.9, fontsize=_small())
+
+
+# An error is written to 2 significant digits, the value to the same decimal place
+# (spectra.cli's plus_minus writes "value ± error" with this rule).
+ERROR_SIGNIFICANT_DIGITS = 2
+
+
+def value_digits(value: float, error: float | None, *, most: int = 12) -> int | None:
+    """Significant digits of ``value`` that its ``error`` leaves meaningful: the value ends
+    at the decimal place of the error's second significant digit (at least 1, at most
+    ``most``); None when the error is unknown, zero or not finite, or the value is 0."""
+    if error is None or not (math.isfinite(error) and math.isfinite(value)):
+        return None
+    if error <= 0 or value == 0:
+        return None
+    digits = (
+        math.floor(math.log10(abs(value)))
+        - math.floor(math.log10(error))
+        + ERROR_SIGNIFICANT_DIGITS
+    )
+    return min(max(digits, 1), most)
+
+
+def format_value(value: float, error: float | None, *, most: int = 6) -> str:
+    """``value`` rounded from its uncertainty (:func:`value_digits`): 17.6 for 17.63 ± 0.41,
+    22.2153 for 22.215331 ± 2.1e-06 (capped at ``most`` digits); with no usable error,
+    ``most`` significant digits. The figures' labels use it (6 digits at most: a label is
+    not a table)."""
+    digits = value_digits(value, error, most=most)
+    return f"{value:.{most if digits is None else digits}g}"
+
+
+def _fit_labels(labels: list[str], width: float) -> list[str]:
+    """In a print style, legend labels wrapped to fit a figure ``width`` inches wide."""
+    import textwrap
+
+    if _ACTIVE_STYLE.get() is None:
+        return labels
+    size = float(STYLES[_ACTIVE_STYLE.get() or "column"].rc["legend.fontsize"])
+    # About 0.55 em per character, and room for the legend's handle and padding.
+    characters = max(24, int((width * 72.0 - 40.0) / (0.55 * size)))
+    return ["\n".join(textwrap.wrap(label, characters)) or label for label in labels]
 
 
 def _subscript(index: int) -> str:
@@ -168,6 +394,7 @@ def _check_errors(name: str, errors: Any, shape: tuple[int, ...]) -> np.ndarray:
     return np.where(np.isfinite(array), array, 0.0)
 
 
+@_styled
 def plot_spectral_density(
     density: SpectralDensity,
     ax: Axes | None = None,
@@ -178,6 +405,7 @@ def plot_spectral_density(
     band: bool = True,
     label: str | None = None,
     color: Any = None,
+    style: str | None = None,
 ) -> Axes:
     """Gaussian-smoothed SLQ spectral density with its confidence band.
 
@@ -215,7 +443,7 @@ def plot_spectral_density(
         curve.grid,
         values,
         color=color,
-        linewidth=1.4,
+        linewidth=_w(1.4),
         label=f"{name}, σ = {curve.sigma:.2g}",
     )
     line.set_gid(_SERIES_GID)
@@ -230,18 +458,18 @@ def plot_spectral_density(
             label=f"±2 s.e. across {density.num_probes} probes",
         )
     if curve.grid.min() <= 0.0 <= curve.grid.max():
-        ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=0.8, zorder=0.5)
+        ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=_w(0.8), zorder=0.5)
 
     if log_scale:
         ax.set_yscale("log")
         ax.set_ylim(bottom, top)
-        ax.set_ylabel("Density (log scale)")
+        ax.set_ylabel("Density, ∫ = 1 (log scale)")
     else:
         ax.set_ylim(bottom=0.0)
-        ax.set_ylabel("Density")
+        ax.set_ylabel("Density, ∫ = 1")
     ax.set_xlabel("Eigenvalue λ")
     _style_axes(ax)
-    _refresh_legend(ax, always=True)
+    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None)
     return ax
 
 
@@ -300,9 +528,9 @@ def _draw_eigenvalue_markers(
             yerr=errors[converged],
             fmt="o",
             color=color,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
+            markersize=_w(6),
+            capsize=_w(4),
+            elinewidth=_w(1.2),
             label=filled_label + note,
         )
         filled.lines[0].set_gid(_SERIES_GID)
@@ -314,10 +542,10 @@ def _draw_eigenvalue_markers(
             fmt="o",
             color=color,
             markerfacecolor="none",
-            markeredgewidth=1.4,
-            markersize=6,
-            capsize=4,
-            elinewidth=1.2,
+            markeredgewidth=_w(1.4),
+            markersize=_w(6),
+            capsize=_w(4),
+            elinewidth=_w(1.2),
             label=f"{name} (not converged)" + ("" if converged.any() else note),
         )
         if not converged.any():
@@ -333,21 +561,47 @@ def _index_axis_and_scale(
 ) -> None:
     """Integer ticks on the index axis, which covers earlier results drawn on ``ax``; a log
     y scale (symmetric-log, linear below the smallest |λ| ≠ 0, when some λ <= 0)."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     left, right = 0.5, values.size + 0.5
     if reused:
         left, right = min(left, previous_limits[0]), max(right, previous_limits[1])
     ax.set_xlim(left, right)
+    last = round(right - 0.5)
+    if last <= _MAX_TICKED_INDICES:
+        # Every index, and none past the last eigenvalue (the axis may leave room after it).
+        ax.xaxis.set_major_locator(FixedLocator([float(index) for index in range(1, last + 1)]))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.xaxis.set_minor_locator(NullLocator())
     if log_scale:
         if np.all(values > 0):
             ax.set_yscale("log")
         else:
             scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
             ax.set_yscale("symlog", linthresh=scale)
+    else:
+        _keep_value_range(ax, values)
 
 
+def _keep_value_range(ax: Axes, values: np.ndarray) -> None:
+    """A linear value axis at least ``_MIN_RELATIVE_SPAN`` of the largest |value| tall, so
+    that error bars far smaller than the values (one eigenvalue, or a few close ones) do
+    not stretch to fill the axis; the values' own digits are shown, with no offset."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return
+    low, high = ax.get_ylim()
+    needed = _MIN_RELATIVE_SPAN * float(np.max(np.abs(finite)))
+    if high - low < needed:
+        middle = 0.5 * (float(finite.min()) + float(finite.max()))
+        ax.set_ylim(middle - needed / 2, middle + needed / 2)
+    formatter = ax.yaxis.get_major_formatter()
+    if hasattr(formatter, "set_useOffset"):
+        formatter.set_useOffset(False)
+
+
+@_styled
 def plot_eigenvalues(
     result: EigenResult,
     ax: Axes | None = None,
@@ -356,6 +610,7 @@ def plot_eigenvalues(
     color: Any = None,
     log_scale: bool = False,
     annotate: bool | None = None,
+    style: str | None = None,
 ) -> Axes:
     """The computed eigenvalues against their index i = 1, 2, … with error bars.
 
@@ -390,22 +645,28 @@ def plot_eigenvalues(
     if annotate is None:
         annotate = values.size <= _MAX_ANNOTATED
     if annotate:
-        for index, value in zip(indices, values):
+        for index, value, error in zip(indices, values, errors):
             ax.annotate(
-                f"{value:.4g}",
+                format_value(float(value), float(error)),
                 (index, value),
                 xytext=(7, 0),
                 textcoords="offset points",
                 va="center",
-                fontsize="small",
+                fontsize=_small(),
                 color=color,
             )
 
     _index_axis_and_scale(ax, values, reused, previous_limits, log_scale)
-    ax.set_xlabel("Index i")
+    if annotate and _ACTIVE_STYLE.get() is not None:
+        # Room for the last label (up to 7 characters at 7 pt beside its marker): at print
+        # size an index step is about half an inch on a column for k = 5.
+        left, right = ax.get_xlim()
+        ax.set_xlim(left, right + _LABEL_ROOM_PER_INDEX * values.size + _LABEL_ROOM)
+    ax.set_xlabel("Eigenvalue index i")
     ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)
-    _refresh_legend(ax, always=True)
+    # In a print style the legend goes under the axes: at that size it would cover markers.
+    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None)
     return ax
 
 
@@ -430,13 +691,13 @@ def _line_with_errors(
         y,
         color=color,
         marker=marker,
-        markersize=4,
-        linewidth=1.4,
+        markersize=_w(4),
+        linewidth=_w(1.4),
         linestyle=linestyle,
         label=label,
     )
     if errors is not None:
-        ax.errorbar(x, y, yerr=errors, fmt="none", ecolor=color, capsize=2, elinewidth=0.9)
+        ax.errorbar(x, y, yerr=errors, fmt="none", ecolor=color, capsize=_w(2), elinewidth=0.9)
     return line
 
 
@@ -605,9 +866,10 @@ def _draw_eigenvalue_lines(
     return colors
 
 
-def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray) -> None:
+def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray) -> float | None:
     """The stability threshold as a dashed line, or only named in the legend when it is
-    more than ``_OFF_SCALE_FACTOR`` times above the data (drawn, it would squash them)."""
+    more than ``_OFF_SCALE_FACTOR`` times above the data (drawn, it would squash them);
+    returns the value of the line drawn (None for the legend entry alone)."""
     value, text = threshold
     shown = columns[np.isfinite(columns)]
     top = float(shown.max()) if shown.size else value
@@ -618,11 +880,47 @@ def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray)
             [],
             color=_REFERENCE_COLOR,
             linestyle="--",
-            linewidth=1.2,
+            linewidth=_w(1.2),
             label=f"{text}, above the plotted range",
         )
+        return None
+    ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=_w(1.2), label=text)
+    return value
+
+
+# The loss curve keeps this fraction of the axes' height away from the threshold line.
+_THRESHOLD_CLEARANCE = 0.08
+
+
+def _keep_clear_of(ax: Axes, loss_ax: Axes, threshold: float, losses: np.ndarray) -> None:
+    """Limits of the loss axis that put the whole loss curve below the threshold line
+    (above it when the line is in the lower third), ``_THRESHOLD_CLEARANCE`` away."""
+    shown = losses[np.isfinite(losses)]
+    if loss_ax.get_yscale() == "log":
+        shown = shown[shown > 0]
+    if not shown.size:
+        return
+    low, high = ax.get_ylim()
+    if ax.get_yscale() == "log":
+        at = (math.log10(threshold) - math.log10(low)) / (math.log10(high) - math.log10(low))
     else:
-        ax.axhline(value, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label=text)
+        at = (threshold - low) / (high - low)
+    log = loss_ax.get_yscale() == "log"
+    lowest, highest = float(shown.min()), float(shown.max())
+    if log:
+        lowest, highest = math.log10(lowest), math.log10(highest)
+    if highest == lowest:
+        highest, lowest = highest + 0.5 * abs(highest or 1.0), lowest - 0.5 * abs(lowest or 1.0)
+    if at - _THRESHOLD_CLEARANCE >= 0.35:
+        bottom_at, top_at = 0.03, at - _THRESHOLD_CLEARANCE
+    else:
+        bottom_at, top_at = min(at + _THRESHOLD_CLEARANCE, 0.6), 0.97
+    span = (highest - lowest) / (top_at - bottom_at)
+    bottom = lowest - bottom_at * span
+    limits = (bottom, bottom + span)
+    if log:
+        limits = (10.0 ** limits[0], 10.0 ** limits[1])
+    loss_ax.set_ylim(*limits)
 
 
 def _draw_losses(ax: Axes, series: _SharpnessSeries, marker: str | None, label: str | None) -> Axes:
@@ -636,7 +934,7 @@ def _draw_losses(ax: Axes, series: _SharpnessSeries, marker: str | None, label: 
         series.losses,
         color=loss_color,
         linestyle=":",
-        linewidth=1.4,
+        linewidth=_w(1.4),
         marker="." if marker else None,
         label=_LOSS_LABEL if not label else f"{label}, loss",
     )
@@ -683,9 +981,9 @@ def _draw_overlaps(
         series.overlaps,
         color=color,
         linestyle="--",
-        linewidth=1.2,
+        linewidth=_w(1.2),
         marker="^" if marker else None,
-        markersize=4,
+        markersize=_w(4),
         label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if series.columns.shape[1] == 1 else "Top-k subspace overlap")
         if not label
         else f"{label}, overlap",
@@ -700,6 +998,7 @@ def _after(color: Any) -> Any:
     return _PALETTE[(_PALETTE.index(color) + 1) % len(_PALETTE)]
 
 
+@_styled
 def plot_sharpness(
     steps: Any,
     values: Any,
@@ -716,6 +1015,8 @@ def plot_sharpness(
     log_scale: bool = False,
     ax: Axes | None = None,
     label: str | None = None,
+    threshold_note: str | None = None,
+    style: str | None = None,
 ) -> Axes:
     """Sharpness (top Hessian eigenvalue λ₁) along training.
 
@@ -740,7 +1041,11 @@ def plot_sharpness(
     ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
-    axis logarithmic. Returns the primary (sharpness) axes.
+    axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
+    threshold is drawn (e.g. Adam's bounds λ_max(P⁻¹H), not the λ_max(H) plotted).
+    With a threshold line and losses, the loss axis' limits keep the loss curve clear of
+    the line (below it, or above it when the line is low). ``style`` draws for print
+    (:func:`figure_style`). Returns the primary (sharpness) axes.
     """
     series = _sharpness_series(
         steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps
@@ -752,8 +1057,11 @@ def plot_sharpness(
     colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
     if log_scale:
         ax.set_yscale("log")
+    drawn_threshold = None
     if series.threshold is not None:
-        _draw_threshold(ax, series.threshold, series.columns)
+        drawn_threshold = _draw_threshold(ax, series.threshold, series.columns)
+    if threshold_note:
+        ax.plot([], [], linestyle="none", label=threshold_note)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(quantity if series.single else (ylabel or "Top Hessian eigenvalues"))
     _style_axes(ax)
@@ -763,6 +1071,8 @@ def plot_sharpness(
     trace_color = _after(colors[-1])
     if series.losses is not None:
         twins.append(_draw_losses(ax, series, marker, label))
+        if drawn_threshold is not None:
+            _keep_clear_of(ax, twins[-1], drawn_threshold, series.losses)
     elif (existing := _find_twin(ax, _LOSS_LABEL)) is not None:
         twins.append(existing)
     if series.traces is not None:
@@ -833,7 +1143,7 @@ def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: s
         ys,
         linestyle="none",
         marker="o",
-        markersize=4,
+        markersize=_w(4),
         color="0.15",
         label=f"λ₂ … λₖ of {symbol}ₗₗ",
     )
@@ -845,39 +1155,51 @@ def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.nd
     negative) of its width to hold the text."""
     for row, value, error in zip(rows, values, errors):
         ax.annotate(
-            f"{value:.4g}",
+            format_value(float(value), float(error)),
             (value + (error if value >= 0 else -error), row),
             xytext=(4 if value >= 0 else -4, 0),
             textcoords="offset points",
             va="center",
             ha="left" if value >= 0 else "right",
-            fontsize="small",
+            fontsize=_small(),
         )
     low, high = ax.get_xlim()
+    room = _ANNOTATION_ROOM if _ACTIVE_STYLE.get() is None else _STYLED_ANNOTATION_ROOM
     ax.set_xlim(
         low - _NEGATIVE_ANNOTATION_ROOM * (high - low) * (low < 0),
-        high + _ANNOTATION_ROOM * (high - low),
+        high + room * (high - low),
     )
 
 
-def _legend_under_bars(ax: Axes, extra: list[Any], rows: int) -> None:
+def _legend_under_bars(ax: Axes, extra: list[Any]) -> None:
     """The legend under the axes, bars first (matplotlib lists lines before containers),
-    then ``extra`` handles; lower for fewer rows (the axes' fraction per row is larger)."""
+    then ``extra`` handles, with labels wrapped to the axes' width in a print style."""
     handles, labels = ax.get_legend_handles_labels()
     handles += extra
     labels += [handle.get_label() for handle in extra]
     order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
+    width = ax.get_position().width * _root_figure(ax).get_figwidth()
+    labels = _fit_labels(labels, width + 0.4)
+    from matplotlib.transforms import ScaledTranslation
+
+    # A fixed distance under the axes (below the tick labels and the axis label), so that
+    # the constrained layout, which moves the axes, finds the legend where it left it.
+    under = ax.transAxes + ScaledTranslation(
+        0.0, -_LEGEND_DROP_POINTS / 72.0, ax.figure.dpi_scale_trans
+    )
     ax.legend(
         [handles[i] for i in order],
         [labels[i] for i in order],
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.14 - 0.5 / max(rows, 3)),
-        fontsize="small",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=under,
+        fontsize=_small(),
         frameon=False,
         ncols=1,
     )
 
 
+@_styled
 def plot_layerwise(
     result: Any,
     ax: Axes | None = None,
@@ -886,6 +1208,7 @@ def plot_layerwise(
     symbol: str = "H",
     color: Any = None,
     annotate: bool | None = None,
+    style: str | None = None,
 ) -> Axes:
     """Per-layer bars of a :class:`spectra.LayerwiseResult`, one row per group, first at top.
 
@@ -921,7 +1244,7 @@ def plot_layerwise(
         height=0.6,
         color=color,
         alpha=0.85,
-        error_kw={"ecolor": "0.2", "capsize": 3, "elinewidth": 1.0},
+        error_kw={"ecolor": "0.2", "capsize": _w(3), "elinewidth": _w(1.0)},
         label=data.legend + note,
     )
     bars.patches[0].set_gid(_SERIES_GID)
@@ -939,7 +1262,7 @@ def plot_layerwise(
     ax.set_ylabel("Layer (parameter group)")
     _style_axes(ax)
     ax.grid(False, axis="y")
-    _legend_under_bars(ax, extra, len(names))
+    _legend_under_bars(ax, extra)
     return ax
 
 
@@ -952,6 +1275,7 @@ def _curve(name: str, values: Any, alphas: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(array), array, np.nan)
 
 
+@_styled
 def plot_loss_landscape_1d(
     alphas: Any,
     losses: Mapping[str, Any] | Any,
@@ -959,6 +1283,7 @@ def plot_loss_landscape_1d(
     *,
     xlabel: str = "Step size α along direction",
     references: Mapping[str, tuple[str, Any]] | None = None,
+    style: str | None = None,
 ) -> Axes:
     """Loss along directions through the current parameters, L(θ + α d).
 
@@ -996,7 +1321,7 @@ def plot_loss_landscape_1d(
     for name, curve in checked.items():
         color = colors[name] = _next_color(ax)
         (line,) = ax.plot(
-            sorted_alphas, curve[order], color=color, linewidth=1.5, marker=marker, label=name
+            sorted_alphas, curve[order], color=color, linewidth=_w(1.5), marker=marker, label=name
         )
         line.set_gid(_SERIES_GID)
         known = np.isfinite(curve[order])
@@ -1006,10 +1331,10 @@ def plot_loss_landscape_1d(
                 [0.0],
                 [at_zero],
                 marker="o",
-                markersize=7,
+                markersize=_w(7),
                 color="0.15",
                 markeredgecolor="white",
-                markeredgewidth=1.2,
+                markeredgewidth=_w(1.2),
                 linestyle="none",
                 zorder=3,
             )
@@ -1018,17 +1343,18 @@ def plot_loss_landscape_1d(
             sorted_alphas,
             curve[order],
             color=colors[owner],
-            linewidth=1.0,
+            linewidth=_w(1.0),
             linestyle="--",
             label=name,
         )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Loss")
     _style_axes(ax)
-    _refresh_legend(ax)
+    _refresh_legend(ax, outside=_ACTIVE_STYLE.get() is not None)
     return ax
 
 
+@_styled
 def plot_loss_landscape_2d(
     alphas: Any,
     betas: Any,
@@ -1037,6 +1363,7 @@ def plot_loss_landscape_2d(
     *,
     labels: tuple[str, str] = ("v₁", "v₂"),
     levels: int | Sequence[float] = 30,
+    style: str | None = None,
 ) -> Axes:
     """Filled contours of the loss surface L(θ + α d₁ + β d₂).
 
@@ -1073,7 +1400,7 @@ def plot_loss_landscape_2d(
         surface.T,
         levels=filled.levels,
         colors="white",
-        linewidths=0.3,
+        linewidths=_w(0.3),
         alpha=0.35,
     )
     colorbar = ax.figure.colorbar(filled, ax=ax)
@@ -1083,10 +1410,10 @@ def plot_loss_landscape_2d(
             [0.0],
             [0.0],
             marker="*",
-            markersize=12,
+            markersize=_w(12),
             color="white",
             markeredgecolor="black",
-            markeredgewidth=0.8,
+            markeredgewidth=_w(0.8),
             linestyle="none",
             zorder=3,
         )
@@ -1136,37 +1463,113 @@ def _wrap_caption(caption: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def add_title(fig_or_ax: Any, title: str, caption: str | None = None) -> Figure:
-    """Put a ``title`` above the figure and a small ``caption`` line under it.
+def _describe(figure: Figure, title: str | None, description: str | None) -> None:
+    """Record the figure's title and settings for :func:`save_figure`'s metadata."""
+    recorded = dict(getattr(figure, _METADATA_ATTRIBUTE, None) or {})
+    if title:
+        recorded["Title"] = title
+    if description:
+        recorded["Description"] = description
+    setattr(figure, _METADATA_ATTRIBUTE, recorded)
+
+
+def add_title(
+    fig_or_ax: Any,
+    title: str | None,
+    caption: str | None = None,
+    *,
+    metadata: str | Mapping[str, str] | None = None,
+) -> Figure:
+    """Put a ``title`` above the figure and a small ``caption`` under it (either None: none).
 
     The caption (model, data, matrix, estimator settings: :func:`figure_caption`) is
     wrapped to the figure's width and set as the title of the first axes, so that the
-    layout keeps it clear of the title above and of the legend or labels below. Returns
-    the figure.
+    layout keeps it clear of the title above and of the legend or labels below. On a
+    figure made in a print style (:func:`new_figure`, or a plotting function's ``style=``)
+    the figure grows by the height of these lines, so the axes keep their size, and
+    the fonts keep the style's sizes (title 9 pt, caption 7 pt). ``metadata`` (default: the
+    caption) is the description :func:`save_figure` writes into the file's metadata with
+    the title, whether or not they are drawn; a mapping gives both ("Title",
+    "Description"), e.g. the title of a figure drawn without one. Returns the figure.
     """
     figure = _root_figure(fig_or_ax)
-    figure.suptitle(title, fontsize=12, fontweight="bold")
+    if isinstance(metadata, Mapping):
+        _describe(figure, metadata.get("Title") or title, metadata.get("Description"))
+    else:
+        _describe(figure, title, metadata if metadata is not None else caption)
+    styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
+    title_size = STYLES["column"].rc["figure.titlesize"] if styled else 12
+    caption_size = _MIN_FONT_SIZE if styled else _CAPTION_FONTSIZE
+    added_points = 0.0
+    if title:
+        shown = title
+        if styled:
+            # Bold characters are about 0.62 em wide.
+            import textwrap
+
+            characters = int(figure.get_figwidth() * 72.0 / (0.62 * title_size))
+            shown = "\n".join(textwrap.wrap(title, max(20, characters)))
+        figure.suptitle(shown, fontsize=title_size, fontweight="bold")
+        added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
     if caption:
         axes = fig_or_ax if not isinstance(fig_or_ax, type(figure)) else None
         if axes is None and figure.axes:
             axes = figure.axes[0]
-        width = max(40, int(figure.get_figwidth() * 72.0 / (0.52 * _CAPTION_FONTSIZE)))
+        # Characters per line: about 0.52 em each; in a print style the caption is centred
+        # on the axes, which leave about a fifth of the width to the y label.
+        usable = 0.8 * figure.get_figwidth() if styled else figure.get_figwidth()
+        width = max(40, int(usable * 72.0 / ((0.56 if styled else 0.52) * caption_size)))
         text = _wrap_caption(caption, width)
         if axes is None:
-            figure.supxlabel(text, fontsize=_CAPTION_FONTSIZE, color="0.3")
+            figure.supxlabel(text, fontsize=caption_size, color="0.3")
         else:
-            axes.set_title(text, fontsize=_CAPTION_FONTSIZE, color="0.3", pad=8)
+            axes.set_title(text, fontsize=caption_size, color="0.3", pad=6 if styled else 8)
+        added_points += 1.25 * caption_size * (text.count("\n") + 1) + 6
+    if styled and added_points:
+        figure.set_figheight(figure.get_figheight() + added_points / 72.0)
     return figure
 
 
-def save_figure(fig_or_ax: Any, path: str | os.PathLike, *, dpi: float = 150) -> pathlib.Path:
-    """Save a figure (or an Axes' figure) with tight bounds, atomically.
+def _file_metadata(file_format: str, recorded: Mapping[str, str]) -> dict[str, Any] | None:
+    """The metadata matplotlib writes for ``file_format``: PDF Title/Subject/Keywords, PNG
+    text chunks, SVG <metadata> (dc:title, dc:description); None for formats without."""
+    title, description = recorded.get("Title"), recorded.get("Description")
+    keywords = recorded.get("Keywords")
+    if file_format == "pdf":
+        fields = {"Title": title, "Subject": description, "Keywords": keywords}
+    elif file_format == "png":
+        fields = {"Title": title, "Description": description, "Keywords": keywords}
+    elif file_format == "svg":
+        fields = {"Title": title, "Description": description, "Keywords": keywords}
+    else:
+        return None
+    fields = {key: value for key, value in fields.items() if value}
+    fields["Creator" if file_format != "png" else "Software"] = "spectra"
+    return fields
 
-    The format comes from the suffix of ``path`` (.png, .pdf, .svg, …). The
-    file is written to a temporary file in the same directory and moved into
-    place with ``os.replace``, so readers never see a partial file; missing
-    parent directories are created. The figure is not closed. Returns the path.
+
+def save_figure(
+    fig_or_ax: Any,
+    path: str | os.PathLike,
+    *,
+    dpi: float | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> pathlib.Path:
+    """Save a figure (or an Axes' figure) atomically: a figure made in a print style at
+    its exact size (the preset's width), any other with tight bounds.
+
+    The format comes from the suffix of ``path`` (.png, .pdf, .svg, …). Fonts stay
+    fonts: TrueType (Type 42) in PDF and PostScript, ``<text>`` in SVG (set for this
+    save only). The title and description that :func:`add_title` recorded, updated by
+    ``metadata`` (keys "Title", "Description", "Keywords"), go into the file's metadata:
+    PDF Title/Subject/Keywords, PNG text chunks, SVG ``<metadata>``. ``dpi`` (raster
+    formats) defaults to 300 for a figure in a print style, else 150. The file is written
+    to a temporary file in the same directory and moved into place with ``os.replace``, so
+    readers never see a partial file; missing parent directories are created. The figure
+    is not closed. Returns the path.
     """
+    import matplotlib as mpl
+
     figure = _root_figure(fig_or_ax)
     target = pathlib.Path(path)
     file_format = target.suffix.lstrip(".").lower()
@@ -1177,11 +1580,29 @@ def save_figure(fig_or_ax: Any, path: str | os.PathLike, *, dpi: float = 150) ->
         raise ValueError(
             f"unsupported figure format {file_format!r}; supported: {', '.join(sorted(supported))}"
         )
+    styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
+    if dpi is None:
+        dpi = STYLES["column"].rc["savefig.dpi"] if styled else 150
     if not dpi > 0:
         raise ValueError(f"dpi must be positive, got {dpi}")
-    return atomic_write(
-        target,
-        lambda temp_name: figure.savefig(
-            temp_name, format=file_format, dpi=dpi, bbox_inches="tight"
-        ),
-    )
+    recorded = dict(getattr(figure, _METADATA_ATTRIBUTE, None) or {})
+    for key, value in dict(metadata or {}).items():
+        if key not in ("Title", "Description", "Keywords") or not isinstance(value, str):
+            raise ValueError(
+                f"metadata takes str values for 'Title', 'Description', 'Keywords', got {key!r}"
+            )
+        recorded[key] = value
+    fields = _file_metadata(file_format, recorded)
+
+    def write(temp_name: str) -> None:
+        fonts: Any = _FONT_RC
+        with mpl.rc_context(fonts):
+            figure.savefig(
+                temp_name,
+                format=file_format,
+                dpi=dpi,
+                bbox_inches=None if styled else "tight",
+                metadata=fields,
+            )
+
+    return atomic_write(target, write)

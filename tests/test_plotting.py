@@ -81,7 +81,7 @@ def test_density_log_scale_band_and_zero_line(density):
     ax = plot_spectral_density(density)
     assert isinstance(ax, Axes)
     assert ax.get_xlabel() == "Eigenvalue λ"
-    assert ax.get_ylabel() == "Density (log scale)"
+    assert ax.get_ylabel() == "Density, ∫ = 1 (log scale)"
     assert ax.get_yscale() == "log"
     curve = density.density()
     peak = curve.upper.max()
@@ -113,7 +113,7 @@ def test_density_tails_clipped_at_floor(density):
 def test_density_linear_without_band(density):
     ax = plot_spectral_density(density, log_scale=False, band=False, color="k")
     assert ax.get_yscale() == "linear"
-    assert ax.get_ylabel() == "Density"
+    assert ax.get_ylabel() == "Density, ∫ = 1"
     assert ax.get_ylim()[0] == 0.0
     assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert _series_lines(ax)[0].get_color() == "k"
@@ -139,7 +139,7 @@ def test_density_rejects_bad_sigma(density):
 
 def test_eigenvalues_against_index(eigen):
     ax = plot_eigenvalues(eigen)
-    assert ax.get_xlabel() == "Index i"
+    assert ax.get_xlabel() == "Eigenvalue index i"
     assert ax.get_ylabel() == "Eigenvalue λᵢ"
     (container,) = ax.containers
     x, y = container.lines[0].get_data()

@@ -630,14 +630,12 @@ def plus_minus(value: float | None, error: float | None) -> str:
         return "n/a"
     if error is None or not math.isfinite(error) or not math.isfinite(value):
         return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
-    if error <= 0 or value == 0:
+    from spectra.plotting import value_digits
+
+    digits = value_digits(value, error, most=_MOST_SIGNIFICANT_DIGITS)
+    if digits is None:
         return f"{value:.6g} ± {error:.2g}"
-    digits = (
-        math.floor(math.log10(abs(value)))
-        - math.floor(math.log10(error))
-        + _ERROR_SIGNIFICANT_DIGITS
-    )
-    return f"{value:.{min(max(digits, 1), _MOST_SIGNIFICANT_DIGITS)}g} ± {error:#.2g}"
+    return f"{value:.{digits}g} ± {error:#.{_ERROR_SIGNIFICANT_DIGITS}g}"
 
 
 # --------------------------------------------------------------------------- bounds

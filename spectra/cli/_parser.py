@@ -83,7 +83,8 @@ def _formats(text: str) -> list[str]:
 
 
 def common_options() -> argparse.ArgumentParser:
-    """Options shared by all subcommands: data, loss, model loading, precision, output."""
+    """Options shared by all subcommands: data, loss, model loading, precision, output,
+    figures (:func:`figure_options`)."""
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("data and loss")
     group.add_argument(
@@ -174,6 +175,7 @@ def common_options() -> argparse.ArgumentParser:
         help="more detail, and TensorFlow's own log lines (hidden by default)",
     )
     group.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    _add_figure_options(common)
     return common
 
 
@@ -219,6 +221,45 @@ def trace_options() -> argparse.ArgumentParser:
         help="Hessian-vector products for the trace (default 100; hutch++ and xtrace need >= 4)",
     )
     return options
+
+
+FIGURE_STYLES = ("column", "page")
+CAPTIONS = ("none", "short", "full")
+
+
+def figure_options() -> argparse.ArgumentParser:
+    """How the figures are drawn (``--style``, ``--no-title``, ``--caption``): shared by
+    analyze, sharpness, landscape and plot."""
+    options = argparse.ArgumentParser(add_help=False)
+    _add_figure_options(options)
+    return options
+
+
+def _add_figure_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("figures")
+    group.add_argument(
+        "--style",
+        choices=FIGURE_STYLES,
+        default="column",
+        help="print size of the figures: 'column' (3.25 in wide, one column of a two-column "
+        "paper) or 'page' (6.75 in, both columns); fonts 7-9 pt at that size, PNG at 300 dpi, "
+        "PDF/PS fonts embedded as TrueType, SVG text kept as text (default column)",
+    )
+    group.add_argument(
+        "--no-title",
+        action="store_true",
+        help="no title above the figures (a paper's caption says what a figure shows)",
+    )
+    group.add_argument(
+        "--caption",
+        choices=CAPTIONS,
+        default="short",
+        help="the settings line under the title: none; short (model, data, matrix, "
+        "estimator); full (also the seed, products, the trace when known and what the bars "
+        "mean). Default short, so that a figure looked at later still says what it shows; "
+        "for a paper give --no-title --caption none. The full settings go into every "
+        "figure file's metadata (PDF Subject, PNG text, SVG description) either way",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

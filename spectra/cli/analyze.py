@@ -373,48 +373,57 @@ def _compute(
 
 
 def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str, str, Any]]:
-    """The figures of the report as ``(files key, file stem, figure)``, not yet saved."""
-    from spectra.plotting import (
-        add_title,
-        figure_caption,
-        plot_eigenvalues,
-        plot_spectral_density,
-    )
+    """The figures of the report as ``(files key, file stem, figure)``, not yet saved, in
+    ``--style`` with the title and caption ``--no-title`` and ``--caption`` ask for."""
+    from spectra.cli.plot import finish_figure
+    from spectra.plotting import plot_eigenvalues, plot_spectral_density
 
     eig = report.eigenvalues
     dtype = report.settings["dtype"]
     matrix = matrix_title(args)
+    style = getattr(args, "style", None)
     where = (
         describe_model(report.model),
         describe_data(report.data),
         describe_matrix(args, report.model),
     )
-    ax = plot_eigenvalues(eig, log_scale=args.log_scale)
-    figure = add_title(
+    known_trace = (
+        None
+        if report.trace is None
+        else f"trace {plus_minus(report.trace.estimate, report.trace.stderr)}"
+    )
+    ax = plot_eigenvalues(eig, log_scale=args.log_scale, style=style)
+    count = eig.eigenvalues.size
+    figure = finish_figure(
         ax,
-        f"Top {eig.eigenvalues.size} eigenvalues of the {matrix}",
-        figure_caption(
-            *where,
-            describe_eigensolver(args, eig.eigenvalues.size, dtype),
-            f"{eig.num_products} products",
-            "bars: eigenvalue error bounds",
-        ),
+        args,
+        f"Top eigenvalue of the {matrix}"
+        if count == 1
+        else f"Top {count} eigenvalues of the {matrix}",
+        (*where[:2], describe_eigensolver(args, count, dtype)),
+        (f"{eig.num_products} products", "bars: eigenvalue error bounds", known_trace),
+        matrix=where[2],
     )
     figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]
     if report.density is not None:
         density = report.density
-        ax = plot_spectral_density(density)
+        ax = plot_spectral_density(density, style=style)
         sigma = density.default_sigma()
-        figure = add_title(
+        figure = finish_figure(
             ax,
+            args,
             f"Spectral density of the {matrix}",
-            figure_caption(
-                *where,
+            (
+                *where[:2],
                 f"stochastic Lanczos quadrature, {density.num_probes} probes × "
                 f"{args.density_steps} steps, Gaussian σ = {sigma:.2g}",
+            ),
+            (
                 f"{density.num_products} products",
                 "band: ±2 standard errors across probes" if density.num_probes > 1 else None,
+                known_trace,
             ),
+            matrix=where[2],
         )
         figures.append(("density_figure", "density", figure))
     if report.layers is not None:
@@ -426,31 +435,43 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
 def _layers_figure(
     args: argparse.Namespace, layers: LayerwiseResult, matrix: str, where: tuple[str, ...]
 ) -> Any:
-    """Per-layer top eigenvalues (and traces) as bar charts, one row per layer."""
-    import matplotlib.pyplot as plt
+    """Per-layer top eigenvalues (and traces) as bar charts, one row per layer, side by side
+    on one figure of ``--style``'s width whose height grows with the number of layers."""
+    from spectra.cli.plot import finish_figure
+    from spectra.plotting import figure_size, figure_style, new_figure, plot_layerwise
 
-    from spectra.plotting import add_title, figure_caption, plot_layerwise
-
+    style = getattr(args, "style", None) or "column"
     panels = 2 if layers.traces is not None else 1
-    height = 2.4 + 0.32 * len(layers.groups)
-    figure, axes = plt.subplots(
-        1, panels, figsize=(6.4 * panels, max(3.2, height)), layout="constrained", squeeze=False
+    width, _ = figure_size(style)
+    # Two panels: stacked in a column, side by side on a page. Each panel takes a row per
+    # layer (0.2 in: a 7 pt label and its bar) plus its axis label and legend (1.2 in).
+    stacked = panels == 2 and style == "column"
+    height = (1.2 + 0.2 * len(layers.groups)) * (2 if stacked else 1)
+    figure, axes = new_figure(
+        style,
+        aspect=min(1.6, max(0.45, height / width)),
+        nrows=2 if stacked else 1,
+        ncols=1 if stacked else panels,
     )
+    axes = np.atleast_1d(axes).ravel()
     symbol = curvature_choice(args.curvature).symbol
-    plot_layerwise(layers, ax=axes[0, 0], symbol=symbol)
-    if panels == 2:
-        plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[0, 1])
-        axes[0, 1].set_yticklabels([])
-        axes[0, 1].set_ylabel("")
-    return add_title(
+    with figure_style(style):
+        plot_layerwise(layers, ax=axes[0], symbol=symbol, style=style)
+        if panels == 2:
+            plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[1], style=style)
+            if not stacked:
+                axes[1].set_yticklabels([])
+                axes[1].set_ylabel("")
+    return finish_figure(
         figure,
+        args,
         f"Per-layer spectra of the {matrix}: diagonal blocks {symbol}ₗₗ",
-        figure_caption(
-            *where,
-            f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}",
+        (*where[:2], f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}"),
+        (
             f"trace: Hutchinson, {args.trace_products} probes per layer" if args.trace else None,
             f"{layers.num_products} products in {layers.num_operator_calls} data passes",
         ),
+        matrix=where[2],
     )
 
 

@@ -365,19 +365,17 @@ def _figures(
     base_loss: float,
     slope: float,
 ) -> list[tuple[str, str, Any]]:
-    """The figures as ``(files key, file stem, figure)``, not yet saved."""
-    from spectra.plotting import (
-        add_title,
-        figure_caption,
-        plot_loss_landscape_1d,
-        plot_loss_landscape_2d,
-    )
+    """The figures as ``(files key, file stem, figure)``, not yet saved, in ``--style``
+    with the title and caption ``--no-title`` and ``--caption`` ask for."""
+    from spectra.cli.plot import finish_figure
+    from spectra.plotting import format_value, plot_loss_landscape_1d, plot_loss_landscape_2d
 
     eig, curves = report.eigenvalues, report.curves
-    names = {
-        f"v{i + 1}": f"{symbol} (λ{symbol[1:]} = {value:.4g})"
-        for i, (symbol, value) in enumerate(zip(("v₁", "v₂"), eig.eigenvalues))
-    }
+    bounds = list(np.ravel(eig.error_bounds)) if eig.error_bounds is not None else []
+    names = {}
+    for i, (symbol, value) in enumerate(zip(("v₁", "v₂"), eig.eigenvalues)):
+        bound = float(bounds[i]) if i < len(bounds) else None
+        names[f"v{i + 1}"] = f"{symbol} (λ{symbol[1:]} = {format_value(float(value), bound)})"
     names["random"] = "random direction"
     top = float(eig.eigenvalues[0])
     quadratic = base_loss + slope * alphas + 0.5 * top * alphas**2
@@ -387,26 +385,36 @@ def _figures(
         describe_matrix(args, report.model),
     )
     solver = describe_eigensolver(args, args.directions, report.settings["dtype"])
+    style = getattr(args, "style", None)
     ax = plot_loss_landscape_1d(
         alphas,
         {names[label]: curves.losses[label] for label in curves.labels},
         xlabel="Distance α along the unit direction (parameter space)",
         references={"quadratic model of v₁: L + α gᵀv₁ + λ₁α²/2": (names["v1"], quadratic)},
+        style=style,
     )
-    figure = add_title(
+    figure = finish_figure(
         ax,
+        args,
         "Loss along the top Hessian eigenvector"
         + ("s" if args.directions == 2 else "")
         + " and a random direction",
-        figure_caption(*where, solver, report.radius["rule"], f"{alphas.size} points"),
+        (*where[:2], solver),
+        (report.radius["rule"], f"{alphas.size} points"),
+        matrix=where[2],
     )
     figures: list[tuple[str, str, Any]] = [("curves_figure", "landscape_1d", figure)]
     if report.surface is not None:
-        ax = plot_loss_landscape_2d(alphas, alphas, report.surface.losses_2d, labels=("v₁", "v₂"))
-        figure = add_title(
+        ax = plot_loss_landscape_2d(
+            alphas, alphas, report.surface.losses_2d, labels=("v₁", "v₂"), style=style
+        )
+        figure = finish_figure(
             ax,
+            args,
             "Loss surface in the plane of the top two Hessian eigenvectors",
-            figure_caption(*where, solver, report.radius["rule"], f"{alphas.size}² points"),
+            (*where[:2], solver),
+            (report.radius["rule"], f"{alphas.size}² points"),
+            matrix=where[2],
         )
         figures.append(("surface_figure", "landscape_2d", figure))
     return figures

@@ -3,7 +3,9 @@
 Reads ``results.json`` (``spectra analyze``), ``sharpness.json`` (``spectra sharpness``) or
 ``landscape.json`` (``spectra landscape``), rebuilds the report (:func:`spectra.load`; the
 command line the run recorded is parsed again for the options its figures name) and draws
-the figures the original command draws, with the same functions. Nothing is recomputed:
+the figures the original command draws, with the same functions, in the ``--style``,
+``--no-title`` and ``--caption`` given to ``spectra plot`` (the run's own are not reused,
+so that a replot in another style needs no options of the run). Nothing is recomputed:
 it takes about a second, and imports no TensorFlow.
 
 The figures go to ``--out`` (default ``<the JSON's directory>/replot``, so that the run's
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from spectra.cli._common import (
     save_figure_formats,
     user_errors,
 )
-from spectra.cli._parser import _formats
+from spectra.cli._parser import _formats, figure_options
 from spectra.estimators.results import load
 
 # The directory under the JSON's own that the figures go to by default.
@@ -39,6 +42,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     """Register ``spectra plot`` and its options with the subcommand parsers ``commands``."""
     plot = commands.add_parser(
         "plot",
+        parents=[figure_options()],
         help="redraw a run's figures from its results.json, sharpness.json or landscape.json "
         "(no TensorFlow, nothing recomputed)",
         description="Redraw the figures of a spectra analyze, sharpness or landscape run from "
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         report = _read(path)
     if args.out is None:
         args.out = str(path.parent / _DEFAULT_SUBDIRECTORY)
-    draw, stems = _drawing(path, report)
+    draw, stems = _drawing(path, report, args)
     with locked_output(args, figure_names(stems, args.format)) as out:
         written: list[str] = []
         for _, stem, figure in draw():
@@ -90,6 +94,31 @@ def run(args: argparse.Namespace, console: Console) -> int:
         finish_outputs(out)
     console.info(f"figures: {', '.join(written)}")
     return 0
+
+
+def finish_figure(
+    fig_or_ax: Any,
+    args: argparse.Namespace,
+    title: str,
+    short: Sequence[Any],
+    full: Sequence[Any] = (),
+    *,
+    matrix: str | None = None,
+) -> Any:
+    """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
+    the short caption is ``short`` (model, data, estimator; the title names the matrix),
+    the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
+    full one goes into the file's metadata either way
+    (:func:`spectra.plotting.add_title`). Returns the figure."""
+    from spectra.plotting import add_title, figure_caption
+
+    seed = getattr(args, "seed", None)
+    complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
+    caption = {"none": None, "short": figure_caption(*short), "full": complete}[
+        getattr(args, "caption", "short")
+    ]
+    shown = None if getattr(args, "no_title", False) else title
+    return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
 
 
 def _read(path: Path) -> Any:
@@ -104,8 +133,11 @@ def _read(path: Path) -> Any:
     return report
 
 
-def _recorded_args(path: Path, command: Any) -> argparse.Namespace:
-    """The options of the run: its recorded command line parsed again."""
+def _recorded_args(
+    path: Path, command: Any, options: argparse.Namespace | None = None
+) -> argparse.Namespace:
+    """The options of the run: its recorded command line parsed again, with the figure
+    options (``--style``, ``--no-title``, ``--caption``) of ``options``."""
     from spectra.cli._parser import build_parser
 
     words = shlex.split(str(command)) if command else []
@@ -118,10 +150,15 @@ def _recorded_args(path: Path, command: Any) -> argparse.Namespace:
             f"{path}: its recorded command line ({command}) is not one this spectra reads"
         ) from None
     args.command_line = command
+    if options is not None:
+        for name in ("style", "no_title", "caption"):
+            setattr(args, name, getattr(options, name))
     return args
 
 
-def _drawing(path: Path, report: Any) -> tuple[Any, tuple[str, ...]]:
+def _drawing(
+    path: Path, report: Any, options: argparse.Namespace | None = None
+) -> tuple[Any, tuple[str, ...]]:
     """A function drawing the report's figures (``(files key, stem, figure)``) and the stems."""
     from spectra.cli.analyze import AnalysisReport
     from spectra.cli.landscape import LandscapeReport
@@ -129,7 +166,7 @@ def _drawing(path: Path, report: Any) -> tuple[Any, tuple[str, ...]]:
     if isinstance(report, AnalysisReport):
         from spectra.cli import analyze
 
-        args = _recorded_args(path, report.command)
+        args = _recorded_args(path, report.command, options)
         stems = ["eigenvalues"]
         stems += ["density"] if report.density is not None else []
         stems += ["layers"] if report.layers is not None else []
@@ -137,7 +174,7 @@ def _drawing(path: Path, report: Any) -> tuple[Any, tuple[str, ...]]:
     if isinstance(report, LandscapeReport):
         from spectra.cli import landscape
 
-        args = _recorded_args(path, report.command)
+        args = _recorded_args(path, report.command, options)
         curves = report.curves
         slope = float(report.radius["slope_along_v1"])
         stems = ["landscape_1d"] + (["landscape_2d"] if report.surface is not None else [])
@@ -145,15 +182,17 @@ def _drawing(path: Path, report: Any) -> tuple[Any, tuple[str, ...]]:
             lambda: landscape._figures(args, report, curves.alphas, curves.base_loss, slope)
         ), tuple(stems)
     if isinstance(report, dict) and report.get("type") == "SharpnessReport":
-        return _sharpness_drawing(path, report), ("sharpness",)
+        return _sharpness_drawing(path, report, options), ("sharpness",)
     raise UserError(f"{path}: a {type(report).__name__} has no figures to redraw")
 
 
-def _sharpness_drawing(path: Path, report: dict[str, Any]) -> Any:
+def _sharpness_drawing(
+    path: Path, report: dict[str, Any], options: argparse.Namespace | None = None
+) -> Any:
     from spectra.analysis.stability import StabilityThreshold
     from spectra.cli import sharpness
 
-    args = _recorded_args(path, report.get("command"))
+    args = _recorded_args(path, report.get("command"), options)
     done = [entry for entry in report.get("checkpoints", []) if entry.get("status") == "done"]
     if not done:
         raise UserError(f"{path}: no checkpoint is done, so there is nothing to plot")

@@ -314,7 +314,7 @@ def _run_locked(
     console.info(f"{len(plan)} checkpoints in {args.checkpoints}; data {data.description}")
     if threshold is not None:
         console.info(f"stability threshold ({rate_source}): {threshold.label}")
-    else:
+    elif rate is None:
         console.info("learning rate unknown (no --lr, no recorded optimizer, no trajectory.json)")
     if state.removed_temporaries:
         console.detail(f"removed {state.removed_temporaries} temporary files of a killed run")
@@ -534,8 +534,9 @@ def _threshold(
     formula, else the optimizer named in a ``trajectory.json``, else gradient descent;
     ``--lr`` overrides the recorded η (a mismatch is warned about). A threshold for another
     matrix than the one measured (λ_max(P⁻¹H) with ``--preconditioned``, else λ_max(H)) is
-    warned about. ``--preconditioned`` on a run whose recorded optimizer has no
-    preconditioner is refused here, before anything is measured.
+    warned about and not returned: no line, ratio or count compares λ₁ with a threshold
+    that does not bound it (the η stays recorded). ``--preconditioned`` on a run whose
+    recorded optimizer has no preconditioner is refused here, before anything is measured.
     """
     from spectra.io.checkpoints import recorded_optimizer
 
@@ -552,15 +553,18 @@ def _threshold(
         check_preconditionable(name, f"recorded in {Path(refs[0].path).name}")
     if threshold is not None and threshold.preconditioned and not args.preconditioned:
         notes.append(
-            f"{threshold.optimizer}'s threshold {threshold.formula} bounds the preconditioned "
-            "sharpness λ_max(P⁻¹H); this command measures λ_max(H), which the line does not "
-            "bound (give --preconditioned to measure λ_max(P⁻¹H))"
+            f"no threshold: {threshold.optimizer}'s threshold {threshold.formula} bounds the "
+            "preconditioned sharpness λ_max(P⁻¹H), not the λ_max(H) this command measures "
+            "(give --preconditioned to measure λ_max(P⁻¹H) against it)"
         )
+        return None, rate, source, notes
     if threshold is not None and not threshold.preconditioned and args.preconditioned:
         notes.append(
-            f"the threshold {threshold.formula} of {threshold.optimizer} bounds λ_max(H), not "
-            "the preconditioned sharpness λ_max(P⁻¹H) that --preconditioned measures"
+            f"no threshold: {threshold.optimizer}'s threshold {threshold.formula} bounds "
+            "λ_max(H), not the preconditioned sharpness λ_max(P⁻¹H) that --preconditioned "
+            "measures"
         )
+        return None, rate, source, notes
     return threshold, rate, source, notes
 
 
@@ -706,8 +710,10 @@ def sharpness_figure(
 ) -> Any:
     """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
     not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
-    from spectra.plotting import add_title, figure_caption, plot_sharpness
+    from spectra.cli.plot import finish_figure
+    from spectra.plotting import plot_sharpness
 
+    threshold, missing = _plotted_threshold(args, report, threshold)
     steps = [entry["step"] for entry in done]
     values = np.array([entry["eigenvalues"] for entry in done], dtype=np.float64)
     errors = np.array([entry["error_bounds"] for entry in done], dtype=np.float64)
@@ -736,6 +742,8 @@ def sharpness_figure(
         overlaps=overlaps,
         xlabel=_UNIT_LABELS.get((unit, step_source), unit.capitalize()),
         ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
+        threshold_note=missing,
+        style=getattr(args, "style", None),
     )
     uncertified = [not entry_certified(entry, args.method) for entry in done]
     if any(uncertified):
@@ -753,15 +761,42 @@ def sharpness_figure(
         )
     model = report.get("model")
     start = "cold starts" if args.cold_start else "warm starts from the previous eigenvectors"
-    caption = figure_caption(
+    short = (
         None if model is None else f"{model['name']}, {model['num_parameters']:,} parameters",
         describe_data(report["data"]),
-        describe_matrix(args, model),
-        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
         f"{args.method.capitalize()}, k = {args.top_k}, tol = {args.tol:g}, {start}",
+    )
+    full = (
+        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
         f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
         "hollow markers: bound not certified" if any(uncertified) else None,
+        None if threshold is None else f"threshold: {threshold.label}",
+        missing,
     )
-    return add_title(ax, f"Sharpness of the {matrix_title(args)} along training", caption)
+    return finish_figure(
+        ax,
+        args,
+        f"Sharpness of the {matrix_title(args)} along training",
+        short,
+        full,
+        matrix=describe_matrix(args, model),
+    )
+
+
+def _plotted_threshold(
+    args: argparse.Namespace, report: dict[str, Any], threshold: StabilityThreshold | None
+) -> tuple[StabilityThreshold | None, str | None]:
+    """The threshold to draw: only one that bounds the plotted matrix (λ_max(P⁻¹H) with
+    ``--preconditioned``, else λ_max(H)); with the reason when a known threshold is not
+    drawn (a run of an adaptive optimizer without ``--preconditioned``, or a record of an
+    earlier version that kept the threshold of the other matrix)."""
+    plotted = "λ_max(P⁻¹H)" if args.preconditioned else "λ_max(H)"
+    if threshold is not None and bool(threshold.preconditioned) == bool(args.preconditioned):
+        return threshold, None
+    if threshold is not None:
+        return None, f"no {threshold.optimizer} threshold: it does not bound {plotted}"
+    if report.get("learning_rate") is not None:
+        return None, f"no threshold: the optimizer's does not bound {plotted}"
+    return None, None

@@ -1,0 +1,405 @@
+"""Figures for print: fonts embedded as TrueType in PDF and kept as text in SVG, the
+'column' and 'page' presets (size, fonts >= 7 pt, nothing outside the canvas, legends
+inside), optional title and caption with the settings in the file's metadata, the
+single-eigenvalue plot, digits from the uncertainty, and the threshold drawn only for the
+matrix it bounds."""
+
+import re
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.text import Text
+
+from spectra.analysis.per_layer import layerwise
+from spectra.estimators.density import spectral_density
+from spectra.estimators.eigensolvers import eigenvalues
+from spectra.plotting import (
+    STYLES,
+    add_title,
+    figure_style,
+    format_value,
+    new_figure,
+    plot_eigenvalues,
+    plot_layerwise,
+    plot_loss_landscape_1d,
+    plot_loss_landscape_2d,
+    plot_sharpness,
+    plot_spectral_density,
+    save_figure,
+    value_digits,
+)
+
+STEPS = np.arange(0, 201, 20)
+SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
+LOSSES = np.linspace(2.3, 0.4, STEPS.size)
+CAPTION = "mlp, 3,466 parameters · digits, 1,797 examples · Hessian · Lanczos, k = 5, seed 0"
+
+
+@pytest.fixture(scope="module")
+def matrix() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return np.diag(np.concatenate([[12.0, 7.0, 4.0, 3.5, 3.1], rng.normal(0.05, 0.05, 95)]))
+
+
+@pytest.fixture(scope="module")
+def results(matrix):
+    """One result of each kind, computed once: top 5 and top 1 eigenvalues, a density and a
+    per-layer result with traces."""
+    rng = np.random.default_rng(1)
+    blocks = np.zeros((24, 24))
+    groups = {}
+    for index, name in enumerate(["dense/kernel", "dense/bias", "output/kernel", "output/bias"]):
+        q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+        blocks[6 * index : 6 * index + 6, 6 * index : 6 * index + 6] = (
+            q @ np.diag(np.linspace(-1.0, 3.0, 6) * (index + 1)) @ q.T
+        )
+        groups[name] = list(range(6 * index, 6 * index + 6))
+    return {
+        "top5": eigenvalues(matrix, k=5),
+        "top1": eigenvalues(matrix, k=1),
+        "density": spectral_density(
+            matrix, num_steps=20, num_probes=4, seed=0, distribution="gaussian"
+        ),
+        "layers": layerwise(blocks, k=2, trace=True, groups=groups, num_probes=10, seed=0),
+    }
+
+
+def _draw(kind: str, results, style: str):
+    if kind == "eigenvalues":
+        return plot_eigenvalues(results["top5"], style=style)
+    if kind == "eigenvalue":
+        return plot_eigenvalues(results["top1"], style=style)
+    if kind == "density":
+        return plot_spectral_density(results["density"], style=style)
+    if kind == "layers":
+        return plot_layerwise(results["layers"], style=style)
+    if kind == "sharpness":
+        return plot_sharpness(
+            STEPS, SHARPNESS, lr=0.2, errors=SHARPNESS * 1e-3, losses=LOSSES, style=style
+        )
+    if kind == "landscape_1d":
+        alphas = np.linspace(-1, 1, 21)
+        return plot_loss_landscape_1d(
+            alphas, {"v₁": 1 + 3 * alphas**2, "random direction": 1 + alphas**2}, style=style
+        )
+    alphas = np.linspace(-1, 1, 9)
+    surface = 1 + alphas[:, None] ** 2 + 2 * alphas[None, :] ** 2
+    return plot_loss_landscape_2d(alphas, alphas, surface, style=style)
+
+
+KINDS = ["eigenvalues", "eigenvalue", "density", "layers", "sharpness", "landscape_1d", "2d"]
+
+
+def _texts(figure) -> list[Text]:
+    shown = [text for text in figure.findobj(Text) if text.get_visible() and text.get_text()]
+    return [text for text in shown if text.get_text().strip()]
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+@pytest.mark.parametrize("titled", [True, False])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_plot_fits_its_print_size(kind, style, titled, results):
+    """At the preset's width: every text at least 7 pt and inside the canvas, every legend
+    inside its axes (or the figure, for the legend under the axes); the user's rcParams
+    untouched."""
+    before = dict(matplotlib.rcParams)
+    ax = _draw(kind, results, style)
+    figure = ax.figure
+    assert figure.get_figwidth() == pytest.approx(STYLES[style].width)
+    if titled:
+        add_title(ax, "Top eigenvalues of the Hessian", CAPTION)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    canvas = figure.bbox
+    texts = _texts(figure)
+    assert texts
+    for text in texts:
+        assert text.get_fontsize() >= 7.0 - 1e-9, (text.get_text(), text.get_fontsize())
+    # What is drawn (tick labels out of view are not), in inches.
+    drawn = figure.get_tightbbox(renderer)
+    size = figure.get_size_inches()
+    # (half a point of slack: the spines' own width)
+    assert drawn.x0 >= -0.02 and drawn.y0 >= -0.02, drawn
+    assert drawn.x1 <= size[0] + 0.02 and drawn.y1 <= size[1] + 0.02, (drawn, size)
+    # Value labels written beside markers stay inside the axes (off the spines).
+    if kind.startswith("eigenvalue"):
+        frame = ax.get_window_extent(renderer)
+        for label in ax.texts:
+            box = label.get_window_extent(renderer)
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1, label.get_text()
+    # A legend in the axes stays in them; one under the axes (the per-layer bars) is no
+    # wider than them; a figure legend stays on the canvas.
+    for axes in figure.axes:
+        legend = axes.get_legend()
+        if legend is not None:
+            box, frame = legend.get_window_extent(renderer), axes.get_window_extent(renderer)
+            assert frame.x0 - 2 <= box.x0 and box.x1 <= frame.x1 + 2
+            if box.y1 > frame.y0:
+                assert frame.y0 - 2 <= box.y0 and box.y1 <= frame.y1 + 2
+            assert box.y0 >= canvas.y0 - 2
+    for legend in figure.legends:
+        box = legend.get_window_extent(renderer)
+        assert canvas.x0 - 2 <= box.x0 and box.x1 <= canvas.x1 + 2
+        assert canvas.y0 - 2 <= box.y0 and box.y1 <= canvas.y1 + 2
+    assert dict(matplotlib.rcParams) == before
+    plt.close(figure)
+
+
+def test_a_given_axes_keeps_its_size(results):
+    figure, ax = plt.subplots(figsize=(5.0, 4.0))
+    plot_eigenvalues(results["top5"], ax=ax, style="column")
+    assert tuple(figure.get_size_inches()) == (5.0, 4.0)
+    plt.close(figure)
+
+
+def test_unknown_style_is_refused(results):
+    with pytest.raises(ValueError, match="style must be one of 'column', 'page'"):
+        plot_eigenvalues(results["top5"], style="poster")
+    with pytest.raises(TypeError, match="style must be a str"):
+        plot_eigenvalues(results["top5"], style=3)
+
+
+def test_single_eigenvalue_plot(results):
+    """k = 1: one integer tick at 1, no offset text, an axis not collapsed to the error bar
+    (which the legend says is smaller than the marker), the value from its bound."""
+    result = results["top1"]
+    ax = plot_eigenvalues(result, style="column")
+    ax.figure.canvas.draw()
+    ticks = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
+    assert ticks == [1.0]
+    assert ax.yaxis.get_offset_text().get_text() == ""
+    low, high = ax.get_ylim()
+    assert high - low >= 0.1 * 12.0 - 1e-12
+    legend_texts = [text.get_text() for legend in ax.figure.legends for text in legend.texts]
+    assert any("smaller than the markers" in text for text in legend_texts)
+    labels = [text.get_text() for text in ax.texts]
+    bound = float(result.error_bounds[0])
+    assert labels == [format_value(12.0, bound)]
+    plt.close(ax.figure)
+
+
+def test_digits_follow_the_uncertainty():
+    # 2 significant digits of the error fix the value's last digit: the same for both.
+    assert format_value(17.634, 0.41) == "17.63"
+    assert format_value(17.77, 0.41) == "17.77"
+    assert format_value(17.6, 4.1) == "17.6"
+    assert format_value(22.215331, 2.1e-3) == "22.2153"
+    assert format_value(22.215331, 2.1e-6) == "22.2153"  # at most 6 digits on a figure
+    assert format_value(3.14159, None) == "3.14159"
+    assert value_digits(17.634, 0.41) == 4 and value_digits(0.0, 0.1) is None
+    assert value_digits(17.634, float("nan")) is None
+
+
+def test_threshold_note_replaces_the_line():
+    ax = plot_sharpness(
+        STEPS, SHARPNESS, losses=LOSSES, threshold_note="no Adam threshold: it does not bound H"
+    )
+    assert not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    texts = [text.get_text() for legend in ax.figure.legends for text in legend.get_texts()]
+    assert "no Adam threshold: it does not bound H" in texts
+    plt.close(ax.figure)
+
+
+def test_loss_clear_of_the_threshold_line():
+    """The loss curve starts at the top of its range: it must stay below the threshold
+    line's height (in axes fractions) rather than on it."""
+    ax = plot_sharpness(STEPS, SHARPNESS, lr=0.2, losses=LOSSES, style="column")
+    (loss_ax,) = [other for other in ax.figure.axes if other is not ax]
+    low, high = ax.get_ylim()
+    at = (10.0 - low) / (high - low)
+    loss_low, loss_high = loss_ax.get_ylim()
+    highest = (LOSSES.max() - loss_low) / (loss_high - loss_low)
+    assert highest <= at - 0.05
+    plt.close(ax.figure)
+
+
+@pytest.fixture(scope="module")
+def saved(results, tmp_path_factory):
+    """One styled figure with a title and caption, saved as PDF, SVG, PNG and EPS."""
+    directory = tmp_path_factory.mktemp("saved")
+    ax = plot_eigenvalues(results["top5"], style="column")
+    add_title(ax, None, None, metadata="Hessian · Lanczos, k = 5 · seed 7 · trace 41.0 ± 1.2")
+    paths = {
+        fmt: save_figure(ax, directory / f"eigenvalues.{fmt}")
+        for fmt in ("pdf", "svg", "png", "eps")
+    }
+    plt.close(ax.figure)
+    return paths
+
+
+def test_pdf_embeds_truetype_fonts_and_metadata(saved):
+    data = saved["pdf"].read_bytes()
+    assert b"/Type3" not in data and b"/Subtype /Type3" not in data
+    assert b"/FontFile2" in data
+    assert b"/Subtype /TrueType" in data or b"/CIDFontType2" in data
+    info = re.search(rb"/Subject (<[0-9A-Fa-f]+>|\((?:[^)\\]|\\.)*\))", data)
+    assert info is not None
+    raw = info.group(1)
+    if raw.startswith(b"<"):
+        encoded = bytes.fromhex(raw[1:-1].decode())
+    else:
+        encoded = re.sub(rb"\\(.)", rb"\1", raw[1:-1])
+    subject = encoded.decode("utf-16" if encoded.startswith(b"\xfe\xff") else "latin-1")
+    assert "seed 7" in subject and "trace 41.0 ± 1.2" in subject
+
+
+def test_svg_keeps_text_and_metadata(saved):
+    text = saved["svg"].read_text()
+    assert re.search(r"<text\b", text)
+    assert "dc:description" in text and "seed 7" in text
+
+
+def test_png_text_chunk_and_print_resolution(saved):
+    data = saved["png"].read_bytes()
+    assert b"tEXt" in data or b"iTXt" in data or b"zTXt" in data
+    chunks = [data[m.end() : m.end() + 200] for m in re.finditer(b"(tEXt|iTXt)", data)]
+    assert any(b"seed 7" in chunk for chunk in chunks)
+    # 300 dpi: pHYs holds pixels per metre (11811).
+    start = data.index(b"pHYs") + 4
+    assert int.from_bytes(data[start : start + 4], "big") == 11811
+
+
+def test_eps_has_no_type3_font(saved):
+    data = saved["eps"].read_bytes()
+    assert b"FontType 3" not in data and b"/FontType 42" in data
+
+
+def test_no_title_no_caption_draws_no_text_above(results):
+    ax = plot_eigenvalues(results["top5"], style="column")
+    figure = add_title(ax, None, None, metadata="settings")
+    assert figure._suptitle is None and ax.get_title() == ""
+    plt.close(figure)
+
+
+def test_style_context_restores_the_rc():
+    before = matplotlib.rcParams["font.size"]
+    with figure_style("column"):
+        assert matplotlib.rcParams["font.size"] == 8.0
+        figure, _ = new_figure("column")
+    assert matplotlib.rcParams["font.size"] == before
+    plt.close(figure)
+
+
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory):
+    """One small analyze run for a paper: page style, no title, no caption."""
+    from spectra.cli import main
+
+    out = tmp_path_factory.mktemp("paper") / "run"
+    args = ["analyze", "data/gd_trajectory/step_0200.keras", "--data", "data/digits.npz"]
+    args += ["--loss", "sparse_categorical_crossentropy", "--max-examples", "100"]
+    args += ["--top-k", "1", "--seed", "5", "--trace", "--trace-products", "8"]
+    args += ["--style", "page", "--no-title", "--caption", "none", "--format", "pdf,png"]
+    assert main([*args, "--out", str(out), "--no-progress", "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.slow  # about 10 s: an analyze run through TensorFlow
+def test_cli_paper_figure(paper_run):
+    """--style page --no-title --caption none: 6.75 in wide at 300 dpi, no title text in
+    the PDF's page, the settings (seed, trace) in its metadata."""
+    import json
+
+    from PIL import Image
+
+    with Image.open(paper_run / "eigenvalues.png") as image:
+        width = image.size[0] / image.info["dpi"][0]
+        text = image.text
+    assert image.info["dpi"][0] == pytest.approx(300, abs=1)
+    assert width == pytest.approx(6.75, abs=0.004)  # the preset's width exactly
+    assert "Top eigenvalue of the Hessian" in text["Title"]
+    assert "seed 5" in text["Description"] and "trace " in text["Description"]
+    pdf = (paper_run / "eigenvalues.pdf").read_bytes()
+    assert b"/FontFile2" in pdf and b"/Type3" not in pdf
+    results = json.loads((paper_run / "results.json").read_text())
+    assert "--style page" in results["command"]
+
+
+@pytest.mark.slow  # shares the analyze run of test_cli_paper_figure
+def test_cli_replot_in_another_style(paper_run, tmp_path):
+    """spectra plot redraws the run in column style with a title and the full caption."""
+    from PIL import Image
+
+    from spectra.cli import main
+
+    out = tmp_path / "replot"
+    args = ["plot", str(paper_run / "results.json"), "--style", "column", "--caption", "full"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    with Image.open(out / "eigenvalues.png") as image:
+        width = image.size[0] / image.info["dpi"][0]
+    assert width == pytest.approx(3.25, abs=0.004)
+
+
+def _sharpness_record(threshold):
+    entry = {
+        "status": "done",
+        "eigenvalues": [2.9],
+        "error_bounds": [1e-6],
+        "converged": [True],
+        "failure_probability": 1e-5,
+        "trace": None,
+        "trace_stderr": None,
+        "loss": 1.2,
+    }
+    done = [{**entry, "step": step, "loss": 2.0 - 0.2 * step} for step in (5, 10, 15)]
+    report = {
+        "model": {"name": "adam_mlp", "num_parameters": 1210},
+        "data": {"name": "adam_data", "num_examples": 400},
+        "learning_rate": 0.01,
+        "threshold": None if threshold is None else threshold.to_dict(),
+    }
+    return report, done
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypatch):
+    """λ_max(H) of an Adam run: no threshold line, and the legend says why, whether the
+    run dropped Adam's threshold (this version) or recorded it (an earlier one); with
+    --preconditioned, Adam's threshold is drawn."""
+    from spectra.analysis.stability import stability_threshold_of
+    from spectra.cli import sharpness
+    from spectra.cli._parser import build_parser
+
+    monkeypatch.setattr(sharpness, "describe_data", lambda data: data["name"])
+    adam = stability_threshold_of({"class_name": "Adam", "config": {"learning_rate": 0.01}})
+    report, done = _sharpness_record(adam if recorded else None)
+    args = build_parser().parse_args(["sharpness", "run", "--data", "d.npz", "--out", "o"])
+    args.command_line = "spectra sharpness run"
+    figure = sharpness.sharpness_figure(
+        args, report, done, None if not recorded else adam, "step", "file names"
+    )
+    dashed = [
+        line
+        for axes in figure.axes
+        for line in axes.get_lines()
+        if line.get_linestyle() == "--" and len(line.get_xdata())
+    ]
+    assert not dashed
+    texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert any(text.startswith("no ") and "λ_max(H)" in text for text in texts), texts
+    assert not any("3800" in text or "(2+2β₁)" in text for text in texts)
+    plt.close(figure)
+
+    args.preconditioned = True
+    report, done = _sharpness_record(adam)
+    figure = sharpness.sharpness_figure(args, report, done, adam, "step", "file names")
+    texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert any("(2+2β₁)" in text for text in texts)
+    plt.close(figure)
+
+
+def test_other_axes_of_a_users_figure_are_left_alone(results):
+    figure, (mine, other) = plt.subplots(1, 2)
+    other.plot([0, 1], [0, 1])
+    figure.canvas.draw()
+    size = other.xaxis.get_ticklabels()[0].get_fontsize()
+    plot_eigenvalues(results["top5"], ax=mine, style="column")
+    figure.canvas.draw()
+    assert mine.xaxis.get_ticklabels()[0].get_fontsize() == 7.0
+    assert other.xaxis.get_ticklabels()[0].get_fontsize() == size
+    plt.close(figure)
