@@ -475,6 +475,39 @@ def _one_direction_out(
 _SPAN_TOL = 1e-8
 
 
+class _SketchSpan(NamedTuple):
+    """What leaving test vectors out of a numerically rank-deficient sketch Y = QR does to
+    span(Y) (see :func:`_xtrace_rank_deficient`): R = UΣVᵀ, V = [V_r N]."""
+
+    basis: np.ndarray  # QU_r, n × r: an orthonormal basis of span(Y)
+    coordinates: np.ndarray  # C = U_rᵀR = (QU_r)ᵀY, r × s
+    S: np.ndarray  # r × s, the columns g_k of Σ⁻¹V_rᵀ scaled to unit norm (0 where g_k = 0)
+    lengths: np.ndarray  # ‖g_k‖
+    null: np.ndarray  # N, s × (s − r): a basis of the null space of C
+    row_norms: np.ndarray  # ‖n_k‖, the rows of N
+    needed: np.ndarray  # n_k = 0: leaving ω_k out removes the direction s_k from span(Y)
+
+
+def _sketch_span(basis: np.ndarray, triangular: np.ndarray, rank: int) -> _SketchSpan:
+    """:class:`_SketchSpan` of Y = QR with numerical rank ``rank``: one SVD of R (s × s)
+    and O(n s r) flops for QU_r. Leaving ω_i alone out of Y removes s_i from span(Y) if
+    ``needed[i]`` and nothing otherwise."""
+    left, singular, right_t = np.linalg.svd(triangular)
+    raw = right_t[:rank] / singular[:rank, None]  # columns g_k of Σ⁻¹V_rᵀ
+    lengths = np.linalg.norm(raw, axis=0)  # ‖g_k‖ (0 when y_k = 0)
+    null = right_t[rank:].T
+    row_norms = np.linalg.norm(null, axis=1)
+    return _SketchSpan(
+        basis=basis @ left[:, :rank],
+        coordinates=left[:, :rank].T @ triangular,
+        S=raw / np.where(lengths > 0, lengths, 1.0),
+        lengths=lengths,
+        null=null,
+        row_norms=row_norms,
+        needed=row_norms <= _SPAN_TOL,
+    )
+
+
 def _xtrace_rank_deficient(
     test: np.ndarray,
     image: np.ndarray,
@@ -519,16 +552,9 @@ def _xtrace_rank_deficient(
     decided at ``_SPAN_TOL`` (rows of N have norms in [0, 1]). Costs one ``matmat`` (A Q,
     r products), one SVD of R and O(n s r + s²(s − r) + s³) host flops.
     """
-    left, singular, right_t = np.linalg.svd(triangular)
-    basis = basis @ left[:, :rank]
-    coordinates = left[:, :rank].T @ triangular  # C = QᵀY
-    raw = right_t[:rank] / singular[:rank, None]  # columns g_k of Σ⁻¹V_rᵀ
-    lengths = np.linalg.norm(raw, axis=0)  # ‖g_k‖ (0 when y_k = 0)
-    S = raw / np.where(lengths > 0, lengths, 1.0)
-    sketch = _sketch_products(test, image, basis, coordinates, S, rank, counter)
-    null = right_t[rank:].T  # N
-    row_norms = np.linalg.norm(null, axis=1)
-    needed = row_norms <= _SPAN_TOL  # n_i = 0: leaving ω_i out shrinks span(Y)
+    span = _sketch_span(basis, triangular, rank)
+    sketch = _sketch_products(test, image, span.basis, span.coordinates, span.S, rank, counter)
+    null, row_norms, lengths, needed = span.null, span.row_norms, span.lengths, span.needed
 
     one, vv, rv = _leave_one_out(sketch)  # s_i removed
     kept = sketch.trace_H + _residual_term(
