@@ -112,6 +112,17 @@ def test_constructed_dependencies_match_the_definition():
     _check_against_definition(low, test)
 
 
+def test_duplicates_on_an_ill_conditioned_matrix_match_the_definition():
+    # The null space of R is computed to about eps·cond(R): at cond A = 1e6 its zero rows
+    # stay far below the decision threshold (1e-8) and the estimates match to ~1e-11.
+    a = with_spectrum(np.geomspace(1.0, 1e-6, 8), seed=3)
+    for seed in range(5):
+        test = np.random.default_rng(seed).choice([-1.0, 1.0], size=(8, 6))
+        test[:, 1] = -test[:, 0]
+        test[:, 4] = test[:, 3]
+        _check_against_definition(a, test)
+
+
 def test_sphere_vectors_on_a_low_rank_matrix_match_the_definition():
     spectrum = np.zeros(10)
     spectrum[:3] = [2.0, -1.0, 0.5]
