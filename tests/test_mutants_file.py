@@ -49,8 +49,9 @@ def test_the_file_parses_into_entries_of_the_mutated_modules() -> None:
     # lines: 5 repeated another's change in the same module and share its entry, and 12
     # quoted lines the code no longer had (dropped), which left 208 entries. The rewrite of
     # XTrace's sketch algebra and of the eigensolver's drivers dropped 31 more (their mutants
-    # are to be analysed again at the next make mutate): 177.
-    assert len(EQUIVALENTS) >= 177
+    # are to be analysed again at the next make mutate): 177. XTrace's rank-deficient branch,
+    # rewritten for singular test vectors, no longer has the 3 lines three entries quoted: 174.
+    assert len(EQUIVALENTS) >= 174
     mutated = {meta.removesuffix(".py").replace("/", ".") for _, meta, _ in mutate.MODULES}
     assert {module for module, _ in EQUIVALENTS} <= mutated
 

@@ -43,7 +43,7 @@ from spectra.estimators._products import (
     _seed_setting,
 )
 from spectra.estimators.results import DiagonalResult
-from spectra.estimators.stochastic_trace import _numerical_rank
+from spectra.estimators.stochastic_trace import _numerical_rank, _sketch_span
 
 __all__ = ["diagonal", "xdiag"]
 
@@ -122,7 +122,6 @@ def _xdiag_rank_deficient(
     triangular: np.ndarray,
     basis: np.ndarray,
     rank: int,
-    threshold: float,
     counter: _ProductCounter,
 ) -> np.ndarray:
     """The s XDiag estimates, columns of an n × s array, when Y = AΩ = QR has numerical
@@ -131,20 +130,15 @@ def _xdiag_rank_deficient(
 
     Q is replaced by the r leading left singular vectors of R (Y = QC, C r × s). Leaving ω_i
     out removes a direction u_i from span(Y) only if the other columns of C span less than
-    R^r; then u_i is the unit vector orthogonal to them (the last left singular vector of
-    C without column i), else u_i = 0 (span(Y₋ᵢ) = span(Y): the usual case when rank A < s,
-    where every d_i is diag(QQᵀA) plus a numerically zero residual, exact to rounding).
-    With Z = AQ (r more products, one call), d_i is the formula of
-    :func:`_xdiag_estimates` with u_i for s_i. O(n s r + s² r²) host flops."""
-    left, _, _ = np.linalg.svd(triangular)
-    basis = basis @ left[:, :rank]
-    coordinates = basis.T @ image  # C: Y = QC (to rounding)
-    directions = np.zeros((rank, test.shape[1]))
-    for i in range(test.shape[1]):
-        others = np.delete(coordinates, i, axis=1)
-        u, values, _ = np.linalg.svd(others)
-        if np.sum(values > threshold) < rank:
-            directions[:, i] = u[:, rank - 1]
+    R^r; then u_i is the unit vector orthogonal to them, else u_i = 0 (span(Y₋ᵢ) = span(Y):
+    the usual case when rank A < s, where every d_i is diag(QQᵀA) plus a numerically zero
+    residual, exact to rounding). Both, as for XTrace, from the null space of C
+    (:func:`spectra.estimators.stochastic_trace._sketch_span`). With Z = AQ (r more
+    products, one call), d_i is the formula of :func:`_xdiag_estimates` with u_i for s_i.
+    O(n s r + s³) host flops."""
+    span = _sketch_span(basis, triangular, rank)
+    basis = span.basis
+    directions = span.S * span.needed  # u_i (columns), 0 where ω_i is not needed
     projected_image = counter.matmat(basis)  # Z = AQ
     T = projected_image.T @ test  # t_i = QᵀAω_i (= Zᵀω_i for symmetric A)
     base = _row_dots(basis, projected_image)[:, None] + test * (image - basis @ T)
@@ -176,10 +170,7 @@ def _xdiag_estimates(
     basis, triangular = qr(image, mode="economic")
     rank = _numerical_rank(triangular, counter.eps)
     if rank < s:
-        # the threshold of _numerical_rank, for the rank of C without one column
-        sigma = np.linalg.norm(triangular, 2)
-        threshold = 10.0 * max(s, 10) * counter.eps * sigma
-        estimates = _xdiag_rank_deficient(test, image, triangular, basis, rank, threshold, counter)
+        estimates = _xdiag_rank_deficient(test, image, triangular, basis, rank, counter)
         # No interaction term: the spread of the d_i alone (0 when they agree: exact).
         return estimates, np.zeros(n)
     projected_image = counter.matmat(basis)  # Z = AQ

@@ -278,12 +278,15 @@ class _XTraceSketch(NamedTuple):
     Ω = [ω₁ … ω_s] the test vectors, Y = AΩ = QR (thin QR), H = QᵀAQ, W = QᵀΩ =
     [w₁ … w_s] the test vectors' coordinates in the sketch, S = [s₁ … s_s] the columns
     of R⁻ᵀ scaled to unit norm (s_i spans what leaving ω_i out removes from span(Y));
-    r_i and y_i are the columns of R and Y (Qᵀy_i = r_i). The fields hold the products
+    r_i and y_i are the columns of R and Y (Qᵀy_i = r_i). When Y has numerical rank
+    r < s, Q has r columns, R = QᵀY is r × s and S holds the columns of the
+    pseudo-inverse's transpose (see :func:`_xtrace_rank_deficient`). The fields hold the products
     among them, named by their letters (``WtHS`` = WᵀHS); matrices are indexed [i, j],
     vectors by i.
     """
 
     n: int  # dimension of A
+    rank: int  # dim span(Y), the number of columns of Q (s when Y has full rank)
     trace_H: float  # tr H, the trace of A on span(Y)
     StHS: np.ndarray  # [i, j] = s_iᵀ H s_j
     WtHS: np.ndarray  # [i, j] = w_iᵀ H s_j
@@ -316,29 +319,6 @@ def _numerical_rank(triangular: np.ndarray, eps: float) -> int:
     return int(np.sum(singular > threshold))
 
 
-def _xtrace_low_rank(
-    test: np.ndarray,
-    image: np.ndarray,
-    basis: np.ndarray,
-    triangular: np.ndarray,
-    rank: int,
-    counter: _ProductCounter,
-) -> tuple[np.ndarray, float]:
-    """XTrace when Y = AΩ has numerical rank r < s (so rank A < s): span(Y) already
-    contains range(A) and leaving one ω_i out does not change it, so every estimate is
-    tr(QᵀAQ) plus the (numerically zero) residual term ω_iᵀ A (I − QQᵀ) ω_i, on the
-    r-dimensional Q of the leading left singular vectors of R; no interaction."""
-    left, _, _ = np.linalg.svd(triangular)
-    basis = basis @ left[:, :rank]
-    projected_image = counter.matmat(basis)  # AQ, r products
-    projected = basis.T @ projected_image  # H
-    coordinates = basis.T @ test  # W
-    deflated = test - basis @ coordinates  # (I − QQᵀ)Ω
-    # A(I − QQᵀ)Ω = Y − (AQ)(QᵀΩ): no further products needed.
-    residual_terms = np.einsum("ij,ij->j", deflated, image - projected_image @ coordinates)
-    return np.trace(projected) + residual_terms, 0.0
-
-
 def _xtrace_sketch(
     test: np.ndarray,
     image: np.ndarray,
@@ -346,30 +326,46 @@ def _xtrace_sketch(
     triangular: np.ndarray,
     counter: _ProductCounter,
 ) -> _XTraceSketch:
-    """The products of :class:`_XTraceSketch` from Ω, Y = QR and one ``matmat`` A Q
-    (s products); O(n s² + s³) host flops."""
-    n, s = test.shape
+    """The products of :class:`_XTraceSketch` from Ω, Y = QR (R invertible) and one
+    ``matmat`` A Q (s products); O(n s² + s³) host flops."""
+    s = test.shape[1]
+    inverse_transpose = solve_triangular(triangular, np.eye(s), trans="T")  # R⁻ᵀ
+    S = inverse_transpose / np.linalg.norm(inverse_transpose, axis=0)
+    return _sketch_products(test, image, basis, triangular, S, s, counter)
+
+
+def _sketch_products(
+    test: np.ndarray,
+    image: np.ndarray,
+    basis: np.ndarray,
+    coordinates: np.ndarray,
+    S: np.ndarray,
+    rank: int,
+    counter: _ProductCounter,
+) -> _XTraceSketch:
+    """:class:`_XTraceSketch` from Ω, Y, the orthonormal Q (n × r), R = QᵀY (r × s) and
+    the unit (or zero) directions S (r × s), with one ``matmat`` A Q (r products)."""
+    n = test.shape[0]
     H = basis.T @ counter.matmat(basis)
     H = 0.5 * (H + H.T)
     W = basis.T @ test
-    inverse_transpose = solve_triangular(triangular, np.eye(s), trans="T")  # R⁻ᵀ
-    S = inverse_transpose / np.linalg.norm(inverse_transpose, axis=0)
     StS = S.T @ S
     np.fill_diagonal(StS, 0.0)
     HS = H @ S
     return _XTraceSketch(
         n=n,
+        rank=rank,
         trace_H=float(np.trace(H)),
         StHS=S.T @ HS,
         WtHS=W.T @ HS,
-        RtS=triangular.T @ S,
+        RtS=coordinates.T @ S,
         WtS=W.T @ S,
         StS=StS,
         wHw=np.einsum("ij,ij->j", W, H @ W),
         ww=np.einsum("ij,ij->j", W, W),
         omega_omega=np.einsum("ij,ij->j", test, test),
         omega_y=np.einsum("ij,ij->j", test, image),
-        rw=np.einsum("ij,ij->j", triangular, W),
+        rw=np.einsum("ij,ij->j", coordinates, W),
     )
 
 
@@ -383,11 +379,12 @@ def _residual_term(
     vHv: np.ndarray,
 ) -> np.ndarray:
     """γ (ω_iᵀy_i − 2 r_iᵀv + vᵀHv): the trace of the deflated remainder estimated with
-    ω_i, for v = (I − UUᵀ)w_i after leaving ``removed`` = |K| vectors out, with
-    γ = (n − s + |K|)/‖(I − P)ω_i‖² and ‖(I − P)ω_i‖² = ‖ω_i‖² − ‖v‖²."""
+    ω_i, for v = (I − UUᵀ)w_i after ``removed`` = dim U directions are taken out of
+    span(Y) (|K| when Y has full rank), with γ = (n − rank P)/‖(I − P)ω_i‖²,
+    rank P = r − dim U, and ‖(I − P)ω_i‖² = ‖ω_i‖² − ‖v‖²."""
     deflated_norms = omega_omega - vv
     tiny = np.finfo(float).tiny
-    scale = (sketch.n - sketch.s + removed) / np.maximum(deflated_norms, tiny)
+    scale = (sketch.n - sketch.rank + removed) / np.maximum(deflated_norms, tiny)
     return scale * (omega_y - 2.0 * rv + vHv)
 
 
@@ -439,6 +436,164 @@ def _leave_two_out(sketch: _XTraceSketch, vv: np.ndarray, rv: np.ndarray) -> np.
         return sketch.trace_H - sHs[:, None] - uHu + residual
 
 
+def _one_direction_out(
+    sketch: _XTraceSketch, own: np.ndarray | float, other: np.ndarray | float
+) -> np.ndarray:
+    """[i, j] = the estimate from ω_i with one direction u ∝ own·s_i + other·s_j (the
+    coefficients ``own`` and ``other`` are s × s arrays or scalars) taken out of
+    span(Y): U = u/‖u‖, ‖u‖² = own² + other² + 2·own·other·s_iᵀs_j, v = (I − UUᵀ)w_i."""
+    ws = sketch.diagonal(sketch.WtS)[:, None]  # s_iᵀ w_i
+    sHs = sketch.diagonal(sketch.StHS)  # s_iᵀ H s_i
+    rs = sketch.diagonal(sketch.RtS)[:, None]  # r_iᵀ s_i
+    wHs = sketch.diagonal(sketch.WtHS)[:, None]  # w_iᵀ H s_i
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        norm2 = np.maximum(own**2 + other**2 + 2 * own * other * sketch.StS, np.finfo(float).tiny)
+        norm = np.sqrt(norm2)
+        uw = (own * ws + other * sketch.WtS) / norm  # uᵀw_i
+        uHu = own**2 * sHs[:, None] + other**2 * sHs[None, :] + 2 * own * other * sketch.StHS
+        uHu = uHu / norm2
+        ru = (own * rs + other * sketch.RtS) / norm  # r_iᵀu
+        wHu = (own * wHs + other * sketch.WtHS) / norm  # w_iᵀHu
+        vHv = sketch.wHw[:, None] - 2 * uw * wHu + uw**2 * uHu
+        residual = _residual_term(
+            sketch,
+            1,
+            sketch.omega_omega[:, None],
+            sketch.omega_y[:, None],
+            sketch.ww[:, None] - uw**2,
+            sketch.rw[:, None] - uw * ru,
+            vHv,
+        )
+        return sketch.trace_H - uHu + residual
+
+
+# A row of the sketch's null-space basis N (rows of norm in [0, 1]) at most this long is
+# zero, and two rows whose directions differ by at most this much are parallel: these
+# decide which columns of Y span directions no other column gives (exact integer
+# dependencies among Rademacher vectors leave rows ~1e-16·cond(R) from the decision,
+# genuine directions leave them O(1/sqrt(s)) away).
+_SPAN_TOL = 1e-8
+
+
+class _SketchSpan(NamedTuple):
+    """What leaving test vectors out of a numerically rank-deficient sketch Y = QR does to
+    span(Y) (see :func:`_xtrace_rank_deficient`): R = UΣVᵀ, V = [V_r N]."""
+
+    basis: np.ndarray  # QU_r, n × r: an orthonormal basis of span(Y)
+    coordinates: np.ndarray  # C = U_rᵀR = (QU_r)ᵀY, r × s
+    S: np.ndarray  # r × s, the columns g_k of Σ⁻¹V_rᵀ scaled to unit norm (0 where g_k = 0)
+    lengths: np.ndarray  # ‖g_k‖
+    null: np.ndarray  # N, s × (s − r): a basis of the null space of C
+    row_norms: np.ndarray  # ‖n_k‖, the rows of N
+    needed: np.ndarray  # n_k = 0: leaving ω_k out removes the direction s_k from span(Y)
+
+
+def _sketch_span(basis: np.ndarray, triangular: np.ndarray, rank: int) -> _SketchSpan:
+    """:class:`_SketchSpan` of Y = QR with numerical rank ``rank``: one SVD of R (s × s)
+    and O(n s r) flops for QU_r. Leaving ω_i alone out of Y removes s_i from span(Y) if
+    ``needed[i]`` and nothing otherwise."""
+    left, singular, right_t = np.linalg.svd(triangular)
+    raw = right_t[:rank] / singular[:rank, None]  # columns g_k of Σ⁻¹V_rᵀ
+    lengths = np.linalg.norm(raw, axis=0)  # ‖g_k‖ (0 when y_k = 0)
+    null = right_t[rank:].T
+    row_norms = np.linalg.norm(null, axis=1)
+    return _SketchSpan(
+        basis=basis @ left[:, :rank],
+        coordinates=left[:, :rank].T @ triangular,
+        S=raw / np.where(lengths > 0, lengths, 1.0),
+        lengths=lengths,
+        null=null,
+        row_norms=row_norms,
+        needed=row_norms <= _SPAN_TOL,
+    )
+
+
+def _xtrace_rank_deficient(
+    test: np.ndarray,
+    image: np.ndarray,
+    basis: np.ndarray,
+    triangular: np.ndarray,
+    rank: int,
+    counter: _ProductCounter,
+) -> tuple[np.ndarray, float]:
+    """XTrace's t_i and interaction sum when Y = AΩ has numerical rank r < s, whatever
+    the cause: rank A < s, Ω singular (two equal or opposite Rademacher columns, or any
+    other dependency, likely at small n), or both.
+
+    The definition is unchanged: P_K is the orthogonal projector onto span(Y₋K) (the
+    columns K of Y left out), of rank r_K, and
+
+        t = tr(P_K A) + γ ((I − P_K)ω_i)ᵀ A (I − P_K)ω_i,   γ = (n − r_K)/‖(I − P_K)ω_i‖²,
+
+    K = {i} for t_i and {i, j} for t_i⁽⁻ʲ⁾. Since ω_i is independent of P_K the estimate
+    is unbiased for sphere vectors (the deflated direction is uniform in range(I − P_K))
+    and, for Rademacher vectors, as nearly so as the full-rank path's (see
+    :func:`_xtrace_estimates`). When Y has full rank, r_K = s − |K|: the full-rank path's
+    γ = (n − s + |K|)/‖·‖².
+
+    Computing P_K stably. R = QᵀY = UΣVᵀ (SVD); Q ← QU_r and C = U_rᵀR (r × s) keep the
+    r singular values above the rank threshold; V = [V_r N], N (s × (s − r)) a basis of
+    the null space of C, with rows n_k. By rank(C₋K) = r − |K| + rank(N_K) (N_K the rows
+    K of N), leaving K out removes from span(C) the space {Σ⁻¹V_rᵀx : x = Σ_{k∈K} a_k e_k
+    with Σ_{k∈K} a_k n_k = 0} (x in the row space of C, supported on K), in terms of the
+    columns g_k = Σ⁻¹V_rᵀe_k of (C⁺)ᵀ, s_k = g_k/‖g_k‖:
+
+    * K = {i}: s_i if n_i = 0 (column i is needed to span C), nothing otherwise
+      (span(Y₋ᵢ) = span(Y): the usual case when rank A < s, exact to rounding);
+    * K = {i, j}: span(s_i, s_j) if n_i = n_j = 0; s_i or s_j if only that row is 0;
+      if neither is 0, nothing when n_i and n_j are independent and the one direction
+      ‖n_j‖g_i − σ‖n_i‖g_j (σ = sign n_iᵀn_j) when they are parallel (for example
+      ω_i = ±ω_j with A invertible).
+
+    With U the removed directions P_K = Q(I − UUᵀ)Qᵀ, and t is the formula of
+    :func:`_xtrace_estimates` with r for s in γ. The variance's Σ_{i≠j} Δ_ij Δ_ji is then
+    as in :func:`xtrace`; a pair where only one of n_i, n_j is 0 contributes 0 (if n_i ≠ 0
+    = n_j, leaving ω_i out of Y₋ⱼ changes nothing: t_j⁽⁻ⁱ⁾ = t_j). Zero and parallel are
+    decided at ``_SPAN_TOL`` (rows of N have norms in [0, 1]). Costs one ``matmat`` (A Q,
+    r products), one SVD of R and O(n s r + s²(s − r) + s³) host flops.
+    """
+    span = _sketch_span(basis, triangular, rank)
+    sketch = _sketch_products(test, image, span.basis, span.coordinates, span.S, rank, counter)
+    null, row_norms, lengths, needed = span.null, span.row_norms, span.lengths, span.needed
+
+    one, vv, rv = _leave_one_out(sketch)  # s_i removed
+    kept = sketch.trace_H + _residual_term(
+        sketch, 0, sketch.omega_omega, sketch.omega_y, sketch.ww, sketch.rw, sketch.wHw
+    )  # nothing removed
+    estimates = np.where(needed, one, kept)
+
+    # Pairs of rows n_i, n_j, both nonzero: parallel or independent.
+    unit_rows = null / np.where(needed, 1.0, row_norms)[:, None]
+    cosines = unit_rows @ unit_rows.T
+    parallel = np.zeros((test.shape[1],) * 2, dtype=bool)
+    for i in np.flatnonzero(~needed):
+        rejected = unit_rows - cosines[:, i : i + 1] * unit_rows[i]
+        parallel[i] = np.linalg.norm(rejected, axis=1) <= _SPAN_TOL
+    parallel &= ~needed[:, None] & ~needed[None, :]
+    sign = np.where(cosines < 0, -1.0, 1.0)
+    own = np.where(parallel, row_norms[None, :] * lengths[:, None], 1.0)
+    other = np.where(parallel, -sign * row_norms[:, None] * lengths[None, :], 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        one_out = _one_direction_out(sketch, own, other)
+        two_out = _leave_two_out(sketch, vv, rv)
+    both = needed[:, None] & needed[None, :]
+    # Where only n_j is 0, t_i⁽⁻ʲ⁾ ≠ t_i but t_j⁽⁻ⁱ⁾ = t_j: Δ_ij Δ_ji = 0, left at t_i.
+    leave_two = np.where(both, two_out, np.where(parallel, one_out, estimates[:, None]))
+    return estimates, _interaction(estimates, leave_two)
+
+
+def _interaction(estimates: np.ndarray, leave_two: np.ndarray) -> float:
+    """Σ_{i≠j} Δ_ij Δ_ji with Δ_ij = t_i − t_i⁽⁻ʲ⁾ (``leave_two[i, j]`` = t_i⁽⁻ʲ⁾); 0 if
+    it is not finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        differences = estimates[:, None] - leave_two
+    np.fill_diagonal(differences, 0.0)
+    interaction = float(np.sum(differences * differences.T))
+    if not math.isfinite(interaction):
+        interaction = 0.0
+    return interaction
+
+
 def _xtrace_estimates(
     test: np.ndarray, image: np.ndarray, counter: _ProductCounter
 ) -> tuple[np.ndarray, float]:
@@ -466,21 +621,18 @@ def _xtrace_estimates(
     (t, Σ_{i≠j} ΔᵢⱼΔⱼᵢ): see :func:`xtrace` for the variance. Costs one more
     ``matmat`` (A Q, s products) and O(n s² + s³) host flops.
 
-    If Y is numerically rank deficient (rank A < s), see :func:`_xtrace_low_rank`.
+    If Y is numerically rank deficient (rank A < s, or Ω singular), the same definition
+    with the projectors onto the column spaces: :func:`_xtrace_rank_deficient`.
     """
     basis, triangular = qr(image, mode="economic")
     rank = _numerical_rank(triangular, counter.eps)
     if rank < test.shape[1]:
-        return _xtrace_low_rank(test, image, basis, triangular, rank, counter)
+        return _xtrace_rank_deficient(test, image, basis, triangular, rank, counter)
     sketch = _xtrace_sketch(test, image, basis, triangular, counter)
     estimates, vv, rv = _leave_one_out(sketch)
     with np.errstate(invalid="ignore", over="ignore"):
-        differences = estimates[:, None] - _leave_two_out(sketch, vv, rv)
-    np.fill_diagonal(differences, 0.0)
-    interaction = float(np.sum(differences * differences.T))
-    if not math.isfinite(interaction):
-        interaction = 0.0
-    return estimates, interaction
+        leave_two = _leave_two_out(sketch, vv, rv)
+    return estimates, _interaction(estimates, leave_two)
 
 
 def xtrace(
@@ -516,8 +668,15 @@ def xtrace(
     rare, the first sum alone is used). Calibrated as the module docstring states
     for s = 50; with fewer test vectors (s < 20) heavy tails make it less reliable.
 
-    Extra host work is O(n s² + s³), never n × n. Needs num_products >= 4. The
-    second call multiplies only rank(AΩ) columns when A has rank < s.
+    Extra host work is O(n s² + s³), never n × n. Needs num_products >= 4. When AΩ is
+    numerically rank deficient, because A has rank < s or because the test vectors are
+    singular (Rademacher vectors in small dimensions: two equal or opposite columns), the
+    projectors are those onto the column spaces of the sketches without ω_i
+    (:func:`_xtrace_rank_deficient`): the estimate stays unbiased with the same error bar
+    (on a 5 × 5 matrix with s = 5 Rademacher vectors, singular in 2 runs of 3, over 2000
+    seeds: mean error 0.6 standard errors from 0, ±1σ/±2σ coverage 72%/94%), and is
+    exact to rounding when every ω_i can be left out without shrinking span(AΩ) (rank A
+    < s, generic vectors). The second call then multiplies only rank(AΩ) columns.
 
     Parameters
     ----------
