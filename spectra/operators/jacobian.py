@@ -55,6 +55,9 @@ def _inputs_of(batch: Any) -> Any:
 class _Functions(NamedTuple):
     """The compiled functions of one model, parameter choice, dtype and input spec."""
 
+    run_model: Any
+    state_variables: list[Any]
+    parameter_indices: list[int]
     outputs: Callable[..., tf.Tensor]
     jvp: Callable[..., tf.Tensor]
     vjp: Callable[..., tf.Tensor]
@@ -88,13 +91,17 @@ def _cached(key: Hashable, owners: tuple[Any, ...], build: Callable[[], _Functio
 
 
 def _build_functions(
-    run_model: Any,
-    state_variables: Sequence[Any],
-    parameter_indices: Sequence[int],
-    dtype: tf.DType,
-    x_spec: Any,
+    model: Any, positions: Sequence[int], dtype: tf.DType, x_spec: Any
 ) -> _Functions:
-    """Trace the forward pass, J V and Jᵀ U of ``run_model`` on batches of ``x_spec``."""
+    """Trace the forward pass, J V and Jᵀ U of ``model`` (or its clone computing in
+    ``dtype``) on batches of ``x_spec``, differentiating the weights at ``positions``."""
+    run_model = keras_models.model_in_dtype(model, dtype)
+    trainable, others = keras_models._state_keys(run_model)
+    state_variables = [*trainable, *others]
+    run_weights = list(run_model.weights)
+    parameter_indices = [
+        next(i for i, v in enumerate(state_variables) if v is run_weights[p]) for p in positions
+    ]
     state_specs = [tf.TensorSpec(v.shape, v.dtype) for v in state_variables]
     shapes = [tuple(state_variables[i].shape) for i in parameter_indices]
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
@@ -191,7 +198,16 @@ def _build_functions(
         return tf.map_fn(one, cotangents, fn_output_signature=tf.TensorSpec([n], dtype))
 
     outputs.get_concrete_function()  # traced now: names and shapes of the outputs
-    return _Functions(outputs, jvp, vjp, described["names"], described["shapes"])
+    return _Functions(
+        run_model,
+        state_variables,
+        parameter_indices,
+        outputs,
+        jvp,
+        vjp,
+        described["names"],
+        described["shapes"],
+    )
 
 
 def _check_finite_inputs(batch: Any, where: str | None) -> None:
@@ -354,43 +370,32 @@ class JacobianOperator(LinearOperator):
         check_input_dtypes(model, x_spec)
         check_input_shapes(model, x_spec)
         batches.check_values(_check_finite_inputs)
-        run_model = keras_models.model_in_dtype(model, target)
-        trainable, others = keras_models._state_keys(run_model)
-        state_variables = [*trainable, *others]
-        run_weights = list(run_model.weights)
-        parameter_indices = [
-            next(i for i, v in enumerate(state_variables) if v is run_weights[p]) for p in positions
-        ]
         key = ("jacobian", id(model), target.name, tuple(positions), spec_key(x_spec))
-
-        def build() -> _Functions:
-            return _build_functions(run_model, state_variables, parameter_indices, target, x_spec)
-
         with graph_errors("tracing the model's outputs"):
-            functions = _cached(key, (model,), build)
-        state = keras_models.snapshot_state(model, run_model, [None])[0]
+            functions = _cached(
+                key, (model,), lambda: _build_functions(model, positions, target, x_spec)
+            )
+        state = keras_models.snapshot_state(model, functions.run_model, [None])[0]
         operator = cls.__new__(cls)
-        names = [str(state_variables[i].path) for i in parameter_indices]
-        operator._setup(batches, chosen, names, functions, state, parameter_indices, target)
+        operator._setup(batches, chosen, functions, state, target)
         return operator
 
     def _setup(
         self,
         batches: Batches,
         variables: list[Any],
-        names: list[str],
         functions: _Functions,
         state: list[tf.Tensor],
-        parameter_indices: list[int],
         dtype: tf.DType,
     ) -> None:
+        parameter_indices = functions.parameter_indices
         self._batches = batches
         self._functions = functions
         self._state = state
         self.variables = variables
         self._shapes = [tuple(int(d) for d in state[i].shape) for i in parameter_indices]
         self._sizes = [int(np.prod(s, dtype=np.int64)) for s in self._shapes]
-        self._names = names
+        self._names = [str(functions.state_variables[i].path) for i in parameter_indices]
         self.num_outputs = sum(int(np.prod(s, dtype=np.int64)) for s in functions.output_shapes)
         self.num_products = 0
         self.num_data_passes = 0
@@ -447,7 +452,8 @@ class JacobianOperator(LinearOperator):
         return [p.reshape(s) for p, s in zip(pieces, self._shapes)]
 
     def unflatten_outputs(self, vector: Any) -> list[np.ndarray]:
-        """Split an output-space vector (length N·C) into one (N, *shape) array per output."""
+        """Split an output-space vector (length N·C) into one array per output, of shape
+        ``(N, *shape)`` with ``shape`` its entry of :attr:`output_shapes`."""
         u = np.asarray(vector)
         if u.shape != (self.shape[0],):
             raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {u.shape}.")
@@ -457,7 +463,8 @@ class JacobianOperator(LinearOperator):
         return [p.reshape(self.num_examples, *s) for p, s in zip(pieces, self.output_shapes)]
 
     def flatten_outputs(self, arrays: Sequence[Any]) -> np.ndarray:
-        """One (N, *shape) array per output into an output-space vector (length N·C)."""
+        """The inverse of :meth:`unflatten_outputs`: one array of shape ``(N, *shape)`` per
+        output into an output-space vector (length N·C)."""
         arrays = list(arrays)
         if len(arrays) != len(self.output_shapes):
             raise ValueError(

@@ -222,7 +222,11 @@ def test_snapshot_at_construction(rng):
         variable.assign(variable.numpy() + 1.0)
     np.testing.assert_array_equal(op.matmat(np.eye(op.shape[1])), before)
     np.testing.assert_array_equal(op.outputs(), outputs)
-    assert relative_error(_reference(model, x)[1], before) > 1e-3  # the model did change
+    changed = _reference(model, x)[1]
+    assert relative_error(changed, before) > 1e-3  # the model did change
+    # A new operator (sharing the compiled functions) is J at the new weights.
+    after = JacobianOperator.from_keras(model, x)
+    assert np.max(np.abs(after.matmat(np.eye(after.shape[1])) - changed)) <= 1e-12
 
 
 def test_float32_and_float64(rng):
@@ -236,6 +240,8 @@ def test_float32_and_float64(rng):
     # The names HessianOperator gives in that dtype (float64 runs on a clone).
     hessian = HessianOperator.from_keras(model, "mse", (x, np.zeros((N, 3))), dtype=np.float64)
     assert double.variable_names == hessian.variable_names
+    again = JacobianOperator.from_keras(model, x, dtype=np.float64)  # the same clone
+    assert again.variable_names == double.variable_names
     eye = np.eye(single.shape[1])
     J32, J64 = single.matmat(eye), double.matmat(eye)
     assert J32.dtype == np.float32 and J64.dtype == np.float64
