@@ -154,20 +154,29 @@ def _build_functions(
     def flatten(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
         return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
 
-    @tf.function(input_signature=[state_specs, x_spec])
+    # autograph=False: the model is traced as Keras calls it, as the curvature engine
+    # traces it (no conversion of Python control flow in the functions below).
+    @tf.function(input_signature=[state_specs, x_spec], autograph=False)
     def outputs(state: list[tf.Tensor], x: Any) -> tf.Tensor:
         return flat_outputs(state, x)
 
-    @tf.function(input_signature=[state_specs, x_spec, tf.TensorSpec([None, n], dtype)])
+    @tf.function(
+        input_signature=[state_specs, x_spec, tf.TensorSpec([None, n], dtype)], autograph=False
+    )
     def jvp(state: list[tf.Tensor], x: Any, vectors: tf.Tensor) -> tf.Tensor:
         # J v by the double-VJP trick: u ↦ Jᵀu is linear in u, so its VJP with
         # cotangent v is J v (for any point u; the zeros are never used as values).
         z = flat_outputs(state, x)
         parameters = [state[i] for i in parameter_indices]
         dummy = tf.zeros_like(z)
-        transposed = tf.gradients(
-            z, parameters, grad_ys=dummy, unconnected_gradients=tf.UnconnectedGradients.ZERO
-        )
+        # Dense (an Embedding's gradient is IndexedSlices, which cannot be differentiated
+        # as a list of outputs).
+        transposed = [
+            tf.convert_to_tensor(g)
+            for g in tf.gradients(
+                z, parameters, grad_ys=dummy, unconnected_gradients=tf.UnconnectedGradients.ZERO
+            )
+        ]
 
         def one(vector: tf.Tensor) -> tf.Tensor:
             return tf.convert_to_tensor(
@@ -181,7 +190,10 @@ def _build_functions(
 
         return tf.map_fn(one, vectors, fn_output_signature=tf.TensorSpec(z.shape, dtype))
 
-    @tf.function(input_signature=[state_specs, x_spec, tf.TensorSpec([None, None, None], dtype)])
+    @tf.function(
+        input_signature=[state_specs, x_spec, tf.TensorSpec([None, None, None], dtype)],
+        autograph=False,
+    )
     def vjp(state: list[tf.Tensor], x: Any, cotangents: tf.Tensor) -> tf.Tensor:
         z = flat_outputs(state, x)
         parameters = [state[i] for i in parameter_indices]

@@ -293,3 +293,66 @@ def test_transposed_from_keras(cases):
     assert transposed.shape == case.J.T.shape
     assert np.max(np.abs(transposed.matmat(np.eye(transposed.shape[1])) - case.J.T)) <= 1e-12
     assert np.max(np.abs(transposed.T.matmat(np.eye(transposed.shape[0])) - case.J)) <= 1e-12
+
+
+def _batch_norm() -> keras.Model:
+    model = keras.Sequential(
+        [
+            keras.Input((4,), dtype=F64),
+            keras.layers.Dense(5, dtype=F64),
+            keras.layers.BatchNormalization(dtype=F64),
+            keras.layers.Activation("relu", dtype=F64),
+            keras.layers.Dense(2, dtype=F64),
+        ]
+    )
+    norm = model.layers[1]
+    norm.moving_mean.assign(np.linspace(-1.0, 1.0, 5))
+    norm.moving_variance.assign(np.linspace(0.5, 2.0, 5))
+    return model
+
+
+def _lstm() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((3, 2), dtype=F64),
+            keras.layers.LSTM(3, dtype=F64),
+            keras.layers.Dense(2, dtype=F64),
+        ]
+    )
+
+
+def _embedding() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((3,), dtype="int32"),
+            keras.layers.Embedding(5, 2, dtype=F64),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(2, dtype=F64),
+        ]
+    )
+
+
+@pytest.mark.parametrize("name", ["batch-norm", "lstm", "embedding"])
+def test_other_layers(name, rng):
+    """Inference-mode BatchNorm, a recurrent layer (a while loop) and an Embedding (whose
+    gradient is IndexedSlices) against the tape Jacobian."""
+    model, x = {
+        "batch-norm": (_batch_norm, lambda: rng.standard_normal((7, 4))),
+        "lstm": (_lstm, lambda: rng.standard_normal((7, 3, 2))),
+        "embedding": (_embedding, lambda: rng.integers(0, 5, (7, 3)).astype(np.int32)),
+    }[name]
+    model, x = model(), x()
+    op = JacobianOperator.from_keras(model, x, batch_size=3)
+    _, J = _reference(model, x)
+    assert np.max(np.abs(op.matmat(np.eye(op.shape[1])) - J)) <= 1e-12 * np.max(np.abs(J))
+    assert np.max(np.abs(op.T.matmat(np.eye(op.shape[0])) - J.T)) <= 1e-12 * np.max(np.abs(J))
+
+
+def test_an_overflowing_product_is_refused(rng):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    x = 1e30 * rng.standard_normal((5, 4)).astype(np.float32)
+    op = JacobianOperator.from_keras(model, x)
+    with pytest.raises(ValueError, match="the Jacobian product on batch 0 is not finite"):
+        op.matvec(np.full(op.shape[1], 1e30))
+    with pytest.raises(ValueError, match="the transposed Jacobian product on batch 0 is not"):
+        op.rmatvec(np.full(op.shape[0], 1e30))
