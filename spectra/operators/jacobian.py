@@ -47,7 +47,13 @@ def _inputs_of(batch: Any) -> Any:
     """The model inputs x of a batch, as Keras' ``fit`` reads data: a tuple of one to
     three parts is ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``; anything else (an
     array, a list of arrays, a dict) is x itself."""
-    if isinstance(batch, tuple) and 1 <= len(batch) <= 3:
+    if isinstance(batch, tuple):
+        if not 1 <= len(batch) <= 3:
+            raise ValueError(
+                f"data is a tuple of {len(batch)} parts; a tuple is (x,), (x, y) or (x, y, "
+                "sample_weight), as in Keras' fit. Pass the inputs of a model with several "
+                "inputs as a list or dict: (x_list, y)."
+            )
         return batch[0]
     return batch
 

@@ -273,6 +273,8 @@ def test_refusals(cases, rng):
         op.matvec(np.full(43, np.nan))
     with pytest.raises(TypeError, match="matmat: expected real numbers"):
         op.matmat(np.ones((43, 2), complex))
+    with pytest.raises(ValueError, match="data is a tuple of 4 parts"):
+        JacobianOperator.from_keras(model, (x, x, x, x))
     bad = x.copy()
     bad[3, 1] = np.nan
     with pytest.raises(ValueError, match="the inputs x hold 1 NaN/Inf entries"):
@@ -356,3 +358,20 @@ def test_an_overflowing_product_is_refused(rng):
         op.matvec(np.full(op.shape[1], 1e30))
     with pytest.raises(ValueError, match="the transposed Jacobian product on batch 0 is not"):
         op.rmatvec(np.full(op.shape[0], 1e30))
+
+
+def test_several_inputs_as_a_list_a_dict_or_a_dataset(rng):
+    first, second = keras.Input((2,), dtype=F64, name="a"), keras.Input((3,), dtype=F64, name="b")
+    joined = keras.layers.Concatenate(dtype=F64)([first, second])
+    outputs = keras.layers.Dense(2, activation="tanh", dtype=F64)(joined)
+    by_position = keras.Model([first, second], outputs)
+    by_name = keras.Model({"a": first, "b": second}, outputs)
+    xa, xb = rng.standard_normal((5, 2)), rng.standard_normal((5, 3))
+    _, J = _reference(by_position, [xa, xb])
+    named = {"a": xa, "b": xb}
+    for op in (
+        JacobianOperator.from_keras(by_position, [xa, xb], batch_size=2),
+        JacobianOperator.from_keras(by_name, (named, np.zeros(5)), batch_size=2),
+        JacobianOperator.from_keras(by_name, tf.data.Dataset.from_tensor_slices((named,)).batch(2)),
+    ):
+        assert np.max(np.abs(op.matmat(np.eye(op.shape[1])) - J)) <= 1e-12
