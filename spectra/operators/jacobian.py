@@ -292,18 +292,23 @@ class JacobianOperator(LinearOperator):
     the outputs' directional derivatives; ``J.T`` (a :class:`TransposedJacobianOperator`,
     also :meth:`rmatvec` / :meth:`rmatmat`) maps output-space vectors u to Jᵀu =
     Σ_i J_iᵀ u_i. A block of k vectors is one pass over the data. Cost per batch and
-    block: one forward pass and, for J V, one backward pass (the linearization) plus k
-    VJPs of it (the double-VJP trick: the arithmetic of k forward-mode passes), for
-    Jᵀ U one forward pass and k backward passes. Nothing is cached between products:
-    each recomputes its batches' forward passes (a compiled ``tf.function`` per
-    direction, shared by operators on the same model, variables, dtype and input shapes).
+    block: for J V one forward pass and k VJPs of the VJP u ↦ Jᵀu (the double-VJP trick:
+    the arithmetic of k forward-mode passes of tangents; the VJP itself is only
+    differentiated, never evaluated), for Jᵀ U one forward pass and k backward passes.
+    Nothing is cached between products: each recomputes its batches' forward passes (a
+    compiled ``tf.function`` per direction, shared by operators on the same model,
+    variables, dtype and input shapes; the curvature operators' graph split is not used).
     The vectors of a block and one batch's (k, n_b, C) product are held at once.
+    Measured on the digits MLP (85k parameters, 1797 examples, one batch; 2-core CPU
+    under load, so only roughly): J v 1.5-1.6x the time of a compiled gradient, Jᵀu
+    0.7-1.3x; per vector in blocks of 16, 0.5-0.8x for J and 0.75-1.0x for Jᵀ.
 
     **Snapshot.** The operator is J at the weights it was built with: the model's values
     are copied at construction and fed to the compiled functions, so training on or
     loading other weights changes nothing in it. The model is evaluated in inference
     mode (``training=False``: BatchNorm's moving statistics, Dropout off); training mode
     is refused, since its Jacobian would depend on batch statistics and random masks.
+    Products run on the default device of this process (no ``tf.distribute`` strategy).
 
     Counters: ``num_products`` (vectors multiplied, either direction) and
     ``num_data_passes``.
