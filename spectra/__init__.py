@@ -66,6 +66,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.operators.block_diagonal": ["BlockDiagonalOperator"],
     "spectra.operators.submatrix": ["SubmatrixOperator"],
     "spectra.operators.kfac": ["EKFACOperator", "KFACOperator"],
+    "spectra.operators.jacobian": ["JacobianOperator", "TransposedJacobianOperator"],
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [
         "DensityCurve",

@@ -13,7 +13,9 @@ weights in ``batching``, devices and workers in ``replicas``, Keras models and l
 ``keras_models``, and the checks of data against a model in ``data_checks``.
 Structured views of any operator (NumPy only): the block-diagonal approximation
 :class:`BlockDiagonalOperator` (``block_diagonal``; per layer by default) and the
-submatrix :class:`SubmatrixOperator` (``submatrix``).
+submatrix :class:`SubmatrixOperator` (``submatrix``). The Jacobian of the model's outputs
+and its transpose, :class:`JacobianOperator` and :class:`TransposedJacobianOperator`
+(``jacobian``), are rectangular operators of the output split (G = Jᵀ H_z J).
 
 Names are imported on first use (PEP 562), so that ``spectra.operators.registry`` can be
 read without importing TensorFlow.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
+    from spectra.operators.jacobian import JacobianOperator, TransposedJacobianOperator
     from spectra.operators.kfac import EKFACOperator, KFACBlock, KFACOperator
     from spectra.operators.submatrix import SubmatrixOperator
 
@@ -49,6 +52,8 @@ _SOURCE: dict[str, str] = {
     "MonteCarloFisher": "spectra.operators.fisher",
     "GGN": "spectra.operators.ggn",
     "Hessian": "spectra.operators.hessian",
+    "JacobianOperator": "spectra.operators.jacobian",
+    "TransposedJacobianOperator": "spectra.operators.jacobian",
     "EKFACOperator": "spectra.operators.kfac",
     "KFACBlock": "spectra.operators.kfac",
     "KFACOperator": "spectra.operators.kfac",
@@ -69,10 +74,12 @@ __all__ = [
     "GGNOperator",
     "Hessian",
     "HessianOperator",
+    "JacobianOperator",
     "KFACBlock",
     "KFACOperator",
     "MonteCarloFisher",
     "SubmatrixOperator",
+    "TransposedJacobianOperator",
     "block_size_for",
     "layer_groups",
 ]

@@ -392,7 +392,10 @@ class FisherOperator(CurvatureOperator):
       weights, so cross-output terms are included). A sample weight multiplies an
       example's term once, as it does in the loss (it counts the example w_i times); it
       must be one array for all outputs. Any loss that is a mean of per-example terms
-      works, custom callables included.
+      works, custom callables included. ℓ_i is Keras' per-example loss: for MSE the mean
+      over the C output entries, so curvlinops' empirical Fisher (per-example loss summed
+      over the outputs, reduction factor 1/(N·C)) is exactly C·E; for cross-entropy the
+      two agree.
 
     **Building.** ``FisherOperator.from_keras(model, loss, data, kind=..., num_samples=...,
     seed=...)``: ``kind`` and ``num_samples`` are the Fisher's own keywords
