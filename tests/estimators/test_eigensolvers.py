@@ -635,7 +635,7 @@ def test_lobpcg_goes_beyond_its_budget_by_at_most_two_blocks():
 # 18, 12, 9, 7 over a bulk near zero; n = 300; seed 0; failure probability 1e-4). The
 # bounds are checked after every product, so a loose tol stops early: what remains is
 # the probabilistic bound (Kuczyński–Woźniakowski), which at tol 0.1 needs 8 products
-# where the certified residual bound alone is met after about 4.
+# where the certified residual bound alone is met after 3.
 _PRODUCTS_BY_TOL = {
     1: {1e-1: 8, 1e-2: 9, 1e-3: 10, 1e-6: 12},
     5: {1e-1: 16, 1e-2: 19, 1e-3: 21, 1e-6: 22},

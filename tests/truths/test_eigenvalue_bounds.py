@@ -207,7 +207,7 @@ LOOSE_TOLERANCES = (1e-2, 1e-3)
 LOOSE_SEEDS = range(30)
 
 
-@pytest.mark.slow  # 4 s (k = 1) and 12 s (k = 3): 240 Lanczos runs each on 300 × 300
+@pytest.mark.slow  # 4 s (k = 1) and 7 s (k = 3): 240 Lanczos runs each on 300 × 300
 @pytest.mark.parametrize("k", [1, 3])
 def test_loose_tolerance_bounds_hold_at_the_default_failure_probability(k):
     """At tol 1e-2 and 1e-3 the run stops on its probabilistic bound at the default
