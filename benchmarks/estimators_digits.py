@@ -8,6 +8,13 @@ probability, products and data passes), and the trace by each method at 100 prod
 (with its standard error), with wall times, on ``data/digits_mlp.keras`` and
 ``data/digits.npz`` (1797 examples, one batch, 85,002 parameters).
 
+Then the tolerance sweep: top-1 and top-5 by Lanczos at tol 1e-1, 1e-2, 1e-3 and 1e-6
+(products, wall time, the certified relative bound and the relative error against a
+tol-1e-8 reference), beside a PyHessian-style power iteration on the same operator
+(Rayleigh quotient, stopping when its relative change is below 1e-3, at most 100
+products, as in ``benchmarks/pyhessian_compare.py``): products and relative error at
+PyHessian's own accuracy, without torch.
+
     python benchmarks/estimators_digits.py [--float64] [--json out.json]
 """
 
@@ -65,6 +72,74 @@ def top1(op: spectra.HessianOperator, tol: float, repeats: int) -> dict:
     return summary
 
 
+def pyhessian_power(op, seed: int, tol: float = 1e-3, max_iter: int = 100):
+    """(estimate, products) of PyHessian's power iteration (Yao et al. 2020): Gaussian
+    start, Rayleigh quotient vᵀHv, stop when its relative change is below ``tol``."""
+    vector = np.random.default_rng(seed).standard_normal(op.shape[0])
+    vector /= np.linalg.norm(vector) + 1e-6
+    estimate = None
+    for products in range(1, max_iter + 1):
+        image = np.asarray(op.matvec(vector.astype(op.dtype)), dtype=np.float64)
+        value = float(image @ vector)
+        vector = image / (np.linalg.norm(image) + 1e-6)
+        if estimate is not None and abs(estimate - value) / (abs(estimate) + 1e-6) < tol:
+            return value, products
+        estimate = value
+    return estimate, max_iter
+
+
+def tolerance_sweep(op: spectra.HessianOperator, repeats: int) -> dict:
+    """Products and time of Lanczos at loose and tight tol against PyHessian's power
+    iteration at its default tol 1e-3, errors against a tol-1e-8 reference."""
+    reference = spectra.eigenvalues(op, k=5, tol=1e-8, seed=1234, progress=False)
+    truth = reference.eigenvalues
+    print(
+        f"\ntolerance sweep over {repeats} seeds (reference λ₁..λ₅ = "
+        f"{np.array2string(truth, precision=6)}, bounds <= {reference.error_bounds.max():.1e})"
+    )
+    sweep: dict = {"reference": truth.tolist(), "lanczos": [], "power": {}}
+    for k in (1, 5):
+        for tol in (1e-1, 1e-2, 1e-3, 1e-6):
+            runs = [
+                spectra.eigenvalues(op, k=k, tol=tol, seed=seed, progress=False)
+                for seed in range(repeats)
+            ]
+            errors = [float(np.max(np.abs(r.eigenvalues - truth[:k]) / truth[:k])) for r in runs]
+            bounds = [float(np.max(r.error_bounds / np.abs(r.eigenvalues))) for r in runs]
+            row = {
+                "k": k,
+                "tol": tol,
+                "products": [r.num_products for r in runs],
+                "wall_times": [r.wall_time for r in runs],
+                "relative_bounds": bounds,
+                "relative_errors": errors,
+                "converged": all(r.all_converged for r in runs),
+            }
+            sweep["lanczos"].append(row)
+            print(
+                f"  lanczos k={k} tol {tol:<6g} products {row['products']}  "
+                f"{np.mean(row['wall_times']):.2f} s  bound/|λ| <= {max(bounds):.1e}  "
+                f"error/|λ| <= {max(errors):.1e}  converged {row['converged']}"
+            )
+    power, walls = [], []
+    for seed in range(repeats):
+        start = time.perf_counter()
+        power.append(pyhessian_power(op, seed))
+        walls.append(time.perf_counter() - start)
+    errors = [abs(value - truth[0]) / truth[0] for value, _ in power]
+    sweep["power"] = {
+        "products": [products for _, products in power],
+        "wall_times": walls,
+        "relative_errors": errors,
+    }
+    print(
+        f"  PyHessian-style power, top-1 at its tol 1e-3: products "
+        f"{sweep['power']['products']}  {np.mean(walls):.2f} s  error/|λ| "
+        f"{', '.join(f'{e:.1e}' for e in errors)} (no bound)"
+    )
+    return sweep
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--float64", action="store_true", help="products in float64")
@@ -108,6 +183,7 @@ def main() -> None:
             f"({result.num_products} products, {result.wall_time:.2f} s)"
         )
         report["trace"][method] = result.to_dict()
+    report["tolerance_sweep"] = tolerance_sweep(op, args.repeats)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

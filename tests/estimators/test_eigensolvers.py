@@ -629,3 +629,40 @@ def test_lobpcg_goes_beyond_its_budget_by_at_most_two_blocks():
                 a, k=k, method="lobpcg", max_products=max(budget, k), tol=1e-15
             ).num_products
             assert spent <= max(budget, k) + 2 * block, (k, budget, spent)
+
+
+# Products of a Lanczos run to each tol on a Hessian-like spectrum (outliers 40, 25,
+# 18, 12, 9, 7 over a bulk near zero; n = 300; seed 0; failure probability 1e-4). The
+# bounds are checked after every product, so a loose tol stops early: what remains is
+# the probabilistic bound (Kuczyński–Woźniakowski), which at tol 0.1 needs 8 products
+# where the certified residual bound alone is met after 3.
+_PRODUCTS_BY_TOL = {
+    1: {1e-1: 8, 1e-2: 9, 1e-3: 10, 1e-6: 12},
+    5: {1e-1: 16, 1e-2: 19, 1e-3: 21, 1e-6: 22},
+}
+
+
+@pytest.fixture(scope="module")
+def hessian_like_matrix():
+    spectrum = hessian_like_spectrum(300)
+    return spectrum, with_spectrum(spectrum, seed=1)
+
+
+@pytest.mark.parametrize("k", sorted(_PRODUCTS_BY_TOL))
+def test_lanczos_stops_at_the_first_product_that_meets_the_tolerance(hessian_like_matrix, k):
+    spectrum, matrix = hessian_like_matrix
+    truth = in_which_order(spectrum, "largest")[:k]
+    for tol, products in _PRODUCTS_BY_TOL[k].items():
+        result = eigenvalues(matrix, k=k, tol=tol, seed=0, check_symmetry=False)
+        assert result.all_converged and result.num_products == products, tol
+        assert np.all(result.error_bounds <= tol * np.abs(result.eigenvalues)), tol
+        assert np.all(np.abs(result.eigenvalues - truth) <= result.error_bounds), tol
+        # One product fewer and the same run has not met its bounds: it stopped at the
+        # first product where they hold, and reports that it did not.
+        short = eigenvalues(
+            matrix, k=k, tol=tol, seed=0, max_products=products - 1, check_symmetry=False
+        )
+        assert short.num_products == products - 1
+        assert not short.all_converged, tol
+        assert np.any(short.error_bounds > tol * np.abs(short.eigenvalues)), tol
+        assert short.settings["not_converged_reason"]
