@@ -687,7 +687,7 @@ def plot_eigenvalues(
     markers and named "not converged" in the legend. ``log_scale`` draws the
     y axis logarithmically (symmetric-log when some eigenvalues are ≤ 0).
     ``annotate`` writes each value beside its marker (default: for up to 10
-    eigenvalues).
+    eigenvalues, and not with ``repeats``, whose spread the labels would cover).
 
     ``repeats``, a :class:`spectra.RepeatResult` holding λ1, λ2, … (``spectra analyze
     --repeats``), adds the spread across its R runs beside each eigenvalue, just left of
@@ -719,7 +719,8 @@ def plot_eigenvalues(
     if repeats is not None:
         _draw_repeats(ax, repeats, values.size, _after(color))
     if annotate is None:
-        annotate = values.size <= _MAX_ANNOTATED
+        # With repeats a value label would run into the next index's spread: left out.
+        annotate = values.size <= _MAX_ANNOTATED and repeats is None
     if annotate:
         for index, value, error in zip(indices, values, errors):
             ax.annotate(

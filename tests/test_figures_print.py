@@ -244,7 +244,14 @@ def test_repeats_spread_beside_the_numerical_bound(results, style):
     heights = np.array([seg[1][1] - seg[0][1] for seg in segments])
     np.testing.assert_allclose(heights, 2 * sd, rtol=1e-9)
     assert sd.min() > 0.05  # a real spread, which the test would see go missing
+    # No value labels by default: they would run into the next index's spread.
+    assert not ax.texts
     plt.close(figure)
+    # One eigenvalue: the spread of λ1 only.
+    ax = plot_eigenvalues(results["top1"], repeats=repeats, style=style)
+    (diamonds,) = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    np.testing.assert_allclose(diamonds.get_ydata(), repeats.mean[:1], rtol=1e-12)
+    plt.close(ax.figure)
 
 
 def test_repeats_without_eigenvalues_are_refused(results):

@@ -145,7 +145,7 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     the same through ``spectra plot`` of the results.json, at column size."""
     import matplotlib.pyplot as plt
 
-    from spectra.cli._common import plus_minus
+    from spectra.cli._common import UserError, plus_minus
     from spectra.cli.plot import _drawing
 
     out, _ = subsample_run
@@ -182,6 +182,9 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     spread = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
     assert f"{spread} across 3 subsets of 50% of the data (mean ± sd)" in description
     plt.close(figure)
+    # --x is for a sharpness.json's training axis only.
+    with pytest.raises(UserError, match=r"--x steps: only the figure of a sharpness.json"):
+        _drawing(path, report, argparse.Namespace(**vars(options), x_axis="steps"))
     # Through the command: the replot is written.
     status, printed = _run(["plot", str(path), "--out", str(tmp_path / "replot")])
     assert status == 0 and (tmp_path / "replot" / "eigenvalues.png").is_file(), printed
