@@ -88,6 +88,12 @@ _STEP_SOURCE_LABELS = {
     "optimizer iterations": "optimizer iterations",
     "file names": "from the file names",
 }
+# The training steps' source as the numerator of an epoch axis' label.
+_STEPS_PER_EPOCH_LABELS = {
+    "--steps": "--steps",
+    "optimizer iterations": "optimizer iterations",
+    "file names": "steps in the file names",
+}
 
 # --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
 # back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
@@ -896,7 +902,7 @@ def x_axes(args: argparse.Namespace, plan: list[PlannedCheckpoint]) -> dict[str,
         steps = axes["steps"]
         epochs = {file: value / per_epoch for file, value in steps["values"].items()}
         source = f"{steps['source']} / {per_epoch}"
-        label = f"Epoch ({_STEP_SOURCE_LABELS[steps['source']]} / {per_epoch})"
+        label = f"Epoch ({_STEPS_PER_EPOCH_LABELS[steps['source']]} / {per_epoch})"
         axes["epochs"] = {"source": source, "label": label, "values": epochs}
     elif named == "epoch" and per_epoch is None:
         axes["epochs"] = _axis("file names", from_names, unit="Epoch")

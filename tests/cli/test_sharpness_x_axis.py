@@ -184,8 +184,12 @@ def test_steps_from_the_file_names_and_from_steps(tmp_path):
     assert "epochs" not in axes
     axes = _axes(run, x="epochs", per_epoch=10, steps=[0, 50])
     assert axes["steps"]["label"] == "Training step (from --steps)"
-    assert axes["epochs"]["label"] == "Epoch (from --steps / 10)"
+    assert axes["epochs"]["label"] == "Epoch (--steps / 10)"
     assert axes["epochs"]["values"] == {"step_0000.keras": 0.0, "step_0020.keras": 5.0}
+    axes = _axes(run, x="epochs", per_epoch=10)
+    assert axes["epochs"]["label"] == "Epoch (steps in the file names / 10)"
+    assert axes["epochs"]["source"] == "file names / 10"
+    assert axes["epochs"]["values"] == {"step_0000.keras": 0.0, "step_0020.keras": 2.0}
 
 
 @pytest.mark.parametrize(
