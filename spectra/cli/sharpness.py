@@ -910,9 +910,10 @@ def x_axes(args: argparse.Namespace, plan: list[PlannedCheckpoint]) -> dict[str,
         raise UserError(f"--x steps: {missing}")
     if choice == "epochs" and "epochs" not in axes:
         if per_epoch is not None:
+            reason = missing.removeprefix("the checkpoints' training steps are not known: ")
             raise UserError(
                 f"--x epochs: --steps-per-epoch {per_epoch} divides the training steps, "
-                f"which are not known: {missing}"
+                f"which are not known: {reason}"
             )
         counted = "steps given by --steps" if args.steps else f"the file names count {named}s"
         raise UserError(

@@ -218,8 +218,8 @@ def test_steps_from_the_file_names_and_from_steps(tmp_path):
             "epochs",
             5,
             "--x epochs: --steps-per-epoch 5 divides the training steps, which are not known: "
-            "the checkpoints' training steps are not known: the file names count checkpoints, "
-            "not steps (ckpt-1.keras, …)",
+            "the file names count checkpoints, not steps (ckpt-1.keras, …) and no checkpoint "
+            "holds an optimizer iteration counter",
         ),
         (
             ["step_0000.keras", "step_0020.keras"],
