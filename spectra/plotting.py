@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from spectra.analysis.repeats import RepeatResult
+
 __all__ = [
     "STYLES",
     "add_title",
@@ -49,6 +51,7 @@ __all__ = [
     "plot_loss_landscape_2d",
     "plot_sharpness",
     "plot_spectral_density",
+    "repeats_description",
     "save_figure",
     "value_digits",
 ]
@@ -108,6 +111,9 @@ _STYLED_ANNOTATION_ROOM = 0.24
 # axis label: about 2.6 lines of text at 8-10 pt).
 _LEGEND_DROP_POINTS = 30.0
 _NEGATIVE_ANNOTATION_ROOM = 0.08
+# The repeats' values of eigenvalue i are drawn at i - _REPEAT_OFFSET (left of the run's
+# marker, whose value label is on its right).
+_REPEAT_OFFSET = 0.3
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
@@ -316,9 +322,10 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         return
     engine = figure.get_layout_engine()
     constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
-    labels = _fit_labels(labels, _root_figure(axes[0]).get_figwidth())
+    width = _root_figure(axes[0]).get_figwidth()
     if outside and alone and constrained:
         columns = 1 if _ACTIVE_STYLE.get() == "column" else 2
+        labels = _fit_labels(labels, width / columns)
         legend = figure.legend(
             handles,
             labels,
@@ -329,6 +336,7 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         )
         legend.set_gid(_SERIES_GID)
     else:
+        labels = _fit_labels(labels, width)
         axes[-1].legend(handles, labels, framealpha=0.9, fontsize=_small())
 
 
@@ -552,6 +560,63 @@ def _draw_eigenvalue_markers(
             hollow.lines[0].set_gid(_SERIES_GID)
 
 
+def repeats_description(repeats: RepeatResult) -> str:
+    """``"5 subsets of 50% of the data"`` or ``"5 seeds"``: what a :class:`spectra.RepeatResult`
+    varied."""
+    if repeats.subsample is not None:
+        return f"{repeats.repeats} subsets of {100 * repeats.subsample:.3g}% of the data"
+    return f"{repeats.repeats} seeds"
+
+
+def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> None:
+    """Eigenvalue i of each repeat as a small dot at i - ``_REPEAT_OFFSET``, and the repeats'
+    mean ± sd there as a diamond with bars (only the eigenvalues the repeats hold)."""
+    from spectra.analysis.repeats import RepeatResult
+
+    if not isinstance(repeats, RepeatResult):
+        raise TypeError(f"repeats must be a RepeatResult or None, got {type(repeats).__name__}")
+    columns = [
+        repeats.names.index(f"λ{i}") for i in range(1, count + 1) if f"λ{i}" in repeats.names
+    ]
+    if not columns:
+        raise ValueError(
+            f"repeats hold no eigenvalue (its quantities are {', '.join(repeats.names)}); "
+            "give the RepeatResult of an eigenvalue estimate, or repeats=None"
+        )
+    where = np.arange(1, len(columns) + 1, dtype=np.float64) - _REPEAT_OFFSET
+    values = np.asarray(repeats.values, dtype=np.float64)[:, columns]
+    mean = np.asarray(repeats.mean, dtype=np.float64)[columns]
+    sd = np.asarray(repeats.sd, dtype=np.float64)[columns]
+    finite = np.isfinite(values)
+    xs = np.broadcast_to(where, values.shape)
+    what = "subset" if repeats.subsample is not None else "seed"
+    # An error-bar container without bars, so that the legend lists it in drawing order.
+    ax.errorbar(
+        xs[finite],
+        values[finite],
+        fmt="o",
+        markersize=_w(2.5),
+        color=color,
+        alpha=0.55,
+        label=f"each {what}'s λᵢ",
+    )
+    shown = np.isfinite(mean) & np.isfinite(sd)
+    if shown.any():
+        ax.errorbar(
+            where[shown],
+            mean[shown],
+            yerr=sd[shown],
+            fmt="D",
+            color=color,
+            markersize=_w(4),
+            markerfacecolor="white",
+            markeredgewidth=_w(1.2),
+            capsize=_w(3),
+            elinewidth=_w(1.0),
+            label=f"spread across {repeats_description(repeats)}: mean ± sd",
+        )
+
+
 def _index_axis_and_scale(
     ax: Axes,
     values: np.ndarray,
@@ -610,6 +675,7 @@ def plot_eigenvalues(
     color: Any = None,
     log_scale: bool = False,
     annotate: bool | None = None,
+    repeats: RepeatResult | None = None,
     style: str | None = None,
 ) -> Axes:
     """The computed eigenvalues against their index i = 1, 2, … with error bars.
@@ -621,7 +687,14 @@ def plot_eigenvalues(
     markers and named "not converged" in the legend. ``log_scale`` draws the
     y axis logarithmically (symmetric-log when some eigenvalues are ≤ 0).
     ``annotate`` writes each value beside its marker (default: for up to 10
-    eigenvalues).
+    eigenvalues, and not with ``repeats``, whose spread the labels would cover).
+
+    ``repeats``, a :class:`spectra.RepeatResult` holding λ1, λ2, … (``spectra analyze
+    --repeats``), adds the spread across its R runs beside each eigenvalue, just left of
+    the run's marker: each run's value as a small dot and their mean ± sd (the sample
+    standard deviation, ddof = 1) as a diamond with bars. The legend then names the two
+    uncertainties apart: "numerical bound (this run)" for the run's error bars and "spread
+    across R subsets of f (sd)" (or "across R seeds") for the repeats'.
     """
     if not isinstance(result, EigenResult):
         raise TypeError(f"result must be an EigenResult, got {type(result).__name__}")
@@ -638,12 +711,16 @@ def plot_eigenvalues(
     reused = ax.has_data()
     previous_limits = ax.get_xlim()
     color = _next_color(ax, color)
-    name = f"{label}: λᵢ ± error bound" if label else "λᵢ ± error bound"
+    bound = "numerical bound (this run)" if repeats is not None else "error bound"
+    name = f"{label}: λᵢ ± {bound}" if label else f"λᵢ ± {bound}"
     note = _hidden_bars_note(values, errors, log_scale)
 
     _draw_eigenvalue_markers(ax, indices, values, errors, converged, color, name, note)
+    if repeats is not None:
+        _draw_repeats(ax, repeats, values.size, _after(color))
     if annotate is None:
-        annotate = values.size <= _MAX_ANNOTATED
+        # With repeats a value label would run into the next index's spread: left out.
+        annotate = values.size <= _MAX_ANNOTATED and repeats is None
     if annotate:
         for index, value, error in zip(indices, values, errors):
             ax.annotate(

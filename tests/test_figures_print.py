@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 from matplotlib.text import Text
 
 from spectra.analysis.per_layer import layerwise
+from spectra.analysis.repeats import repeat_estimate
 from spectra.estimators.density import spectral_density
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
@@ -59,7 +60,23 @@ def results(matrix):
             q @ np.diag(np.linspace(-1.0, 3.0, 6) * (index + 1)) @ q.T
         )
         groups[name] = list(range(6 * index, 6 * index + 6))
+    # Repeats over subsets of the rows of a feature matrix X (matrix XᵀX/m of each subset).
+    features = rng.standard_normal((200, 12)) * np.linspace(3.0, 0.3, 12)
+
+    def estimate(operator, seed):
+        return {"eigenvalues": eigenvalues(operator, k=5, seed=seed)}
+
+    repeats = repeat_estimate(
+        estimate,
+        data=(features,),
+        build=lambda arrays: arrays[0].T @ arrays[0] / len(arrays[0]),
+        subsample=0.5,
+        repeats=5,
+        seed=0,
+    )
     return {
+        "gram": eigenvalues(features.T @ features / 200, k=5),
+        "repeats": repeats,
         "top5": eigenvalues(matrix, k=5),
         "top1": eigenvalues(matrix, k=1),
         "density": spectral_density(
@@ -74,6 +91,8 @@ def _draw(kind: str, results, style: str):
         return plot_eigenvalues(results["top5"], style=style)
     if kind == "eigenvalue":
         return plot_eigenvalues(results["top1"], style=style)
+    if kind == "eigenvalues_repeats":
+        return plot_eigenvalues(results["gram"], repeats=results["repeats"], style=style)
     if kind == "density":
         return plot_spectral_density(results["density"], style=style)
     if kind == "layers":
@@ -92,7 +111,16 @@ def _draw(kind: str, results, style: str):
     return plot_loss_landscape_2d(alphas, alphas, surface, style=style)
 
 
-KINDS = ["eigenvalues", "eigenvalue", "density", "layers", "sharpness", "landscape_1d", "2d"]
+KINDS = [
+    "eigenvalues",
+    "eigenvalue",
+    "eigenvalues_repeats",
+    "density",
+    "layers",
+    "sharpness",
+    "landscape_1d",
+    "2d",
+]
 
 
 def _texts(figure) -> list[Text]:
@@ -181,6 +209,60 @@ def test_single_eigenvalue_plot(results):
     bound = float(result.error_bounds[0])
     assert labels == [format_value(12.0, bound)]
     plt.close(ax.figure)
+
+
+@pytest.mark.parametrize("style", [None, "column"])
+def test_repeats_spread_beside_the_numerical_bound(results, style):
+    """With repeats: per eigenvalue the repeats' values (dots) and mean ± sd (diamonds with
+    bars equal to the sample sd) left of the run's marker, whose bars stay; the legend
+    names both uncertainties."""
+    repeats = results["repeats"]
+    ax = plot_eigenvalues(results["gram"], repeats=repeats, style=style)
+    figure = ax.figure
+    legend = figure.legends[0] if figure.legends else ax.get_legend()
+    texts = [text.get_text().replace("\n", " ") for text in legend.get_texts()]
+    assert texts[0].startswith("λᵢ ± numerical bound (this run)")
+    assert texts[1:] == [
+        "each subset's λᵢ",
+        "spread across 5 subsets of 50% of the data: mean ± sd",
+    ]
+    dots = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_alpha()]
+    (dots,) = dots
+    assert np.array_equal(np.sort(dots.get_ydata()), np.sort(repeats.values[:, :5].ravel()))
+    (diamonds,) = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    np.testing.assert_allclose(diamonds.get_xdata(), np.arange(1, 6) - 0.3)
+    np.testing.assert_allclose(diamonds.get_ydata(), repeats.mean[:5], rtol=1e-12)
+    # The bars of the diamonds span mean ± sd, with sd the sample standard deviation.
+    sd = np.std(repeats.values[:, :5], axis=0, ddof=1)
+    spans = [
+        collection.get_segments()
+        for collection in ax.collections
+        if len(collection.get_segments()) == 5
+        and np.allclose([seg[0][0] for seg in collection.get_segments()], np.arange(1, 6) - 0.3)
+    ]
+    (segments,) = spans
+    heights = np.array([seg[1][1] - seg[0][1] for seg in segments])
+    np.testing.assert_allclose(heights, 2 * sd, rtol=1e-9)
+    assert sd.min() > 0.05  # a real spread, which the test would see go missing
+    # No value labels by default: they would run into the next index's spread.
+    assert not ax.texts
+    plt.close(figure)
+    # One eigenvalue: the spread of λ1 only.
+    ax = plot_eigenvalues(results["top1"], repeats=repeats, style=style)
+    (diamonds,) = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    np.testing.assert_allclose(diamonds.get_ydata(), repeats.mean[:1], rtol=1e-12)
+    plt.close(ax.figure)
+
+
+def test_repeats_without_eigenvalues_are_refused(results):
+    from spectra.analysis.repeats import repeat_estimate as rerun
+
+    traces = rerun(lambda op, seed: {"trace": float(np.trace(op))}, np.eye(3), repeats=2)
+    with pytest.raises(ValueError, match="repeats hold no eigenvalue"):
+        plot_eigenvalues(results["gram"], repeats=traces)
+    with pytest.raises(TypeError, match="repeats must be a RepeatResult or None"):
+        plot_eigenvalues(results["gram"], repeats={"λ1": [1.0]})
+    plt.close("all")
 
 
 def test_digits_follow_the_uncertainty():

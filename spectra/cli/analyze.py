@@ -376,9 +376,12 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
     """The figures of the report as ``(files key, file stem, figure)``, not yet saved, in
     ``--style`` with the title and caption ``--no-title`` and ``--caption`` ask for."""
     from spectra.cli.plot import finish_figure
-    from spectra.plotting import plot_eigenvalues, plot_spectral_density
+    from spectra.plotting import plot_eigenvalues, plot_spectral_density, repeats_description
 
     eig = report.eigenvalues
+    repeats = report.repeats
+    if repeats is not None and not any(name.startswith("λ") for name in repeats.names):
+        repeats = None
     dtype = report.settings["dtype"]
     matrix = matrix_title(args)
     style = getattr(args, "style", None)
@@ -392,7 +395,18 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
         if report.trace is None
         else f"trace {plus_minus(report.trace.estimate, report.trace.stderr)}"
     )
-    ax = plot_eigenvalues(eig, log_scale=args.log_scale, style=style)
+    bars = "bars: eigenvalue error bounds"
+    if repeats is not None:
+        spread = f"spread across {repeats_description(repeats)}"
+        bars = f"bars: eigenvalue error bounds (this run) and the {spread} (sd)"
+        if known_trace is not None and "trace" in repeats.names:
+            j = repeats.quantity("trace")
+            across = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
+            known_trace += (
+                f" (this run; s.e. across probes), {across} across "
+                f"{repeats_description(repeats)} (mean ± sd)"
+            )
+    ax = plot_eigenvalues(eig, log_scale=args.log_scale, repeats=repeats, style=style)
     count = eig.eigenvalues.size
     figure = finish_figure(
         ax,
@@ -401,7 +415,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
         if count == 1
         else f"Top {count} eigenvalues of the {matrix}",
         (*where[:2], describe_eigensolver(args, count, dtype)),
-        (f"{eig.num_products} products", "bars: eigenvalue error bounds", known_trace),
+        (f"{eig.num_products} products", bars, known_trace),
         matrix=where[2],
     )
     figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]

@@ -1,6 +1,7 @@
 """``spectra plot RESULTS.json``: redraw a run's figures from its JSON, without TensorFlow.
 
-Reads ``results.json`` (``spectra analyze``), ``sharpness.json`` (``spectra sharpness``) or
+Reads ``results.json`` (``spectra analyze``), ``sharpness.json`` (``spectra sharpness``; its
+``--x steps|epochs`` may switch to another axis the run recorded) or
 ``landscape.json`` (``spectra landscape``), rebuilds the report (:func:`spectra.load`; the
 command line the run recorded is parsed again for the options its figures name) and draws
 the figures the original command draws, with the same functions, in the ``--style``,
@@ -67,6 +68,13 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         default=["png"],
         metavar="FMT[,FMT]",
         help="figure formats, e.g. png,pdf,svg (default png)",
+    )
+    plot.add_argument(
+        "--x",
+        dest="x_axis",
+        choices=("steps", "epochs"),
+        help="a sharpness.json's x axis: training steps or epochs, when the run recorded "
+        "that axis (default: the run's own)",
     )
     plot.add_argument(
         "--restart",
@@ -153,6 +161,8 @@ def _recorded_args(
     if options is not None:
         for name in ("style", "no_title", "caption"):
             setattr(args, name, getattr(options, name))
+        if getattr(options, "x_axis", None) is not None:
+            args.x_axis = options.x_axis
     return args
 
 
@@ -163,6 +173,14 @@ def _drawing(
     from spectra.cli.analyze import AnalysisReport
     from spectra.cli.landscape import LandscapeReport
 
+    chosen = getattr(options, "x_axis", None)
+    if chosen is not None and not (
+        isinstance(report, dict) and report.get("type") == "SharpnessReport"
+    ):
+        raise UserError(
+            f"--x {chosen}: only the figure of a sharpness.json has a training axis; leave "
+            f"--x out for {path.name}."
+        )
     if isinstance(report, AnalysisReport):
         from spectra.cli import analyze
 
@@ -202,6 +220,10 @@ def _sharpness_drawing(
         names = [spec.name for spec in dataclasses.fields(StabilityThreshold)]
         threshold = StabilityThreshold(**{name: recorded[name] for name in names})
     unit, source = str(report.get("step_unit", "step")), str(report.get("step_source", ""))
+
+    # An axis the run did not record is refused before anything is drawn or claimed.
+    with user_errors():
+        sharpness.x_positions(args, report, done, unit, source)
 
     def draw() -> list[tuple[str, str, Any]]:
         figure = sharpness.sharpness_figure(args, report, done, threshold, unit, source)

@@ -76,10 +76,23 @@ from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 
 _FIGURE = "sharpness"
 _UNIT_LABELS = {
-    ("step", "--steps"): "Training step",
+    ("step", "--steps"): "Training step (from --steps)",
     ("step", "file names"): "Training step (from the file names)",
     ("epoch", "file names"): "Epoch (from the file names)",
     ("checkpoint", "file names"): "Checkpoint number (from the file names)",
+}
+# The x axes of --x: where each source puts the checkpoints, and the axis label it gives.
+_X_CHOICES = ("steps", "epochs")
+_STEP_SOURCE_LABELS = {
+    "--steps": "from --steps",
+    "optimizer iterations": "optimizer iterations",
+    "file names": "from the file names",
+}
+# The training steps' source as the numerator of an epoch axis' label.
+_STEPS_PER_EPOCH_LABELS = {
+    "--steps": "--steps",
+    "optimizer iterations": "optimizer iterations",
+    "file names": "steps in the file names",
 }
 
 # --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
@@ -116,6 +129,19 @@ class SharpnessReport(CommandReport):
     summary: dict[str, int]
     checkpoints: list[dict[str, Any]]
     model: dict[str, Any] | None = None
+    x_axis: str | None = None
+    """``--x``: ``"steps"``, ``"epochs"``, or None for the file names' own numbers
+    (``step_unit`` says what they count)."""
+    x_axes: dict[str, Any] | None = None
+    """Every x axis the run could place its checkpoints on (``"steps"``, ``"epochs"``), each
+    ``{"source", "label", "values": {file: position}}``, so that ``spectra plot --x`` can
+    switch between them; ``source`` is ``"--steps"``, ``"optimizer iterations"`` (the
+    counter saved in each checkpoint), ``"file names"`` or, for epochs, the steps' source
+    divided by ``--steps-per-epoch``."""
+    dropped_threshold: dict[str, Any] | None = None
+    """The recorded optimizer's threshold when it bounds the other matrix and is not drawn
+    (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`; e.g. Adam's, which
+    bounds λ_max(P⁻¹H), on a run measuring λ_max(H)), so that the figure can name it."""
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -182,6 +208,23 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         metavar="STEP",
         help="training steps of the checkpoint files in natural name order (default: the last "
         "integer in each file name)",
+    )
+    sharpness.add_argument(
+        "--x",
+        dest="x_axis",
+        choices=_X_CHOICES,
+        help="the figure's x axis: 'steps' puts each checkpoint at its training step (from "
+        "--steps, else the optimizer's iteration counter saved in the checkpoints, else the "
+        "step numbers in the file names); 'epochs' at its epoch (the epoch numbers in the "
+        "file names, or the training steps / --steps-per-epoch). Default: the numbers in the "
+        "file names, labelled with what they count",
+    )
+    sharpness.add_argument(
+        "--steps-per-epoch",
+        type=_positive_int,
+        metavar="N",
+        help="optimizer steps in one epoch: with --x epochs, each checkpoint at its training "
+        "step / N",
     )
     sharpness.add_argument(
         "--restart",
@@ -282,7 +325,8 @@ def _run_locked(
     data = load_data(args)
     with user_errors(args.checkpoints):
         plan = plan_checkpoints(refs)
-    threshold, rate, rate_source, notes = _threshold(args, refs)
+    axes = x_axes(args, plan)
+    threshold, rate, rate_source, notes, dropped = _threshold(args, refs)
     for note in notes:
         console.warn(note)
     header = {
@@ -295,7 +339,10 @@ def _run_locked(
         "learning_rate": rate,
         "learning_rate_source": rate_source,
         "threshold": None if threshold is None else threshold.to_dict(),
+        "dropped_threshold": None if dropped is None else dropped.to_dict(),
         "warm_start": settings.warm_start,
+        "x_axis": getattr(args, "x_axis", None),
+        "x_axes": axes,
     }
     wanted = {
         **number_settings(args, settings),
@@ -527,8 +574,11 @@ def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | Non
 
 def _threshold(
     args: argparse.Namespace, refs: list[Any]
-) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
-    """The stability threshold of the run, its η and where they came from, and warnings.
+) -> tuple[
+    StabilityThreshold | None, float | None, str | None, list[str], StabilityThreshold | None
+]:
+    """The stability threshold of the run, its η and where they came from, warnings, and
+    the threshold dropped because it bounds the other matrix (None when none was).
 
     The optimizer recorded in the first checkpoint (a compiled .keras file) decides the
     formula, else the optimizer named in a ``trajectory.json``, else gradient descent;
@@ -557,15 +607,15 @@ def _threshold(
             "preconditioned sharpness λ_max(P⁻¹H), not the λ_max(H) this command measures "
             "(give --preconditioned to measure λ_max(P⁻¹H) against it)"
         )
-        return None, rate, source, notes
+        return None, rate, source, notes, threshold
     if threshold is not None and not threshold.preconditioned and args.preconditioned:
         notes.append(
             f"no threshold: {threshold.optimizer}'s threshold {threshold.formula} bounds "
             "λ_max(H), not the preconditioned sharpness λ_max(P⁻¹H) that --preconditioned "
             "measures"
         )
-        return None, rate, source, notes
-    return threshold, rate, source, notes
+        return None, rate, source, notes, threshold
+    return threshold, rate, source, notes, None
 
 
 def _recorded_threshold(
@@ -714,7 +764,7 @@ def sharpness_figure(
     from spectra.plotting import plot_sharpness
 
     threshold, missing = _plotted_threshold(args, report, threshold)
-    steps = [entry["step"] for entry in done]
+    steps, xlabel = x_positions(args, report, done, unit, step_source)
     values = np.array([entry["eigenvalues"] for entry in done], dtype=np.float64)
     errors = np.array([entry["error_bounds"] for entry in done], dtype=np.float64)
     if args.top_k == 1:
@@ -740,7 +790,7 @@ def sharpness_figure(
         trace_errors=trace_errors,
         losses=[entry["loss"] for entry in done],
         overlaps=overlaps,
-        xlabel=_UNIT_LABELS.get((unit, step_source), unit.capitalize()),
+        xlabel=xlabel,
         ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
         threshold_note=missing,
         style=getattr(args, "style", None),
@@ -793,10 +843,136 @@ def _plotted_threshold(
     drawn (a run of an adaptive optimizer without ``--preconditioned``, or a record of an
     earlier version that kept the threshold of the other matrix)."""
     plotted = "λ_max(P⁻¹H)" if args.preconditioned else "λ_max(H)"
+    other = "λ_max(H)" if args.preconditioned else "λ_max(P⁻¹H)"
     if threshold is not None and bool(threshold.preconditioned) == bool(args.preconditioned):
         return threshold, None
+    dropped = report.get("dropped_threshold")
+    if threshold is None and isinstance(dropped, dict) and dropped.get("optimizer"):
+        threshold = StabilityThreshold(
+            **{name: dropped[name] for name in StabilityThreshold.__dataclass_fields__}
+        )
     if threshold is not None:
-        return None, f"no {threshold.optimizer} threshold: it does not bound {plotted}"
+        return None, f"no threshold: {threshold.optimizer}'s bounds {other}, not {plotted}"
     if report.get("learning_rate") is not None:
         return None, f"no threshold: the optimizer's does not bound {plotted}"
     return None, None
+
+
+# --------------------------------------------------------------------------- the x axis
+
+
+def x_axes(args: argparse.Namespace, plan: list[PlannedCheckpoint]) -> dict[str, Any]:
+    """Every x axis the checkpoints of ``plan`` can be placed on, as recorded in
+    ``sharpness.json``'s ``x_axes`` (see :class:`SharpnessReport`), after checking that the
+    one ``--x`` asks for is among them (a :class:`UserError` naming what is missing and
+    what to pass otherwise; nothing is loaded into TensorFlow).
+
+    ``"steps"``: from ``--steps``; else the optimizer's iteration counter saved in every
+    checkpoint (:func:`spectra.io.checkpoints.stored_iterations`), when they all hold one
+    and no two are equal; else the file names' numbers when they count steps.
+    ``"epochs"``: the training steps / ``--steps-per-epoch``; else the file names' numbers
+    when they count epochs. Cost: reading each checkpoint's weights index once.
+    """
+    from spectra.io.checkpoints import _step_from_name, step_unit, stored_iterations
+
+    choice = getattr(args, "x_axis", None)
+    per_epoch = getattr(args, "steps_per_epoch", None)
+    if per_epoch is not None and choice is None:
+        raise UserError(
+            f"--steps-per-epoch {per_epoch} places the checkpoints at training step / "
+            f"{per_epoch} on an epoch axis: add --x epochs (or leave it out)."
+        )
+    named = step_unit([item.path for item in plan])
+    from_names = {item.file: _step_from_name(item.path) for item in plan}
+    axes: dict[str, Any] = {}
+    missing = ""
+    if args.steps:
+        axes["steps"] = _axis("--steps", {item.file: item.step for item in plan})
+    else:
+        counters = {item.file: stored_iterations(item.path) for item in plan}
+        without = [file for file, counter in counters.items() if counter is None]
+        repeated = len(set(counters.values())) < len(counters)
+        if not without and not repeated:
+            axes["steps"] = _axis("optimizer iterations", counters)
+        elif named == "step":
+            axes["steps"] = _axis("file names", from_names)
+        else:
+            missing = _missing_steps(plan, named, without, counters)
+    if per_epoch is not None and "steps" in axes:
+        steps = axes["steps"]
+        epochs = {file: value / per_epoch for file, value in steps["values"].items()}
+        source = f"{steps['source']} / {per_epoch}"
+        label = f"Epoch ({_STEPS_PER_EPOCH_LABELS[steps['source']]} / {per_epoch})"
+        axes["epochs"] = {"source": source, "label": label, "values": epochs}
+    elif named == "epoch" and per_epoch is None:
+        axes["epochs"] = _axis("file names", from_names, unit="Epoch")
+    if choice == "steps" and "steps" not in axes:
+        raise UserError(f"--x steps: {missing}")
+    if choice == "epochs" and "epochs" not in axes:
+        if per_epoch is not None:
+            reason = missing.removeprefix("the checkpoints' training steps are not known: ")
+            raise UserError(
+                f"--x epochs: --steps-per-epoch {per_epoch} divides the training steps, "
+                f"which are not known: {reason}"
+            )
+        counted = "steps given by --steps" if args.steps else f"the file names count {named}s"
+        raise UserError(
+            f"--x epochs: the checkpoints' epochs are not known ({counted}, not epochs): "
+            "pass --steps-per-epoch N (the optimizer steps in one epoch) to plot training "
+            "step / N."
+        )
+    return axes
+
+
+def _axis(source: str, values: dict[str, Any], unit: str = "Training step") -> dict[str, Any]:
+    return {"source": source, "label": f"{unit} ({_STEP_SOURCE_LABELS[source]})", "values": values}
+
+
+def _missing_steps(
+    plan: list[PlannedCheckpoint], named: str, without: list[str], counters: dict[str, Any]
+) -> str:
+    """Why the training steps of ``plan`` are not known, and what to pass."""
+    names = f"the file names count {named}s, not steps ({plan[0].file}, …)"
+    if len(without) == len(plan):
+        counter = (
+            "no checkpoint holds an optimizer iteration counter (a .keras or .weights.h5 "
+            "saved from a compiled model after training does)"
+        )
+    elif without:
+        counter = (
+            f"{len(without)} of {len(plan)} checkpoints hold no optimizer iteration counter "
+            f"(e.g. {without[0]})"
+        )
+    else:
+        counter = (
+            f"their optimizer iteration counters repeat ({sorted(counters.values())[:6]}: "
+            "the optimizer was rebuilt between saves)"
+        )
+    return (
+        f"the checkpoints' training steps are not known: {names} and {counter}; pass --steps "
+        "STEP [STEP ...] (one per checkpoint file, in natural name order)."
+    )
+
+
+def x_positions(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    done: list[dict[str, Any]],
+    unit: str,
+    step_source: str,
+) -> tuple[list[Any], str]:
+    """The x positions of the ``done`` entries and the axis label: the file names' (or
+    ``--steps``') numbers without ``--x``, else those of the recorded axis it names."""
+    choice = getattr(args, "x_axis", None)
+    if choice is None:
+        return [entry["step"] for entry in done], _UNIT_LABELS.get(
+            (unit, step_source), unit.capitalize()
+        )
+    axis = (report.get("x_axes") or {}).get(choice)
+    if axis is None:
+        known = ", ".join(sorted(report.get("x_axes") or {})) or "none"
+        raise UserError(
+            f"--x {choice}: the run records no {choice} for its checkpoints (axes recorded: "
+            f"{known}); run spectra sharpness again with --x {choice} (it says what to pass)."
+        )
+    return [axis["values"][entry["file"]] for entry in done], str(axis["label"])

@@ -316,6 +316,50 @@ def stored_weight_counts(path: PathLike) -> dict[str, int]:
     return counts
 
 
+def stored_iterations(path: PathLike) -> int | None:
+    """The optimizer's iteration counter saved in a checkpoint (the training steps taken),
+    or None when it holds none.
+
+    Keras 3 saves a compiled model's optimizer state in the top-level ``optimizer`` group of
+    the weights (``model.weights.h5`` inside a ``.keras`` archive, or the ``.weights.h5``
+    file itself), ``iterations`` first (``optimizer/vars/0``, an integer scalar). It is read
+    with h5py, without building a model or an optimizer. None for an uncompiled model, an
+    optimizer never built (no step taken), a tf.train.Checkpoint, or a file that is not
+    one of these. Cost: reading the weights file's index and one scalar.
+    """
+    import h5py
+
+    path = Path(path)
+    name = path.name.lower()
+    if not path.is_file():
+        return None
+    try:
+        if name.endswith(".keras"):
+            with zipfile.ZipFile(path) as archive:
+                if "model.weights.h5" not in archive.namelist():
+                    return None
+                with archive.open("model.weights.h5") as inner, h5py.File(inner, "r") as h5:
+                    return _iterations_in(h5)
+        if name.endswith(".h5"):
+            with h5py.File(path, "r") as h5:
+                return _iterations_in(h5)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def _iterations_in(h5: Any) -> int | None:
+    """``optimizer/vars/0`` of a Keras weights file when it is an integer scalar."""
+    import h5py
+
+    counter = h5.get("optimizer/vars/0")
+    if not isinstance(counter, h5py.Dataset) or counter.shape != ():
+        return None
+    if counter.dtype.kind not in "iu":
+        return None
+    return int(counter[()])
+
+
 def _count_stored_weights(h5: Any) -> dict[str, int] | None:
     """Weight arrays (datasets in ``vars`` groups) of the model and of the top-level
     ``optimizer`` group; None when the file has no ``vars`` group at all."""

@@ -4,6 +4,7 @@ refused in one line."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -133,3 +134,57 @@ def test_repeats_across_seeds_start_with_the_runs_own_estimate(tmp_path: Path) -
     np.testing.assert_allclose(repeats.values[0], report.eigenvalues.eigenvalues, rtol=1e-12)
     assert np.all(repeats.sd <= 1e-8 * repeats.mean)
     assert "across 2 seeds:" in printed and "the estimators' randomness only" in printed
+
+
+@pytest.mark.slow  # shares the analyze run of subsample_run
+def test_eigenvalue_figure_shows_the_spread_and_replots(
+    subsample_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The eigenvalue figure of a run with --repeats: each subset's λᵢ as dots, their mean
+    ± sd, the run's own bounds, a legend naming both, the trace's spread in the caption;
+    the same through ``spectra plot`` of the results.json, at column size."""
+    import matplotlib.pyplot as plt
+
+    from spectra.cli._common import UserError, plus_minus
+    from spectra.cli.plot import _drawing
+
+    out, _ = subsample_run
+    assert (out / "eigenvalues.png").is_file()
+    path = out / "results.json"
+    report = spectra.load(path)
+    options = argparse.Namespace(style="column", no_title=False, caption="full")
+    draw, stems = _drawing(path, report, options)
+    assert stems == ("eigenvalues",)
+    (_, _, figure), *_ = draw()
+    ax = figure.axes[0]
+    texts = [text.get_text().replace("\n", " ") for text in figure.legends[0].get_texts()]
+    assert texts[0].startswith("λᵢ ± numerical bound (this run)")
+    assert texts[1] == "each subset's λᵢ"
+    assert texts[2] == "spread across 3 subsets of 50% of the data: mean ± sd"
+    repeats = report.repeats
+    # The dots: every repeat's λ1 and λ2, left of the run's markers.
+    dots = [
+        line
+        for line in ax.get_lines()
+        if line.get_marker() == "o" and len(line.get_xdata()) == repeats.values[:, :2].size
+    ]
+    assert len(dots) == 1
+    np.testing.assert_allclose(
+        np.sort(dots[0].get_ydata()), np.sort(repeats.values[:, :2].ravel()), rtol=0, atol=0
+    )
+    assert set(np.round(dots[0].get_xdata(), 6)) == {0.7, 1.7}
+    diamonds = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    assert len(diamonds) == 1
+    np.testing.assert_allclose(diamonds[0].get_ydata(), repeats.mean[:2], rtol=1e-12)
+    description = figure._spectra_metadata["Description"]
+    assert "error bounds (this run) and the spread across 3 subsets" in description
+    j = repeats.quantity("trace")
+    spread = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
+    assert f"{spread} across 3 subsets of 50% of the data (mean ± sd)" in description
+    plt.close(figure)
+    # --x is for a sharpness.json's training axis only.
+    with pytest.raises(UserError, match=r"--x steps: only the figure of a sharpness.json"):
+        _drawing(path, report, argparse.Namespace(**vars(options), x_axis="steps"))
+    # Through the command: the replot is written.
+    status, printed = _run(["plot", str(path), "--out", str(tmp_path / "replot")])
+    assert status == 0 and (tmp_path / "replot" / "eigenvalues.png").is_file(), printed
