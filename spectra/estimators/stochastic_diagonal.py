@@ -371,7 +371,8 @@ def xdiag(
     SPD matrix with s = 5 (AΩ singular in two runs of three), over 2000 seeds × 5 entries,
     ±1 and ±2 stderr covered 68.5% and 89.6% (52% and 79% when the Δ term was left out
     there); with so few test vectors the variance estimate has few degrees of freedom
-    (P(|t₄| ≤ 2) = 88%), and runs where AΩ has rank 3 or less cover less (59%/79%). If
+    (P(−2 ≤ t₄ ≤ 2) = 88% for a Student t with 4 degrees of freedom), and runs where AΩ
+    has rank 3 or less cover less (59%/79%). If
     rank A = s − 1 exactly, every d_i is exact but the Δ term, an unbiased estimate of a
     zero variance, is positive on some entries: a conservative bar there. If rank A < s − 1
     (generic vectors) the estimate is exact and the stderr zero to rounding.
