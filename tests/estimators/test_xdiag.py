@@ -51,7 +51,16 @@ def test_exact_below_the_sketch_size(rank):
     result = xdiag(operator, num_products=20, seed=1)
     scale = np.max(np.abs(np.diag(a)))
     np.testing.assert_allclose(result.estimate, np.diag(a), rtol=0, atol=1e-12 * scale)
-    assert np.all(result.stderr <= 1e-10 * scale)
+    if rank == 3:
+        assert np.all(result.stderr <= 1e-10 * scale)
+    else:
+        # Rank s − 1: leaving one vector out keeps span(AΩ) = range(A) (every dᵢ exact),
+        # leaving two out does not, so the leave-two-out term is the definition's unbiased
+        # estimate of a zero variance: zero-mean, positive (a conservative bar) on some
+        # entries, and the spread alone (0) where it is negative.
+        assert np.all(np.isfinite(result.stderr))
+        assert np.any(result.stderr <= 1e-10 * scale)
+        assert np.any(result.stderr > 1e-3 * scale)
     # Y = AΩ (10 products) and A Q on the rank(AΩ) columns that matter: 10 + rank.
     assert result.num_products == operator.columns == 10 + rank
     assert result.num_operator_calls == operator.matmat_calls == 2
@@ -162,3 +171,154 @@ def test_progress_bar_names_the_estimator(capsys):
     xdiag(random_symmetric(20, seed=10), num_products=8, progress=True)
     first = progress_lines(capsys)[0]
     assert first.startswith("diagonal (xdiag): ") and "0/8" in first
+
+
+# --- rank-deficient sketches: AΩ singular because A is, because Ω is, or both ---------
+
+
+def _spd_5x5() -> np.ndarray:
+    """The issue's matrix: a fixed 5 × 5 SPD matrix with eigenvalues down to about 1e-2."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((5, 5))
+    return a @ a.T + np.diag([10, 1, 0.1, 0.01, 0.001])
+
+
+def _column_space_projector(columns: np.ndarray) -> np.ndarray:
+    """The orthogonal projector onto the column space of ``columns`` (singular values above
+    1e-9 times the largest count), from an SVD."""
+    n = columns.shape[0]
+    if columns.shape[1] == 0:
+        return np.zeros((n, n))
+    left, singular, _ = np.linalg.svd(columns, full_matrices=False)
+    rank = int(np.sum(singular > 1e-9 * singular[0])) if singular[0] > 0 else 0
+    return left[:, :rank] @ left[:, :rank].T
+
+
+def _definition(a: np.ndarray, test: np.ndarray, left_out: tuple[int, ...], i: int) -> np.ndarray:
+    """diag(PA) + ωᵢ ⊙ (I − P)Aωᵢ with P onto span(AΩ₋K), K = ``left_out``: XDiag's
+    estimate from its definition, densely."""
+    keep = [k for k in range(test.shape[1]) if k not in left_out]
+    projector = _column_space_projector(a @ test[:, keep])
+    omega = test[:, i]
+    return np.diag(projector @ a) + omega * (a @ omega - projector @ (a @ omega))
+
+
+def _check_against_definition(a: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The dᵢ and Σ_{i≠j} Δᵢⱼ ⊙ Δⱼᵢ of :func:`_xdiag_estimates` against :func:`_definition`
+    to 1e-10 of the matrix's scale; returns the brute-force pair."""
+    s = test.shape[1]
+    estimates, interaction = _xdiag_estimates(test, a @ test, _as_symmetric_operator(a, "t"))
+    loo = np.column_stack([_definition(a, test, (i,), i) for i in range(s)])
+    expected = np.zeros(a.shape[0])
+    for i in range(s):
+        for j in range(s):
+            if i != j:
+                forward = loo[:, i] - _definition(a, test, (i, j), i)
+                backward = loo[:, j] - _definition(a, test, (i, j), j)
+                expected += forward * backward
+    scale = np.max(np.abs(a))
+    np.testing.assert_allclose(estimates, loo, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(interaction, expected, rtol=0, atol=1e-10 * scale**2)
+    return loo, expected
+
+
+def _sketch_rank(a: np.ndarray, test: np.ndarray) -> int:
+    return int(np.linalg.matrix_rank(a @ test))
+
+
+def test_singular_and_regular_rademacher_sketches_match_the_definition():
+    # Seeds 0-39 of the issue's setting (n = s = 5): both kinds of Ω occur.
+    a = _spd_5x5()
+    ranks = []
+    for seed in range(40):
+        test = np.random.default_rng(seed).choice([-1.0, 1.0], size=(5, 5))
+        ranks.append(_sketch_rank(a, test))
+        _check_against_definition(a, test)
+    assert min(ranks) <= 3 and 4 in ranks and 5 in ranks
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["opposite columns", "two repeated columns", "dependency of four", "low rank, repeated"],
+)
+def test_structured_singular_sketches_match_the_definition(case):
+    # Each case exercises one rule for which directions leaving ωᵢ, ωⱼ out removes: pairs
+    # of needed columns (two directions), parallel null-space rows (one direction shared by
+    # dᵢ and dⱼ), independent rows (none) and a column needed on one side only.
+    rng = np.random.default_rng(11)
+    n = 7
+    a = random_symmetric(n, seed=12) + np.diag(np.linspace(1.0, 3.0, n))
+    test = rng.choice([-1.0, 1.0], size=(n, 6))
+    if case == "opposite columns":  # ω₅ = −ω₀: rows 0 and 5 of N parallel, the rest needed
+        test[:, 5] = -test[:, 0]
+    elif case == "two repeated columns":  # ω₃ = ω₀, ω₄ = ω₁: rows 0, 1 independent
+        test[:, 3], test[:, 4] = test[:, 0], test[:, 1]
+    elif case == "dependency of four":  # ω₃ = ω₀ + ω₁ − ω₂ (Rademacher where they allow it)
+        test[:, 3] = test[:, 0] + test[:, 1] - test[:, 2]
+        test[:, 3] = np.where(np.abs(test[:, 3]) == 1, test[:, 3], 0.0)
+        test[:, 0] = np.where(test[:, 3] == 0, 0.0, test[:, 0])
+        test[:, 1] = np.where(test[:, 3] == 0, 0.0, test[:, 1])
+        test[:, 2] = np.where(test[:, 3] == 0, 0.0, test[:, 2])
+        test = np.where(test == 0, 1.0, test)
+        test[:, 3] = test[:, 0] + test[:, 1] - test[:, 2]
+    else:  # rank A = 3 < s = 6 and ω₁ = ω₀: any four columns still span range(A)
+        a = _low_rank(n, 3, seed=13)
+        test[:, 1] = test[:, 0]
+    assert _sketch_rank(a, test) < test.shape[1]
+    loo, expected = _check_against_definition(a, test)
+    if case != "low rank, repeated":
+        assert np.max(np.abs(expected)) > 1e-3  # the check has something to compare
+    else:  # every Y₋ᵢ spans range(A): exact, no interaction
+        scale = np.max(np.abs(a))
+        np.testing.assert_allclose(loo, np.diag(a)[:, None] * np.ones((1, 6)), atol=1e-12 * scale)
+        assert np.max(np.abs(expected)) < 1e-20 * scale**2
+
+
+def _coverage_5x5(seeds: range) -> tuple[float, float]:
+    a = _spd_5x5()
+    runs = [xdiag(a, num_products=10, seed=s, check_symmetry=False) for s in seeds]
+    errors = np.array([r.estimate - np.diag(a) for r in runs])
+    stderrs = np.array([r.stderr for r in runs])
+    assert np.all(np.isfinite(errors)) and np.all(np.isfinite(stderrs))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.abs(errors) / stderrs  # inf where stderr = 0 (counts as not covered)
+    return float(np.mean(z <= 1)), float(np.mean(z <= 2))
+
+
+def test_error_bars_cover_on_the_5x5_matrix_in_300_seeds():
+    """The issue's case (s = n = 5 Rademacher vectors, AΩ rank deficient in about two runs
+    of three), all 5 entries of 300 runs. Measured: 66%/89% (49%/78% when the rank-deficient
+    branch dropped the leave-two-out term). The ±1σ band is the calibration band [60%, 76%];
+    for ±2σ see the 2000-seed test: at s = 5 a calibrated variance estimate has few degrees
+    of freedom (P(|t₄| ≤ 2) = 88%), so the lower edge is 86%."""
+    one, two = _coverage_5x5(range(300))
+    assert 0.60 <= one <= 0.76, one
+    assert 0.86 <= two <= 0.98, two
+
+
+@pytest.mark.slow
+def test_error_bars_cover_on_the_5x5_matrix_in_2000_seeds():
+    """As above over 2000 seeds: measured 68.5%/89.6% (52%/79% before; over 8000 seeds
+    68.4%/89.9%). By the rank of AΩ: 5 (689 runs) 69%/91%, 4 (1123) 70%/90%, 3 (182)
+    59%/79%: sketches with only about three independent vectors have heavier tails. The
+    ±2σ lower edge is 87% (2σ binomial deviation about 0.7 points at 2000 runs, so 87% is
+    4 of them below the measured 89.9%), which the old 79% fails by far."""
+    one, two = _coverage_5x5(range(2000))
+    assert 0.60 <= one <= 0.76, one
+    assert 0.87 <= two <= 0.98, two
+
+
+def test_the_full_rank_path_is_unchanged_bit_for_bit():
+    # Values computed with the code before the rank-deficient branch was rewritten.
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((30, 30))
+    a = b + b.T + np.diag(np.linspace(0, 5, 30))
+    result = xdiag(a, 20, seed=0, check_symmetry=False)
+    assert [value.hex() for value in result.estimate[:2].tolist()] == [
+        "0x1.12dcb774c4d8cp+2",
+        "0x1.528db249e7e99p+0",
+    ]
+    assert [value.hex() for value in result.stderr[:2].tolist()] == [
+        "0x1.ecf96792b06a8p+0",
+        "0x1.a15bfd49d0b50p+0",
+    ]
