@@ -254,6 +254,17 @@ def _check_embedding(layer: Any) -> None:
         )
 
 
+def _sandwich(left: np.ndarray, M: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """left @ M[j] @ right for every j of M (k, p, q), as two matrix products over the
+    whole block (k·p × q, then p × k·q) instead of 2k small ones: the same
+    O(k·(p²q + pq²)) arithmetic, in the large products BLAS runs fastest."""
+    k, p, _ = M.shape
+    right_applied = (M.reshape(k * p, -1) @ right).reshape(k, p, -1)
+    q = right_applied.shape[2]
+    stacked = right_applied.transpose(1, 0, 2).reshape(p, k * q)
+    return (left @ stacked).reshape(left.shape[0], k, q).transpose(1, 0, 2)
+
+
 def _kernel_of(layer: Any) -> Any:
     """The layer's weight matrix W (rows: inputs, columns: outputs): the kernel of a Dense
     or Conv2D layer, the table (vocabulary × output dim) of an Embedding."""
@@ -758,9 +769,9 @@ class KFACOperator(LinearOperator):
         """The block applied to M (k, d_a, d_out): A M G for K-FAC; for EKFAC
         Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ."""
         if block.scalings is None:
-            return block.A @ M @ block.G
+            return _sandwich(block.A, M, block.G)
         e = self._eigens()[index]
-        return e.QA @ ((e.QA.T @ M @ e.QG) * block.scalings) @ e.QG.T
+        return _sandwich(e.QA, _sandwich(e.QA.T, M, e.QG) * block.scalings, e.QG.T)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         X = self._checked(X)
@@ -860,8 +871,8 @@ class KFACOperator(LinearOperator):
 
         def per_block(index: int, _block: KFACBlock, M: np.ndarray) -> np.ndarray:
             e = eigens[index]
-            rotated = e.QA.T @ M @ e.QG
-            return e.QA @ (rotated / (self._block_values(index) + damping)) @ e.QG.T
+            rotated = _sandwich(e.QA.T, M, e.QG)
+            return _sandwich(e.QA, rotated / (self._block_values(index) + damping), e.QG.T)
 
         def per_other(rows: np.ndarray) -> np.ndarray:
             return rows / (self._other_diagonal + damping)[:, None]
