@@ -1,5 +1,5 @@
-"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense, Conv2D and
-Embedding layers.
+"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense, Conv1D, Conv2D
+and Embedding layers.
 
 For a Dense layer z = a W + b (Keras' kernel W of shape d_in × d_out), the gradient of
 example i's loss in the layer's parameters is the outer product of the layer's input and
@@ -19,7 +19,8 @@ dropped (block diagonal). With one example the approximation is exact. Because t
 is a Kronecker product per layer, its whole spectrum is exact: the eigenvalues of A ⊗ G
 are the products α_i γ_j of those of A and G. Conv2D layers are factored the same way with
 ā the image patches and g the output gradients at every output position (KFC, Grosse &
-Martens 2016), in its "expand" or "reduce" variant. An Embedding layer is a Dense layer
+Martens 2016), in its "expand" or "reduce" variant, and Conv1D layers (causal padding
+included) as the same on a sequence. An Embedding layer is a Dense layer
 without bias on one-hot inputs, so its A is diagonal (the token frequencies).
 """
 
@@ -60,7 +61,12 @@ MAX_DENSE_SIZE = 20_000
 #: matrix (128 MiB at this size) and each batch's inputs as one-hot rows.
 MAX_VOCABULARY = 4096
 #: The layers K-FAC factors (a weight matrix W, and a bias for the first two).
-_FACTORED = (keras.layers.Dense, keras.layers.Conv2D, keras.layers.Embedding)
+_FACTORED = (
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Embedding,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +168,7 @@ class _Capture:
             layer.__dict__.pop("call", None)
 
     def _call_of(self, layer: Any) -> Any:
-        if isinstance(layer, keras.layers.Conv2D):
+        if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
             return self._conv_call_of(layer)
         if isinstance(layer, keras.layers.Embedding):
             return self._embedding_call_of(layer)
@@ -196,17 +202,41 @@ class _Capture:
             shared = self._shared(layer)
             if shared:
                 return self._refuse(layer, shared, inputs)
-            kh, kw = layer.kernel_size
+            kernel = tf.convert_to_tensor(layer.kernel)
+            if isinstance(layer, keras.layers.Conv1D):
+                # As Keras' Conv1D.call: causal padding is dilation·(k − 1) zeros on the
+                # left, then a "valid" convolution. The patches of the sequence are those
+                # of a (length × 1) image with a (k × 1) kernel.
+                padding = layer.padding
+                if padding == "causal":
+                    left = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
+                    x = tf.pad(x, [[0, 0], [left, 0], [0, 0]])
+                    padding = "valid"
+                z = keras.ops.conv(
+                    x,
+                    kernel,
+                    strides=list(layer.strides),
+                    padding=padding,
+                    dilation_rate=layer.dilation_rate,
+                    data_format=layer.data_format,
+                )
+                image = x[:, :, None, :]
+                sizes, strides = [layer.kernel_size[0], 1], [layer.strides[0], 1]
+                rates = [layer.dilation_rate[0], 1]
+            else:
+                z = layer.convolution_op(x, kernel)
+                image, padding = x, layer.padding
+                sizes, strides = list(layer.kernel_size), list(layer.strides)
+                rates = list(layer.dilation_rate)
             patches = tf.image.extract_patches(
-                x,
-                sizes=[1, kh, kw, 1],
-                strides=[1, *layer.strides, 1],
-                rates=[1, *layer.dilation_rate, 1],
-                padding=layer.padding.upper(),
+                image,
+                sizes=[1, *sizes, 1],
+                strides=[1, *strides, 1],
+                rates=[1, *rates, 1],
+                padding=padding.upper(),
             )
             # Each patch is flattened (kh, kw, c_in) row-major, as the kernel's rows are.
             a = tf.reshape(patches, [tf.shape(x)[0], -1, patches.shape[-1]])
-            z = layer.convolution_op(x, tf.convert_to_tensor(layer.kernel))
             if layer.use_bias:
                 z = z + tf.convert_to_tensor(layer.bias)
             for tape in self._tapes:
@@ -274,10 +304,10 @@ def _kernel_of(layer: Any) -> Any:
 
 
 class KFACOperator(LinearOperator):
-    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense, Conv2D
-    and Embedding layers, a symmetric PSD ``LinearOperator`` over the same flat parameter vector as
-    :class:`~spectra.operators.HessianOperator` (same ``variable_names``, ``flatten``,
-    ``unflatten``).
+    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense, Conv1D,
+    Conv2D and Embedding layers, a symmetric PSD ``LinearOperator`` over the same flat
+    parameter vector as :class:`~spectra.operators.HessianOperator` (same
+    ``variable_names``, ``flatten``, ``unflatten``).
 
     **The matrix.** For each Dense layer l with input a and pre-activation output z,
     ā = [a; 1] (bias as the homogeneous coordinate)::
@@ -316,6 +346,9 @@ class KFACOperator(LinearOperator):
     A = (1/N) Σ_n ā̄_n ā̄_nᵀ with ā̄_n the mean patch, G = (1/N) Σ_{n,c} (Σ_t g)(Σ_t g)ᵀ
     (Eschenhagen et al. 2023). Both are exact for one example with one output position;
     the capture computes z with the layer's own convolution and records the patches.
+    Conv1D layers (channels last, ``groups=1``; ``padding="causal"`` included: the
+    dilation·(k − 1) zeros on the left that Keras adds) are factored the same way, with
+    patches of k positions × c_in channels.
 
     **Embedding.** An Embedding layer (table W of shape V × d) computes z = e_x W for the
     one-hot vector e_x of its input token x: a Dense layer without bias whose input is
@@ -329,11 +362,12 @@ class KFACOperator(LinearOperator):
     position. ``mask_zero=True`` is refused (the masked positions would be counted in A),
     and so are vocabularies above 4096 (A is held dense, V × V).
 
-    **Other variables.** Trainable variables not in a Dense, Conv2D or Embedding layer
-    (BatchNorm, Conv1D, ...): ``other_variables="error"`` (default) refuses them, naming the layer;
-    ``"exclude"`` leaves their rows and columns zero (eigenvalue 0); ``"diagonal"`` keeps the
-    exact diagonal of the matrix of ``kind`` for them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from
-    per-example Jacobians (C backward passes per example: small models). Regularization
+    **Other variables.** Trainable variables not in a Dense, Conv1D, Conv2D or Embedding
+    layer (BatchNorm, LayerNormalization, ...): ``other_variables="error"`` (default)
+    refuses them, naming the layer; ``"exclude"`` leaves their rows and columns zero
+    (eigenvalue 0); ``"diagonal"`` keeps the exact diagonal of the matrix of ``kind`` for
+    them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from per-example Jacobians (C backward passes per
+    example: small models). Regularization
     (``model.losses``) is not included: K-FAC is the curvature of the data loss. Sample
     weights are refused.
 
@@ -415,8 +449,8 @@ class KFACOperator(LinearOperator):
         conv: str = "expand",
         dtype: Any = None,
     ) -> KFACOperator:
-        """K-FAC of ``model``'s Dense, Conv2D and Embedding layers at its current weights, from
-        one pass over ``data``.
+        """K-FAC of ``model``'s Dense, Conv1D, Conv2D and Embedding layers at its current
+        weights, from one pass over ``data``.
 
         Parameters
         ----------
@@ -440,10 +474,11 @@ class KFACOperator(LinearOperator):
             An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
-            trainable variables outside Dense, Conv2D and Embedding layers.
+            trainable variables outside Dense, Conv1D, Conv2D and Embedding layers.
         conv:
-            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv2D layers and
-            for Embedding layers on sequences (class docstring); no effect on Dense layers.
+            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv1D and Conv2D
+            layers and for Embedding layers on sequences (class docstring); no effect on
+            Dense layers.
         dtype:
             float32 or float64 (default: the variables' dtype); float64 runs the pass on a
             float64 clone of the model.
@@ -531,11 +566,11 @@ class KFACOperator(LinearOperator):
                     f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
                     "cannot factor it."
                 )
-            if base is keras.layers.Conv2D and (
+            if base in (keras.layers.Conv1D, keras.layers.Conv2D) and (
                 layer.data_format != "channels_last" or layer.groups != 1
             ):
                 raise ValueError(
-                    f"K-FAC supports Conv2D layers with data_format='channels_last' and "
+                    f"K-FAC supports {base.__name__} layers with data_format='channels_last' and "
                     f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
                     f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
                     "making it non-trainable, or use GGNOperator."
@@ -556,15 +591,15 @@ class KFACOperator(LinearOperator):
             owner = _owner(run_model, chosen[j])
             listed = ", ".join(repr(names[i]) for i in others)
             raise ValueError(
-                f"K-FAC supports Dense, Conv2D and Embedding layers; layer {owner} has trainable "
-                f"variables it does not cover ({listed}). Pass other_variables='exclude' (their "
-                "rows and columns are zero) or other_variables='diagonal' (the exact diagonal "
-                "of the matrix for them)."
+                f"K-FAC supports Dense, Conv1D, Conv2D and Embedding layers; layer {owner} has "
+                f"trainable variables it does not cover ({listed}). Pass "
+                "other_variables='exclude' (their rows and columns are zero) or "
+                "other_variables='diagonal' (the exact diagonal of the matrix for them)."
             )
         if not dense_layers:
             raise ValueError(
-                f"model {model.name!r} has no Dense, Conv2D or Embedding layer with trainable "
-                "variables: K-FAC covers those layers only."
+                f"model {model.name!r} has no Dense, Conv1D, Conv2D or Embedding layer with "
+                "trainable variables: K-FAC covers those layers only."
             )
         batches = Batches(data, batch_size, cast_floats_to=target)
         num_examples = batches.num_examples

@@ -493,12 +493,14 @@ def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
     dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(BATCH)
     from_dataset = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", dataset)
     np.testing.assert_allclose(from_dataset.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
-    conv1d = keras.Sequential(
-        [keras.Input((D_IN, 1), dtype=F64), keras.layers.Conv1D(2, 2, dtype=F64),
-         keras.layers.Flatten(dtype=F64), keras.layers.Dense(CLASSES, dtype=F64)]
+    normalized = keras.Sequential(
+        [keras.Input((D_IN,), dtype=F64), keras.layers.LayerNormalization(dtype=F64),
+         keras.layers.Dense(CLASSES, dtype=F64)]
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"layer 'conv1d\w*' \(Conv1D\) has trainable variables"):
-        KFACOperator.from_keras(conv1d, "mse", (x[..., None], np.zeros((N, CLASSES))))
+    with pytest.raises(
+        ValueError, match=r"layer 'layer_normalization\w*' \(LayerNormalization\) has trainable"
+    ):
+        KFACOperator.from_keras(normalized, "mse", (x, np.zeros((N, CLASSES))))
     with pytest.raises(ValueError, match="reduction='sum'"):
         KFACOperator.from_keras(
             mlp,
@@ -620,3 +622,67 @@ def test_embedding_refusals(tokens):
     large.layers[0].trainable = False
     excluded = KFACOperator.from_keras(large, loss, tokens)
     assert len(excluded.blocks) == 1 and excluded.shape[0] == SEQ * EMBED * CLASSES + CLASSES
+
+
+# -- Conv1D (causal padding included) -------------------------------------------------------
+LENGTH, C1 = 6, 2
+
+
+@pytest.mark.parametrize(
+    ("padding", "strides", "dilation"), [("causal", 1, 2), ("valid", 2, 1), ("same", 1, 1)]
+)
+def test_conv1d_factors_match_their_definition(padding, strides, dilation):
+    rng = np.random.default_rng(18)
+    x, labels = rng.normal(size=(5, LENGTH, C1)), rng.integers(0, CLASSES, 5)
+    keras.utils.set_random_seed(19)
+    model = keras.Sequential(
+        [
+            keras.Input((LENGTH, C1), dtype=F64),
+            keras.layers.Conv1D(
+                FILTERS, 3, strides=strides, dilation_rate=dilation, padding=padding,
+                activation="tanh", dtype=F64,
+            ),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(CLASSES, activation="softmax", dtype=F64),
+        ]
+    )  # fmt: skip
+    loss = "sparse_categorical_crossentropy"
+    op = KFACOperator.from_keras(model, loss, (x, labels), batch_size=2)
+    conv, dense = model.layers[0], model.layers[2]
+    kernel = conv.kernel.numpy().reshape(-1, FILTERS)
+    # Patches by explicit slicing of the padded sequence: positions t·s + j·d, j < 3.
+    span = dilation * 2
+    left = {"causal": span, "valid": 0, "same": span // 2}[padding]
+    right = {"causal": 0, "valid": 0, "same": span - span // 2}[padding]
+    A, G = np.zeros((3 * C1 + 1,) * 2), np.zeros((FILTERS, FILTERS))
+    for i in range(len(x)):
+        padded = np.pad(x[i], ((left, right), (0, 0)))
+        starts = range(0, len(padded) - span, strides)
+        patches = np.stack([padded[t : t + span + 1 : dilation].reshape(-1) for t in starts])
+        abar = np.concatenate([patches, np.ones((len(patches), 1))], axis=1)
+        z = tf.constant((patches @ kernel + conv.bias.numpy())[None])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(z)
+            logits = tf.reshape(tf.tanh(z), [1, -1]) @ dense.kernel.value + dense.bias.value
+            with tf.GradientTape() as outer:
+                outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    value = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(value, logits)
+            hessian = outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        # The sliced patches are the layer's: the model's own output is reproduced.
+        np.testing.assert_allclose(tf.nn.softmax(logits), model(x[i : i + 1]), rtol=1e-12)
+        values, vectors = np.linalg.eigh(hessian)
+        columns = vectors * np.sqrt(np.maximum(values, 0))
+        A += abar.T @ abar / len(patches) / len(x)
+        for c in range(CLASSES):
+            g = tape.gradient(logits, z, output_gradients=tf.constant(columns[None, :, c]))
+            g = g.numpy().reshape(len(patches), FILTERS)
+            G += g.T @ g / len(x)
+    block = op.blocks[0]
+    np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-14)
+    assert np.abs(block.G).max() > 1e-3
