@@ -77,6 +77,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/trajectory.py
 	$(BIN)/python benchmarks/cli_help.py
 	$(BIN)/python benchmarks/scaling.py
+	$(BIN)/python benchmarks/approximations.py
 
 # Not part of make test: about 2.5 hours on 2 cores (see tests/MUTANTS.md).
 mutate: $(VENV)/.installed-mutation

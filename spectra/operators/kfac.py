@@ -1,4 +1,5 @@
-"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense and Conv2D layers.
+"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense, Conv1D, Conv2D
+and Embedding layers.
 
 For a Dense layer z = a W + b (Keras' kernel W of shape d_in × d_out), the gradient of
 example i's loss in the layer's parameters is the outer product of the layer's input and
@@ -18,7 +19,9 @@ dropped (block diagonal). With one example the approximation is exact. Because t
 is a Kronecker product per layer, its whole spectrum is exact: the eigenvalues of A ⊗ G
 are the products α_i γ_j of those of A and G. Conv2D layers are factored the same way with
 ā the image patches and g the output gradients at every output position (KFC, Grosse &
-Martens 2016), in its "expand" or "reduce" variant.
+Martens 2016), in its "expand" or "reduce" variant, and Conv1D layers (causal padding
+included) as the same on a sequence. An Embedding layer is a Dense layer
+without bias on one-hot inputs, so its A is diagonal (the token frequencies).
 """
 
 from __future__ import annotations
@@ -54,6 +57,16 @@ _LOGIT_LOSSES = (
 )
 #: ``to_dense`` refuses matrices larger than this many rows (a dense float64 copy).
 MAX_DENSE_SIZE = 20_000
+#: Largest Embedding vocabulary K-FAC factors: its A is held as a dense V × V float64
+#: matrix (128 MiB at this size) and each batch's inputs as one-hot rows.
+MAX_VOCABULARY = 4096
+#: The layers K-FAC factors (a weight matrix W, and a bias for the first two).
+_FACTORED = (
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Embedding,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +168,10 @@ class _Capture:
             layer.__dict__.pop("call", None)
 
     def _call_of(self, layer: Any) -> Any:
-        if isinstance(layer, keras.layers.Conv2D):
+        if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
             return self._conv_call_of(layer)
+        if isinstance(layer, keras.layers.Embedding):
+            return self._embedding_call_of(layer)
 
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
             a = tf.convert_to_tensor(inputs)
@@ -187,17 +202,41 @@ class _Capture:
             shared = self._shared(layer)
             if shared:
                 return self._refuse(layer, shared, inputs)
-            kh, kw = layer.kernel_size
+            kernel = tf.convert_to_tensor(layer.kernel)
+            if isinstance(layer, keras.layers.Conv1D):
+                # As Keras' Conv1D.call: causal padding is dilation·(k − 1) zeros on the
+                # left, then a "valid" convolution. The patches of the sequence are those
+                # of a (length × 1) image with a (k × 1) kernel.
+                padding = layer.padding
+                if padding == "causal":
+                    left = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
+                    x = tf.pad(x, [[0, 0], [left, 0], [0, 0]])
+                    padding = "valid"
+                z = keras.ops.conv(
+                    x,
+                    kernel,
+                    strides=list(layer.strides),
+                    padding=padding,
+                    dilation_rate=layer.dilation_rate,
+                    data_format=layer.data_format,
+                )
+                image = x[:, :, None, :]
+                sizes, strides = [layer.kernel_size[0], 1], [layer.strides[0], 1]
+                rates = [layer.dilation_rate[0], 1]
+            else:
+                z = layer.convolution_op(x, kernel)
+                image, padding = x, layer.padding
+                sizes, strides = list(layer.kernel_size), list(layer.strides)
+                rates = list(layer.dilation_rate)
             patches = tf.image.extract_patches(
-                x,
-                sizes=[1, kh, kw, 1],
-                strides=[1, *layer.strides, 1],
-                rates=[1, *layer.dilation_rate, 1],
-                padding=layer.padding.upper(),
+                image,
+                sizes=[1, *sizes, 1],
+                strides=[1, *strides, 1],
+                rates=[1, *rates, 1],
+                padding=padding.upper(),
             )
             # Each patch is flattened (kh, kw, c_in) row-major, as the kernel's rows are.
             a = tf.reshape(patches, [tf.shape(x)[0], -1, patches.shape[-1]])
-            z = layer.convolution_op(x, tf.convert_to_tensor(layer.kernel))
             if layer.use_bias:
                 z = z + tf.convert_to_tensor(layer.bias)
             for tape in self._tapes:
@@ -207,12 +246,68 @@ class _Capture:
 
         return call
 
+    def _embedding_call_of(self, layer: Any) -> Any:
+        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+            shared = self._shared(layer)
+            if shared:
+                return self._refuse(layer, shared, inputs)
+            indices = tf.convert_to_tensor(inputs)
+            if indices.dtype not in (tf.int32, tf.int64):
+                indices = tf.cast(indices, tf.int32)  # as Keras' Embedding.call does
+            table = tf.convert_to_tensor(layer.embeddings)
+            z = tf.gather(table, indices)
+            for tape in self._tapes:
+                tape.watch(z)
+            # The input as one-hot rows, one per position: (n, T, vocabulary).
+            flat = tf.reshape(indices, [tf.shape(indices)[0], -1])
+            a = tf.one_hot(flat, int(layer.input_dim), dtype=table.dtype)
+            self.records[id(layer)] = (a, z)
+            return z
+
+        return call
+
+
+def _check_embedding(layer: Any) -> None:
+    """Refuse what the Embedding factors do not model (one-line ``ValueError``)."""
+    if layer.mask_zero:
+        raise ValueError(
+            f"K-FAC: the Embedding layer {layer.name!r} has mask_zero=True; the layers after it "
+            "skip the masked positions, which its factors do not model (A would count the "
+            "padding tokens). Build it with mask_zero=False or use GGNOperator."
+        )
+    if int(layer.input_dim) > MAX_VOCABULARY:
+        raise ValueError(
+            f"K-FAC: the Embedding layer {layer.name!r} has a vocabulary of {layer.input_dim} "
+            f"tokens, more than {MAX_VOCABULARY}: its factor A is held as a dense V x V "
+            "matrix. Make it non-trainable and pass other_variables='exclude', or use "
+            "GGNOperator."
+        )
+
+
+def _sandwich(left: np.ndarray, M: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """left @ M[j] @ right for every j of M (k, p, q), as two matrix products over the
+    whole block (k·p × q, then p × k·q) instead of 2k small ones: the same
+    O(k·(p²q + pq²)) arithmetic, in the large products BLAS runs fastest."""
+    k, p, _ = M.shape
+    right_applied = (M.reshape(k * p, -1) @ right).reshape(k, p, -1)
+    q = right_applied.shape[2]
+    stacked = right_applied.transpose(1, 0, 2).reshape(p, k * q)
+    return (left @ stacked).reshape(left.shape[0], k, q).transpose(1, 0, 2)
+
+
+def _kernel_of(layer: Any) -> Any:
+    """The layer's weight matrix W (rows: inputs, columns: outputs): the kernel of a Dense
+    or Conv2D layer, the table (vocabulary × output dim) of an Embedding."""
+    if isinstance(layer, keras.layers.Embedding):
+        return layer.embeddings
+    return layer.kernel
+
 
 class KFACOperator(LinearOperator):
-    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense and Conv2D
-    layers, a symmetric PSD ``LinearOperator`` over the same flat parameter vector as
-    :class:`~spectra.operators.HessianOperator` (same ``variable_names``, ``flatten``,
-    ``unflatten``).
+    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense, Conv1D,
+    Conv2D and Embedding layers, a symmetric PSD ``LinearOperator`` over the same flat
+    parameter vector as :class:`~spectra.operators.HessianOperator` (same
+    ``variable_names``, ``flatten``, ``unflatten``).
 
     **The matrix.** For each Dense layer l with input a and pre-activation output z,
     ā = [a; 1] (bias as the homogeneous coordinate)::
@@ -251,20 +346,37 @@ class KFACOperator(LinearOperator):
     A = (1/N) Σ_n ā̄_n ā̄_nᵀ with ā̄_n the mean patch, G = (1/N) Σ_{n,c} (Σ_t g)(Σ_t g)ᵀ
     (Eschenhagen et al. 2023). Both are exact for one example with one output position;
     the capture computes z with the layer's own convolution and records the patches.
+    Conv1D layers (channels last, ``groups=1``; ``padding="causal"`` included: the
+    dilation·(k − 1) zeros on the left that Keras adds) are factored the same way, with
+    patches of k positions × c_in channels.
 
-    **Other variables.** Trainable variables not in a Dense or Conv2D layer (BatchNorm,
-    Conv1D, embeddings, ...): ``other_variables="error"`` (default) refuses them, naming the layer;
-    ``"exclude"`` leaves their rows and columns zero (eigenvalue 0); ``"diagonal"`` keeps the
-    exact diagonal of the matrix of ``kind`` for them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from
-    per-example Jacobians (C backward passes per example: small models). Regularization
+    **Embedding.** An Embedding layer (table W of shape V × d) computes z = e_x W for the
+    one-hot vector e_x of its input token x: a Dense layer without bias whose input is
+    one-hot, so its per-example gradient is e_x g ᵀ and A = (1/N) Σ_n e_xn e_xnᵀ is diagonal,
+    the token frequencies (1/N)·counts (no homogeneous coordinate). G is taken from the
+    gradients in the embedding's output z as for Dense. For sequence inputs (batch, T) the
+    table is shared over the T positions, as a convolution's kernel is, and the ``conv``
+    variant applies: ``"expand"`` (default) A = (1/(NT)) diag(counts over all positions),
+    G = (1/N) Σ_{n,t,c} g gᵀ; ``"reduce"`` A from each example's mean one-hot (its token
+    histogram / T, no longer diagonal), G from Σ_t g. Exact for one example with one
+    position. ``mask_zero=True`` is refused (the masked positions would be counted in A),
+    and so are vocabularies above 4096 (A is held dense, V × V).
+
+    **Other variables.** Trainable variables not in a Dense, Conv1D, Conv2D or Embedding
+    layer (BatchNorm, LayerNormalization, ...): ``other_variables="error"`` (default)
+    refuses them, naming the layer; ``"exclude"`` leaves their rows and columns zero
+    (eigenvalue 0); ``"diagonal"`` keeps the exact diagonal of the matrix of ``kind`` for
+    them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from per-example Jacobians (C backward passes per
+    example: small models). Regularization
     (``model.losses``) is not included: K-FAC is the curvature of the data loss. Sample
     weights are refused.
 
     **Cost.** One pass over the data at construction: a forward pass per batch, C backward
     passes for type-2 (plus the output Hessian, C more on the outputs only), S for mc, one
-    for empirical; a Conv2D layer also holds its patches (T·kh·kw·c_in per example) while
-    its batch is processed. The operator then holds only the factors: a product costs
-    O(Σ_l d_a² d_out + d_a d_out²) on the host, computed as A V G per layer without forming
+    for empirical; a Conv2D layer also holds its patches (T·kh·kw·c_in per example) and an
+    Embedding its one-hot inputs (T·V per example) while its batch is processed. The
+    operator then holds only the factors: a product costs O(Σ_l d_a² d_out + d_a d_out²) on
+    the host, computed as A V G per layer without forming
     the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
     once) give the exact spectrum, trace, log-determinant, Frobenius norm and damped inverse.
     The factors are computed at construction: the operator is a snapshot (training on
@@ -337,8 +449,8 @@ class KFACOperator(LinearOperator):
         conv: str = "expand",
         dtype: Any = None,
     ) -> KFACOperator:
-        """K-FAC of ``model``'s Dense and Conv2D layers at its current weights, from one pass over
-        ``data``.
+        """K-FAC of ``model``'s Dense, Conv1D, Conv2D and Embedding layers at its current
+        weights, from one pass over ``data``.
 
         Parameters
         ----------
@@ -362,10 +474,11 @@ class KFACOperator(LinearOperator):
             An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
-            trainable variables outside Dense and Conv2D layers.
+            trainable variables outside Dense, Conv1D, Conv2D and Embedding layers.
         conv:
-            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv2D layers
-            (class docstring); no effect on Dense layers.
+            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv1D and Conv2D
+            layers and for Embedding layers on sequences (class docstring); no effect on
+            Dense layers.
         dtype:
             float32 or float64 (default: the variables' dtype); float64 runs the pass on a
             float64 clone of the model.
@@ -381,7 +494,8 @@ class KFACOperator(LinearOperator):
             An argument of the wrong type.
         ValueError
             A value out of range, or a model, loss or data K-FAC does not cover (named in
-            the message: several outputs, shared or sequence Dense layers, sample weights,
+            the message: several outputs, shared or sequence Dense layers, an Embedding with
+            ``mask_zero=True`` or a vocabulary above 4096, sample weights,
             other trainable variables with ``other_variables="error"``, a non-convex loss
             for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
         """
@@ -439,26 +553,24 @@ class KFACOperator(LinearOperator):
         layout: list[tuple[Any, int | None, int | None]] = []
         covered: set[int] = set()
         for layer in _tf_compat.flatten_layers(run_model):
-            if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
+            if not isinstance(layer, _FACTORED):
                 continue
-            k = where(layer.kernel)
-            b = where(layer.bias) if layer.use_bias else None
+            base = next(kind for kind in _FACTORED if isinstance(layer, kind))
+            k = where(_kernel_of(layer))
+            b = where(layer.bias) if getattr(layer, "use_bias", False) else None
             if k is None and b is None:
                 continue
-            base = (
-                keras.layers.Dense if isinstance(layer, keras.layers.Dense) else keras.layers.Conv2D
-            )
             if type(layer).call is not base.call:
                 raise ValueError(
                     f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides "
                     f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
                     "cannot factor it."
                 )
-            if base is keras.layers.Conv2D and (
+            if base in (keras.layers.Conv1D, keras.layers.Conv2D) and (
                 layer.data_format != "channels_last" or layer.groups != 1
             ):
                 raise ValueError(
-                    f"K-FAC supports Conv2D layers with data_format='channels_last' and "
+                    f"K-FAC supports {base.__name__} layers with data_format='channels_last' and "
                     f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
                     f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
                     "making it non-trainable, or use GGNOperator."
@@ -468,6 +580,8 @@ class KFACOperator(LinearOperator):
                     f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
                     "kernel is not one matrix. Merge or dequantize it first."
                 )
+            if base is keras.layers.Embedding:
+                _check_embedding(layer)
             dense_layers.append(layer)
             layout.append((layer, k, b))
             covered.update(j for j in (k, b) if j is not None)
@@ -477,15 +591,15 @@ class KFACOperator(LinearOperator):
             owner = _owner(run_model, chosen[j])
             listed = ", ".join(repr(names[i]) for i in others)
             raise ValueError(
-                f"K-FAC supports Dense and Conv2D layers; layer {owner} has trainable variables it "
-                "does not "
-                f"cover ({listed}). Pass other_variables='exclude' (their rows and columns are "
-                "zero) or other_variables='diagonal' (the exact diagonal of the matrix for them)."
+                f"K-FAC supports Dense, Conv1D, Conv2D and Embedding layers; layer {owner} has "
+                f"trainable variables it does not cover ({listed}). Pass "
+                "other_variables='exclude' (their rows and columns are zero) or "
+                "other_variables='diagonal' (the exact diagonal of the matrix for them)."
             )
         if not dense_layers:
             raise ValueError(
-                f"model {model.name!r} has no Dense or Conv2D layer with trainable "
-                "variables: K-FAC covers those layers only."
+                f"model {model.name!r} has no Dense, Conv1D, Conv2D or Embedding layer with "
+                "trainable variables: K-FAC covers those layers only."
             )
         batches = Batches(data, batch_size, cast_floats_to=target)
         num_examples = batches.num_examples
@@ -690,9 +804,9 @@ class KFACOperator(LinearOperator):
         """The block applied to M (k, d_a, d_out): A M G for K-FAC; for EKFAC
         Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ."""
         if block.scalings is None:
-            return block.A @ M @ block.G
+            return _sandwich(block.A, M, block.G)
         e = self._eigens()[index]
-        return e.QA @ ((e.QA.T @ M @ e.QG) * block.scalings) @ e.QG.T
+        return _sandwich(e.QA, _sandwich(e.QA.T, M, e.QG) * block.scalings, e.QG.T)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         X = self._checked(X)
@@ -792,8 +906,8 @@ class KFACOperator(LinearOperator):
 
         def per_block(index: int, _block: KFACBlock, M: np.ndarray) -> np.ndarray:
             e = eigens[index]
-            rotated = e.QA.T @ M @ e.QG
-            return e.QA @ (rotated / (self._block_values(index) + damping)) @ e.QG.T
+            rotated = _sandwich(e.QA.T, M, e.QG)
+            return _sandwich(e.QA, rotated / (self._block_values(index) + damping), e.QG.T)
 
         def per_other(rows: np.ndarray) -> np.ndarray:
             return rows / (self._other_diagonal + damping)[:, None]
@@ -875,8 +989,8 @@ class _Accumulators:
         self.A: list[np.ndarray] = []
         self.G: list[np.ndarray] = []
         for layer, k, b in self.layout:
-            d_in = int(np.prod(layer.kernel.shape[:-1]))
-            d_out = int(layer.kernel.shape[-1])
+            d_in = int(np.prod(_kernel_of(layer).shape[:-1]))
+            d_out = int(_kernel_of(layer).shape[-1])
             d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
             self.A.append(np.zeros((d_a, d_a)))
             self.G.append(np.zeros((d_out, d_out)))

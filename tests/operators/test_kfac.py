@@ -493,12 +493,14 @@ def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
     dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(BATCH)
     from_dataset = KFACOperator.from_keras(mlp, "sparse_categorical_crossentropy", dataset)
     np.testing.assert_allclose(from_dataset.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-15)
-    conv1d = keras.Sequential(
-        [keras.Input((D_IN, 1), dtype=F64), keras.layers.Conv1D(2, 2, dtype=F64),
-         keras.layers.Flatten(dtype=F64), keras.layers.Dense(CLASSES, dtype=F64)]
+    normalized = keras.Sequential(
+        [keras.Input((D_IN,), dtype=F64), keras.layers.LayerNormalization(dtype=F64),
+         keras.layers.Dense(CLASSES, dtype=F64)]
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"layer 'conv1d\w*' \(Conv1D\) has trainable variables"):
-        KFACOperator.from_keras(conv1d, "mse", (x[..., None], np.zeros((N, CLASSES))))
+    with pytest.raises(
+        ValueError, match=r"layer 'layer_normalization\w*' \(LayerNormalization\) has trainable"
+    ):
+        KFACOperator.from_keras(normalized, "mse", (x, np.zeros((N, CLASSES))))
     with pytest.raises(ValueError, match="reduction='sum'"):
         KFACOperator.from_keras(
             mlp,
@@ -506,3 +508,181 @@ def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
             data,
             kind="empirical",
         )
+
+
+# -- Embedding ------------------------------------------------------------------------------
+VOCAB, SEQ, EMBED = 5, 3, 2
+
+
+def _embedding_model(seed, *, length=SEQ, mask_zero=False, vocab=VOCAB):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((length,), dtype="int32"),
+            keras.layers.Embedding(vocab, EMBED, mask_zero=mask_zero, dtype=F64),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(CLASSES, activation="softmax", dtype=F64),
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    rng = np.random.default_rng(14)
+    return rng.integers(0, VOCAB, (6, SEQ)), rng.integers(0, CLASSES, 6)
+
+
+@pytest.mark.parametrize("variant", ["expand", "reduce"])
+def test_embedding_factors_match_their_definition(tokens, variant):
+    x, labels = tokens
+    model = _embedding_model(15)
+    loss = "sparse_categorical_crossentropy"
+    op = KFACOperator.from_keras(model, loss, tokens, batch_size=4, conv=variant)
+    table, dense = model.layers[0].embeddings.numpy(), model.layers[2]
+    A, G = np.zeros((VOCAB, VOCAB)), np.zeros((EMBED, EMBED))
+    for i in range(len(x)):
+        onehot = np.eye(VOCAB)[x[i]]  # (T, V): the layer's input, one row per position
+        z = tf.constant((onehot @ table)[None])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(z)
+            logits = tf.reshape(z, [1, -1]) @ dense.kernel.value + dense.bias.value
+            with tf.GradientTape() as outer:
+                outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    value = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(value, logits)
+            hessian = outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        values, vectors = np.linalg.eigh(hessian)
+        columns = vectors * np.sqrt(np.maximum(values, 0))
+        if variant == "expand":
+            A += onehot.T @ onehot / SEQ / len(x)
+        else:
+            A += np.outer(onehot.mean(axis=0), onehot.mean(axis=0)) / len(x)
+        for c in range(CLASSES):
+            g = tape.gradient(logits, z, output_gradients=tf.constant(columns[None, :, c]))
+            g = g.numpy().reshape(SEQ, EMBED)
+            if variant == "expand":
+                G += g.T @ g / len(x)
+            else:
+                G += np.outer(g.sum(axis=0), g.sum(axis=0)) / len(x)
+    block = op.blocks[0]
+    assert block.kernel == op.variable_names[0] and block.bias is None
+    np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-15)
+    assert np.abs(block.G).max() > 1e-3
+    if variant == "expand":  # diagonal: the token frequencies (1/(NT)) counts
+        counts = np.bincount(x.ravel(), minlength=VOCAB)
+        np.testing.assert_array_equal(block.A - np.diag(np.diag(block.A)), 0)
+        np.testing.assert_allclose(np.diag(block.A), counts / (len(x) * SEQ), rtol=1e-15)
+    dense_op = op.to_dense()
+    rows = np.arange(VOCAB * EMBED)
+    np.testing.assert_allclose(dense_op[np.ix_(rows, rows)], np.kron(A, G), rtol=1e-10, atol=1e-15)
+    # EKFAC on the same layer: the scalings are the exact GGN block in K-FAC's eigenbasis.
+    ekfac = EKFACOperator.from_keras(model, loss, tokens, batch_size=4, conv=variant)
+    ggn = GGNOperator.from_keras(model, loss, tokens).matmat(np.eye(op.shape[0]))
+    Q = np.kron(*ekfac.blocks[0].basis)
+    expected = np.diag(Q.T @ ggn[np.ix_(rows, rows)] @ Q).reshape(VOCAB, EMBED)
+    np.testing.assert_allclose(ekfac.blocks[0].scalings, expected, rtol=1e-9, atol=1e-14)
+
+
+def test_embedding_with_one_example_and_one_position_equals_the_ggn(tokens):
+    x, labels = tokens
+    model = _embedding_model(16, length=1)
+    loss = "sparse_categorical_crossentropy"
+    one = (x[:1, :1], labels[:1])
+    exact = GGNOperator.from_keras(model, loss, one).matmat(np.eye(model.count_params()))
+    rows = np.arange(VOCAB * EMBED)
+    block = KFACOperator.from_keras(model, loss, one).to_dense()[np.ix_(rows, rows)]
+    np.testing.assert_allclose(block, exact[np.ix_(rows, rows)], rtol=0, atol=1e-12)
+    assert np.abs(exact[np.ix_(rows, rows)]).max() > 1e-2
+    # Several positions: the table is shared, and the expand factors are an approximation.
+    model = _embedding_model(16)
+    exact = GGNOperator.from_keras(model, loss, tokens).matmat(np.eye(model.count_params()))
+    block = KFACOperator.from_keras(model, loss, tokens).to_dense()[np.ix_(rows, rows)]
+    assert np.linalg.norm(block - exact[np.ix_(rows, rows)]) > 1e-2 * np.linalg.norm(block)
+
+
+def test_embedding_refusals(tokens):
+    loss = "sparse_categorical_crossentropy"
+    masked = keras.Sequential(
+        [keras.Input((SEQ,), dtype="int32"),
+         keras.layers.Embedding(VOCAB, EMBED, mask_zero=True, dtype=F64),
+         keras.layers.GlobalAveragePooling1D(dtype=F64),
+         keras.layers.Dense(CLASSES, activation="softmax", dtype=F64)]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"'embedding\w*' has mask_zero=True") as raised:
+        KFACOperator.from_keras(masked, loss, tokens)
+    assert "\n" not in str(raised.value)
+    large = _embedding_model(17, vocab=5000)
+    with pytest.raises(ValueError, match="vocabulary of 5000 tokens, more than 4096"):
+        KFACOperator.from_keras(large, loss, tokens)
+    large.layers[0].trainable = False
+    excluded = KFACOperator.from_keras(large, loss, tokens)
+    assert len(excluded.blocks) == 1 and excluded.shape[0] == SEQ * EMBED * CLASSES + CLASSES
+
+
+# -- Conv1D (causal padding included) -------------------------------------------------------
+LENGTH, C1 = 6, 2
+
+
+@pytest.mark.parametrize(
+    ("padding", "strides", "dilation"), [("causal", 1, 2), ("valid", 2, 1), ("same", 1, 1)]
+)
+def test_conv1d_factors_match_their_definition(padding, strides, dilation):
+    rng = np.random.default_rng(18)
+    x, labels = rng.normal(size=(5, LENGTH, C1)), rng.integers(0, CLASSES, 5)
+    keras.utils.set_random_seed(19)
+    model = keras.Sequential(
+        [
+            keras.Input((LENGTH, C1), dtype=F64),
+            keras.layers.Conv1D(
+                FILTERS, 3, strides=strides, dilation_rate=dilation, padding=padding,
+                activation="tanh", dtype=F64,
+            ),
+            keras.layers.Flatten(dtype=F64),
+            keras.layers.Dense(CLASSES, activation="softmax", dtype=F64),
+        ]
+    )  # fmt: skip
+    loss = "sparse_categorical_crossentropy"
+    op = KFACOperator.from_keras(model, loss, (x, labels), batch_size=2)
+    conv, dense = model.layers[0], model.layers[2]
+    kernel = conv.kernel.numpy().reshape(-1, FILTERS)
+    # Patches by explicit slicing of the padded sequence: positions t·s + j·d, j < 3.
+    span = dilation * 2
+    left = {"causal": span, "valid": 0, "same": span // 2}[padding]
+    right = {"causal": 0, "valid": 0, "same": span - span // 2}[padding]
+    A, G = np.zeros((3 * C1 + 1,) * 2), np.zeros((FILTERS, FILTERS))
+    for i in range(len(x)):
+        padded = np.pad(x[i], ((left, right), (0, 0)))
+        starts = range(0, len(padded) - span, strides)
+        patches = np.stack([padded[t : t + span + 1 : dilation].reshape(-1) for t in starts])
+        abar = np.concatenate([patches, np.ones((len(patches), 1))], axis=1)
+        z = tf.constant((patches @ kernel + conv.bias.numpy())[None])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(z)
+            logits = tf.reshape(tf.tanh(z), [1, -1]) @ dense.kernel.value + dense.bias.value
+            with tf.GradientTape() as outer:
+                outer.watch(logits)
+                with tf.GradientTape() as inner:
+                    inner.watch(logits)
+                    value = keras.losses.sparse_categorical_crossentropy(
+                        labels[i : i + 1], logits, from_logits=True
+                    )[0]
+                grad = inner.gradient(value, logits)
+            hessian = outer.jacobian(grad, logits).numpy().reshape(CLASSES, CLASSES)
+        # The sliced patches are the layer's: the model's own output is reproduced.
+        np.testing.assert_allclose(tf.nn.softmax(logits), model(x[i : i + 1]), rtol=1e-12)
+        values, vectors = np.linalg.eigh(hessian)
+        columns = vectors * np.sqrt(np.maximum(values, 0))
+        A += abar.T @ abar / len(patches) / len(x)
+        for c in range(CLASSES):
+            g = tape.gradient(logits, z, output_gradients=tf.constant(columns[None, :, c]))
+            g = g.numpy().reshape(len(patches), FILTERS)
+            G += g.T @ g / len(x)
+    block = op.blocks[0]
+    np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-14)
+    assert np.abs(block.G).max() > 1e-3
