@@ -29,8 +29,9 @@ measured against spectra's tol-1e-6 value (whose certified bound is printed); tr
 density use the same number of products on both sides.
 
 Both frameworks get one thread (``--threads``), as in ``pyhessian_compare.py``. The
-machine's load average is printed before and after. PyTorch is optional (the
-PyHessian columns are skipped without it): ``pip install torch==2.13.0`` (CPU build).
+machine's load average is printed before and after; peak memory is the resident
+high-water mark (``VmHWM``). PyTorch is optional (the PyHessian columns are skipped
+without it): ``pip install torch==2.13.0`` (CPU build).
 
     python benchmarks/scale.py [--quick] [--repeats 3] [--json out.json]
 
@@ -38,6 +39,13 @@ PyHessian columns are skipped without it): ``pip install torch==2.13.0`` (CPU bu
 repeats of the product timings, one run of each estimator, trace with 10 products,
 density with 10 Lanczos steps, power iteration capped at 30 products; about 10 minutes
 on a busy 2-core CPU.
+
+``--profile``: where ResNet-20's products spend their time (256 images, one batch): the
+compiled forward pass and gradient, the engine's cache part and apply parts (one vector,
+a ``tf.map_fn`` block), a product recomputing everything, a block as unrolled second
+backwards of one persistent tape, and all of it again without BatchNorm.
+
+    python benchmarks/scale.py --profile [--repeats 3] [--block 4] [--json profile.json]
 """
 
 from __future__ import annotations
