@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 LINTED := spectra tests benchmarks data notebooks docs .ci
-.PHONY: help venv install run test test-fast lint ruff-check format-check typecheck docs bench mutate clean
+.PHONY: help venv install run test test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
@@ -15,6 +15,7 @@ help:
 	@echo "make lint      ruff check, ruff format --check and mypy (make typecheck)"
 	@echo "make docs      build the documentation site into $(OUT)/site (warnings are errors)"
 	@echo "make bench     run the benchmarks (ratios to a compiled gradient)"
+	@echo "make bench-quick  the reduced scale benchmark (ResNet-20, small GPT; about 10 min)"
 	@echo "make mutate    mutation testing of the numerical core (long; report in $(OUT)/mutation/)"
 
 $(BIN)/python:
@@ -78,6 +79,11 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cli_help.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/approximations.py
+	$(BIN)/python benchmarks/scale.py --json $(OUT)/scale.json
+
+# The reduced scale benchmark: ResNet-20 at 256 images and the GPT at 128 sequences.
+bench-quick: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/scale.py --quick --json $(OUT)/scale-quick.json
 
 # Not part of make test: about 2.5 hours on 2 cores (see tests/MUTANTS.md).
 mutate: $(VENV)/.installed-mutation

@@ -1,0 +1,579 @@
+"""spectra at scale: ResNet-20, ResNet-18 and a small GPT, against PyHessian on ResNet-20.
+
+Models and data are in ``benchmarks/models.py`` (synthetic, seeded CIFAR-shaped images
+with random labels, and random token sequences; weights at initialisation, BatchNorm
+statistics calibrated on the data). For every configuration, in one process:
+
+* ``gradient``: a compiled (``tf.function``) gradient of the mean loss, to numpy;
+* ``matvec`` and ``block``: ``HessianOperator.matvec`` and ``matmat`` of k vectors per
+  vector, in the operator's default mode (``cache="auto"``: the batches that fit half the
+  memory budget are cached, the others streamed), each timed alternately with a gradient
+  (median of the paired ratios);
+* ``top-1``: ``spectra.eigenvalues(op, k=1, tol=...)`` at tol 1e-3 and 1e-6;
+* ``trace``: Hutchinson with a fixed number of products (100; fewer with ``--quick``);
+* ``density``: stochastic Lanczos quadrature (one probe of a fixed number of steps, as
+  PyHessian's default ``density(iter=100, n_v=1)``; fewer steps with ``--quick``);
+* peak resident memory per mode, each mode in its own subprocess (``default``,
+  ``streaming``: ``cache=False``, ``recompute``: ``SPECTRA_GRAPH_SPLIT=0``), beside the
+  operator's memory plan (its estimated peak and budget) and the resident memory of the
+  model alone.
+
+On ResNet-20 the PyHessian side runs on a PyTorch twin with the same weights (logits
+checked to agree to 1e-4 before anything is timed): ``pyhessian_compare``'s power
+iteration (one full batch, gradient graph kept; stopping at a relative change of the
+Rayleigh quotient below tol, at most 100 products), and, added here in the same style
+(PyHessian's ``trace`` and ``density``), Hutchinson with the same number of Rademacher
+products and SLQ with full reorthogonalisation. The two sides alternate within each
+repeat and medians are reported. "Equal accuracy": the top-1 errors of both sides are
+measured against spectra's tol-1e-6 value (whose certified bound is printed); trace and
+density use the same number of products on both sides.
+
+Both frameworks get one thread (``--threads``), as in ``pyhessian_compare.py``. The
+machine's load average is printed before and after; peak memory is the resident
+high-water mark (``VmHWM``). PyTorch is optional (the PyHessian columns are skipped
+without it): ``pip install torch==2.13.0`` (CPU build).
+
+    python benchmarks/scale.py [--quick] [--repeats 3] [--json out.json]
+
+``--quick``: ResNet-20 at 256 images and the GPT at 128 sequences (no ResNet-18), 3
+repeats of the product timings, one run of each estimator, trace with 10 products,
+density with 10 Lanczos steps, power iteration capped at 30 products; about 10 minutes
+on a busy 2-core CPU.
+
+``--profile``: where ResNet-20's products spend their time (256 images, one batch): the
+compiled forward pass and gradient, the engine's cache part and apply parts (one vector,
+a ``tf.map_fn`` block), a product recomputing everything, a block as unrolled second
+backwards of one persistent tape, and all of it again without BatchNorm.
+
+    python benchmarks/scale.py --profile [--repeats 3] [--block 4] [--json profile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's spectra, not an installed one
+
+import numpy as np  # noqa: E402
+
+# Seconds of rest before each timed call (the other framework's thread pools spin-wait).
+PAUSE = 0.25
+# (model, examples, batch size): batches of 256 keep one ResNet batch cache near 1.5 GiB.
+FULL = [("resnet20", 1024, 256), ("resnet20", 4096, 256), ("resnet18", 256, 64), ("gpt", 512, 128)]
+QUICK = [("resnet20", 256, 256), ("gpt", 128, 128)]
+MODES = ("default", "streaming", "recompute")
+# Largest ResNet-20 configuration compared with the PyHessian side (one full batch).
+PYHESSIAN_MAX_EXAMPLES = 1024
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the reduced run (minutes)")
+    parser.add_argument("--repeats", type=int, default=None, help="product timings (3)")
+    parser.add_argument("--estimator-repeats", type=int, default=None, help="(3; quick 1)")
+    parser.add_argument("--threads", type=int, default=1, help="threads of each framework")
+    parser.add_argument("--block", type=int, default=None, help="block size k (16; quick 4)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--profile", action="store_true", help="time a product's parts")
+    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    quick = args.quick
+    args.configs = QUICK if quick else FULL
+    args.repeats = args.repeats or 3
+    args.estimator_repeats = args.estimator_repeats or (1 if quick else 3)
+    args.block = args.block or (4 if quick else 16)
+    args.trace_products = 10 if quick else 100
+    args.density_steps = 10 if quick else 100
+    args.power_max = 30 if quick else 100
+    # Memory modes measured per configuration (each a subprocess of some 30 s).
+    args.modes = {"resnet20": ("default", "streaming"), "gpt": ("default",)} if quick else None
+    return args
+
+
+def resident_peak_mib() -> float:
+    """Peak resident set size of this process so far (``VmHWM`` of ``/proc/self/status``),
+    MiB. Not ``ru_maxrss``: Linux carries that over from the parent through fork and
+    exec, so a subprocess of a large parent would report the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def set_threads(threads: int) -> None:
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def build(name: str, examples: int):
+    """(keras model, data, loss) with seeded weights and data."""
+    import keras
+    import models
+
+    keras.utils.set_random_seed(0)
+    if name == "gpt":
+        data = models.token_sequences(examples)
+        model = models.gpt()
+    else:
+        data = models.cifar_like(examples)
+        model = models.resnet20() if name == "resnet20" else models.resnet18()
+        models.calibrate_batchnorm(model, data[0][:256])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return model, data, loss
+
+
+def operator(model, loss, data, batch_size: int, mode: str):
+    import spectra
+
+    cache = {"default": "auto", "streaming": False, "recompute": "auto"}[mode]
+    return spectra.HessianOperator.from_keras(model, loss, data, batch_size=batch_size, cache=cache)
+
+
+# -- memory per mode (a subprocess each) ------------------------------------------------------
+def memory_child(name: str, examples: int, batch_size: int, mode: str, block: int) -> None:
+    """Build, fill the cache, one matvec and one block; print the figures as JSON."""
+    set_threads(1)
+    model, data, loss = build(name, examples)
+    model_mib = resident_peak_mib()
+    op = operator(model, loss, data, batch_size, mode)
+    op.loss()
+    rng = np.random.default_rng(0)
+    op.matvec(rng.standard_normal(op.shape[0]).astype(op.dtype))
+    op.matmat(rng.standard_normal((op.shape[0], block)).astype(op.dtype))
+    plan = op.memory_plan(block)
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "product_path": op.product_path,
+                "model_peak_mib": model_mib,
+                "peak_mib": resident_peak_mib(),
+                "plan_peak_mib": plan.peak / 2**20,
+                "budget_mib": plan.budget / 2**20,
+                "cached_batches": plan.cached_batches,
+                "streamed_batches": plan.streamed_batches,
+                "sub_block": plan.block_size,
+                "per_vector_mib": plan.per_vector / 2**20,
+                "cache_per_batch_mib": plan.cache_per_batch / 2**20,
+            }
+        )
+    )
+
+
+def memory_by_mode(name: str, examples: int, batch_size: int, args) -> dict:
+    rows = {}
+    for mode in args.modes.get(name, MODES) if args.modes else MODES:
+        env = dict(os.environ)
+        if mode == "recompute":
+            env["SPECTRA_GRAPH_SPLIT"] = "0"
+        command = [sys.executable, __file__, "--block", str(args.block), "--memory-child"]
+        command += [name, str(examples), str(batch_size), mode]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            rows[mode] = {"error": done.stderr.strip().splitlines()[-1:]}
+            print(f"  memory, {mode}: failed ({rows[mode]['error']})")
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows[mode] = row
+        print(
+            f"  memory, {mode:9s}: peak RSS {row['peak_mib']:7.0f} MiB (model and data alone "
+            f"{row['model_peak_mib']:.0f}); plan: peak {row['plan_peak_mib']:.0f} MiB of a "
+            f"{row['budget_mib']:.0f} MiB budget, {row['cached_batches']} cached / "
+            f"{row['streamed_batches']} streamed batches of {row['cache_per_batch_mib']:.0f} "
+            f"MiB, sub-blocks of {row['sub_block']} ({row['per_vector_mib']:.0f} MiB per "
+            f"vector); path {row['product_path']}"
+        )
+    return rows
+
+
+# -- the PyHessian side -----------------------------------------------------------------------
+def pyhessian_side(torch, model, x, y):
+    """pyhessian_compare's power iteration, with PyHessian's trace and density added."""
+    from pyhessian_compare import PowerIterationHessian
+
+    class PyHessianStyle(PowerIterationHessian):
+        def trace(self, products: int, seed: int) -> float:
+            """Hutchinson with Rademacher vectors (PyHessian's ``trace``), fixed count."""
+            generator = self.torch.Generator().manual_seed(seed)
+            samples = []
+            for _ in range(products):
+                v = [
+                    self.torch.randint(0, 2, p.shape, generator=generator).to(p.dtype) * 2 - 1
+                    for p in self.params
+                ]
+                samples.append(self._dot(self.product(v), v))
+            return float(np.mean(samples))
+
+        def density(self, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+            """SLQ, one Rademacher probe, full reorthogonalisation (PyHessian's
+            ``density(iter, n_v=1)``): Ritz values and weights."""
+            torch = self.torch
+            generator = torch.Generator().manual_seed(seed)
+            flat = sum(p.numel() for p in self.params)
+            shapes = [p.shape for p in self.params]
+            sizes = [p.numel() for p in self.params]
+
+            def product(vector):
+                pieces = [c.reshape(s) for c, s in zip(torch.split(vector, sizes), shapes)]
+                return torch.cat([h.reshape(-1) for h in self.product(pieces)])
+
+            v = torch.randint(0, 2, (flat,), generator=generator).float() * 2 - 1
+            basis = [v / torch.linalg.norm(v)]
+            alpha, beta = [], []
+            w = product(basis[0])
+            for i in range(steps):
+                a = float(torch.dot(w, basis[-1]))
+                alpha.append(a)
+                w = w - a * basis[-1] - (beta[-1] * basis[-2] if i else 0)
+                for b in basis:  # full reorthogonalisation
+                    w = w - torch.dot(w, b) * b
+                if i == steps - 1:
+                    break
+                norm = float(torch.linalg.norm(w))
+                beta.append(norm)
+                basis.append(w / norm)
+                w = product(basis[-1])
+            T = np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1)
+            nodes, vectors = np.linalg.eigh(T)
+            return nodes, vectors[0] ** 2
+
+    inputs = torch.from_numpy(x)
+    targets = torch.from_numpy(y.astype(np.int64))
+    side = PyHessianStyle(torch, model, torch.nn.functional.cross_entropy, inputs, targets)
+    side.setup()
+    return side
+
+
+# -- one configuration ------------------------------------------------------------------------
+def timed(fn) -> tuple[float, object]:
+    time.sleep(PAUSE)
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def bench(name: str, examples: int, batch_size: int, args, torch, memories: dict) -> dict:
+    import models
+    import tensorflow as tf
+
+    import spectra
+
+    model, (x, y), loss = build(name, examples)
+    print(f"\n{name}, {examples} examples in batches of {batch_size}:")
+    row: dict = {"model": name, "examples": examples, "batch_size": batch_size}
+    row["memory"] = memories[(name, examples)]
+    op = operator(model, loss, (x, y), batch_size, "default")
+    n = op.shape[0]
+    row["parameters"] = n
+    variables = [v.value for v in model.trainable_variables]
+    spec = [
+        tf.TensorSpec([None, *x.shape[1:]], x.dtype),
+        tf.TensorSpec([None, *y.shape[1:]], y.dtype),
+    ]
+
+    @tf.function(input_signature=spec)
+    def gradient_fn(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss(yb, model(xb, training=False))
+        return tf.concat([tf.reshape(g, [-1]) for g in tape.gradient(value, variables)], 0)
+
+    batches = [
+        (tf.constant(x[i : i + batch_size]), tf.constant(y[i : i + batch_size]))
+        for i in range(0, examples, batch_size)
+    ]
+
+    def gradient():
+        return sum(gradient_fn(xb, yb).numpy() * (len(yb) / examples) for xb, yb in batches)
+
+    setup, _ = timed(op.loss)
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(n).astype(np.float32)
+    V = rng.standard_normal((n, args.block)).astype(np.float32)
+    gradient(), op.matvec(v), op.matmat(V)  # warm
+    times = {"gradient": [], "matvec": [], "block": []}
+    ratios = {"matvec": [], "block": []}
+    for _ in range(args.repeats):
+        tg, _ = timed(gradient)
+        tv, _ = timed(lambda: op.matvec(v))
+        tb, _ = timed(lambda: op.matmat(V))
+        tb /= args.block
+        times["gradient"].append(tg), times["matvec"].append(tv), times["block"].append(tb)
+        ratios["matvec"].append(tv / tg), ratios["block"].append(tb / tg)
+    med = {k: statistics.median(t) for k, t in times.items()}
+    row["seconds"] = med
+    row["cache_fill_seconds"] = setup
+    row["matvec_x_gradient"] = statistics.median(ratios["matvec"])
+    row["block_x_gradient"] = statistics.median(ratios["block"])
+    row["block_k"] = args.block
+    print(
+        f"  {n:,} parameters; gradient {med['gradient']:.2f} s; matvec {med['matvec']:.2f} s "
+        f"({row['matvec_x_gradient']:.2f}x); block of {args.block}: {med['block']:.2f} s per "
+        f"vector ({row['block_x_gradient']:.2f}x); first pass (cache fill) {setup:.2f} s"
+    )
+    print(f"  {op.memory_plan(args.block)}".replace("\n", "\n  "))
+
+    power = None
+    # PyHessian's side holds one full batch's gradient graph: at 4,096 images that is
+    # beyond this project's 23 GiB machine, so it runs up to 1,024.
+    if torch is not None and name == "resnet20" and examples <= PYHESSIAN_MAX_EXAMPLES:
+        twin = models.torch_resnet20(torch, model)
+        keras_logits = np.asarray(model(x[:256], training=False))
+        with torch.no_grad():
+            torch_logits = twin(torch.from_numpy(x[:256])).numpy()
+        gap = float(np.max(np.abs(keras_logits - torch_logits)))
+        scale = max(1.0, float(np.max(np.abs(keras_logits))))
+        row["logit_gap"] = gap
+        print(f"  torch twin: logits differ by {gap:.1e} at most (|logits| <= {scale:.2f})")
+        if not gap <= 1e-4 * scale:
+            raise SystemExit(f"{name}: the twin's logits differ by {gap:.2e} > 1e-4")
+        power = pyhessian_side(torch, twin, x, y)
+        tv = [
+            torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) for p in power.params
+        ]
+        power.product(tv)
+        product_times = [timed(lambda: power.product(tv))[0] for _ in range(args.repeats)]
+        row["pyhessian_product_seconds"] = statistics.median(product_times)
+        row["pyhessian_setup_seconds"] = timed(power.setup)[0]
+        print(
+            f"  PyHessian-style product {row['pyhessian_product_seconds']:.2f} s "
+            f"({row['pyhessian_product_seconds'] / med['gradient']:.2f}x spectra's gradient)"
+        )
+
+    runs: dict[str, list] = {}
+
+    def record(key, seconds, products, value, extra=None):
+        runs.setdefault(key, []).append((seconds, products, value, extra))
+
+    for r in range(args.estimator_repeats):
+        seed = r
+        for tol in (1e-3, 1e-6):
+            s, res = timed(
+                lambda tol=tol, seed=seed: spectra.eigenvalues(
+                    op, k=1, tol=tol, seed=seed, progress=False
+                )
+            )
+            record(
+                f"top1_{tol:g}",
+                s,
+                res.num_products,
+                float(res.eigenvalues[0]),
+                float(res.error_bounds[0]),
+            )
+            if power is not None:
+                s, (value, products) = timed(
+                    lambda tol=tol, seed=seed: power.top_eigenvalue(seed, args.power_max, tol)
+                )
+                record(f"pyhessian_top1_{tol:g}", s, products, value)
+        s, res = timed(
+            lambda seed=seed: spectra.trace(
+                op, num_products=args.trace_products, seed=seed, progress=False
+            )
+        )
+        record("trace", s, res.num_products, res.estimate, res.stderr)
+        if power is not None:
+            s, value = timed(lambda seed=seed: power.trace(args.trace_products, seed))
+            record("pyhessian_trace", s, args.trace_products, value)
+        s, res = timed(
+            lambda seed=seed: spectra.spectral_density(
+                op, num_steps=args.density_steps, num_probes=1, seed=seed, progress=False
+            )
+        )
+        record("density", s, res.num_products, float(np.max(res.nodes)))
+        if power is not None:
+            s, (nodes, _) = timed(lambda seed=seed: power.density(args.density_steps, seed))
+            record("pyhessian_density", s, args.density_steps, float(np.max(nodes)))
+    reference = runs["top1_1e-06"][0][2]
+    row["lambda_1"], row["lambda_1_bound"] = reference, runs["top1_1e-06"][0][3]
+    est = {}
+    for key, values in runs.items():
+        est[key] = {
+            "seconds": statistics.median(v[0] for v in values),
+            "products": statistics.median(v[1] for v in values),
+            "value": statistics.median(v[2] for v in values),
+        }
+        if key.startswith(("top1", "pyhessian_top1")):
+            est[key]["relative_error"] = max(abs(v[2] - reference) / abs(reference) for v in values)
+        if key == "trace":
+            est[key]["stderr"] = statistics.median(v[3] for v in values)
+    for key in ("top1_0.001", "top1_1e-06", "trace", "density"):
+        if f"pyhessian_{key}" in est:
+            est[key]["x_pyhessian"] = est[key]["seconds"] / est[f"pyhessian_{key}"]["seconds"]
+    row["estimators"] = est
+    print(f"  λ₁ = {reference:.6g} ± {row['lambda_1_bound']:.1e} (spectra, tol 1e-6)")
+    for key, e in est.items():
+        extra = f", rel. error {e['relative_error']:.1e}" if "relative_error" in e else ""
+        extra += f", {e['x_pyhessian']:.2f}x PyHessian" if "x_pyhessian" in e else ""
+        print(
+            f"  {key:24s} {e['seconds']:8.2f} s {e['products']:5.0f} products, "
+            f"value {e['value']:.5g}{extra}"
+        )
+    row["process_peak_mib"] = resident_peak_mib()
+    return row
+
+
+# -- where a block product spends its time (--profile) ----------------------------------------
+def profile(args) -> dict:
+    """Time the parts of ResNet-20's products (256 images, one batch, one thread): the
+    compiled forward pass and gradient, the engine's cache part (first pass), its apply
+    parts for one vector and for a block (``tf.map_fn``), a block as k unrolled second
+    backwards of one persistent tape in one ``tf.function`` (no ``tf.map_fn``), and the
+    same on ResNet-20 without BatchNorm (identity layers in its place)."""
+    set_threads(args.threads)
+    return {
+        variant: _profile_variant(variant, args)
+        for variant in ("resnet20", "resnet20 without BatchNorm")
+    }
+
+
+def _profile_variant(variant: str, args) -> dict:
+    import keras
+    import models
+    import tensorflow as tf
+
+    k = args.block
+    if variant != "resnet20":
+        models._bn = lambda name: keras.layers.Identity(name=name)
+    model, (x, y), loss = build("resnet20", 256)
+    op = operator(model, loss, (x, y), 256, "default")
+    variables = [v.value for v in model.trainable_variables]
+    xt, yt = tf.constant(x), tf.constant(y)
+    n = op.shape[0]
+
+    @tf.function
+    def forward(xb, yb):
+        return loss(yb, model(xb, training=False))
+
+    @tf.function
+    def gradient(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss(yb, model(xb, training=False))
+        return tape.gradient(value, variables)
+
+    @tf.function
+    def unrolled(xb, yb, block):
+        with tf.GradientTape(persistent=True) as outer:
+            with tf.GradientTape() as inner:
+                value = loss(yb, model(xb, training=False))
+            grads = inner.gradient(value, variables)
+        out = []
+        for i in range(k):
+            pieces = tf.split(block[i], [int(np.prod(v.shape)) for v in variables])
+            cot = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables)]
+            hv = outer.gradient(grads, variables, output_gradients=cot)
+            out.append(tf.concat([tf.reshape(h, [-1]) for h in hv], 0))
+        return tf.stack(out)
+
+    @tf.function
+    def one(xb, yb, vector):
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                value = loss(yb, model(xb, training=False))
+            grads = inner.gradient(value, variables)
+        pieces = tf.split(vector, [int(np.prod(v.shape)) for v in variables])
+        cot = [tf.reshape(p, v.shape) for p, v in zip(pieces, variables)]
+        return outer.gradient(grads, variables, output_gradients=cot)
+
+    op.loss()
+    cache = op._caches[0].cache
+    engine = op._engine
+    rng = np.random.default_rng(0)
+    v1 = tf.constant(rng.standard_normal((1, n)).astype(np.float32))
+    vk = tf.constant(rng.standard_normal((k, n)).astype(np.float32))
+
+    def fill():
+        op.reset_cache()
+        op.loss()
+
+    parts = {
+        "forward (compiled)": lambda: forward(xt, yt),
+        "gradient (compiled)": lambda: gradient(xt, yt),
+        "cache part (first pass)": fill,
+        "apply, one vector": lambda: engine.apply(op._caches[0].cache, v1),
+        f"apply, block of {k} (map_fn), per vector": lambda: engine.apply(cache, vk),
+        "one compiled product, all recomputed": lambda: one(xt, yt, v1[0]),
+        f"block of {k}, unrolled in one graph, per vector": lambda: unrolled(xt, yt, vk),
+    }
+    for fn in parts.values():
+        fn()
+    times = {name: [] for name in parts}
+    for _ in range(args.repeats):
+        for name, fn in parts.items():
+            times[name].append(timed(fn)[0] / (k if "per vector" in name else 1))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    g = med["gradient (compiled)"]
+    print(f"\n{variant}: {n:,} parameters, 256 images, {args.repeats} repeats (median)")
+    for name, seconds in med.items():
+        print(f"  {name:48s} {seconds:7.3f} s {seconds / g:6.2f}x gradient")
+    return med
+
+
+def write_json(path: str, report: dict) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.memory_child:
+        name, examples, batch_size, mode = args.memory_child
+        memory_child(name, int(examples), int(batch_size), mode, args.block)
+        return
+    if args.profile:
+        result = profile(args)
+        if args.json:
+            write_json(args.json, result)
+        return
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        torch.set_num_interop_threads(args.threads)
+    except ImportError:
+        torch = None
+        print("PyTorch is not installed: the PyHessian columns are skipped (pip install torch).")
+    import tensorflow as tf
+
+    import spectra
+
+    set_threads(args.threads)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    print(
+        f"spectra {spectra.__version__}, TensorFlow {tf.__version__}"
+        + (f", PyTorch {torch.__version__}" if torch else "")
+        + f"; {args.threads} thread(s) each; {os.cpu_count()} CPU cores; load average "
+        f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}"
+    )
+    report = {"quick": args.quick, "threads": args.threads, "load_before": load_before}
+    # Memory first, each mode in a subprocess, while this process is still small.
+    memories = {}
+    for name, examples, batch_size in args.configs:
+        print(f"\nmemory by mode, {name}, {examples} examples in batches of {batch_size}:")
+        memories[(name, examples)] = memory_by_mode(name, examples, batch_size, args)
+    report["rows"] = [bench(*config, args, torch, memories) for config in args.configs]
+    report["load_after"] = os.getloadavg()
+    report["seconds"] = time.perf_counter() - started
+    print(
+        f"\nload average after: {report['load_after'][0]:.2f} {report['load_after'][1]:.2f} "
+        f"{report['load_after'][2]:.2f}; {report['seconds']:.0f} s in all"
+    )
+    if args.json:
+        write_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()
