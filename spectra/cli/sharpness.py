@@ -445,7 +445,8 @@ def _refusal_in_words(text: str) -> str:
         text,
     )
     text = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1…", text)
-    return re.sub(r"\bloss: None ->", "loss: the compiled loss ->", text)
+    text = re.sub(r"\bloss: None ->", "loss: the compiled loss ->", text)
+    return re.sub(r"(\bloss: '[^']*') -> None\b", r"\1 -> the compiled loss", text)
 
 
 def _measure_all(

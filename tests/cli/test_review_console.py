@@ -186,3 +186,21 @@ def test_analyze_says_all_examples_and_top_eigenvalue(tmp_path) -> None:
     assert any(line.startswith(f"  λ1 = {value}   residual") for line in lines)
     assert "all 1,797 examples (--max-examples 5000 is more)" in results["data"]["description"]
     assert lines[-1].startswith("figures: ")
+
+
+def test_a_refusal_is_worded_for_the_command_line() -> None:
+    from spectra.cli.sharpness import _refusal_in_words
+
+    old, new = "a" * 64, "b" * 64
+    text = (
+        f"'f1/sharpness.json' holds results computed with other settings (loss: None -> "
+        f"'sparse_categorical_crossentropy'; data_sha256: '{old}' -> '{new}'); rerun with "
+        "--restart (restart=True) to discard them, or choose another output directory."
+    )
+    assert _refusal_in_words(text) == (
+        "'f1/sharpness.json' holds results computed with other settings (loss: the compiled "
+        "loss -> 'sparse_categorical_crossentropy'; data: other examples (sha256 "
+        f"{old[:12]}… -> {new[:12]}…)); rerun with --restart to discard them, or choose "
+        "another output directory."
+    )
+    assert "-> the compiled loss" in _refusal_in_words("(loss: 'mse' -> None)")
