@@ -163,3 +163,15 @@ def test_beside_keras_tensorboard_and_read_by_event_accumulator(data, tmp_path):
     assert values == [
         (record["epoch"], np.float32(record["eigenvalues"][0])) for record in callback.history
     ]
+
+
+def test_verbose_says_once_where_the_scalars_go(data, tmp_path, capsys):
+    callback = SharpnessCallback(data, every=1, verbose=1, log_dir=tmp_path / "logs")
+    _fit(_model(), data, [callback], epochs=1)
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if "TensorBoard scalars go to" in line]
+    assert said == [
+        f"SharpnessCallback: TensorBoard scalars go to {tmp_path / 'logs' / 'spectra'} "
+        f"(view with: tensorboard --logdir {tmp_path / 'logs'})"
+    ]
+    assert len(lines) == 1 + len(callback.history)

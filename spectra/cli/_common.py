@@ -242,7 +242,17 @@ def load_data(args: argparse.Namespace) -> Any:
     with user_errors("--data"):
         data = load(args.data, args.max_examples, args.seed)
     check_data_values(data, args.data)
+    if args.max_examples is not None and args.max_examples > data.num_examples:
+        data.description += f"; {examples_note(data.num_examples, args.max_examples)}"
     return data
+
+
+def examples_note(num_examples: int, max_examples: int | None) -> str:
+    """``"1,797 examples"``, or ``"all 1,797 examples (--max-examples 5000 is more)"`` when
+    ``--max-examples`` asked for more than the data holds."""
+    if max_examples is not None and max_examples > num_examples:
+        return f"all {num_examples:,} examples (--max-examples {max_examples} is more)"
+    return f"{num_examples:,} examples"
 
 
 def check_data_values(data: Any, spec: str) -> None:
@@ -419,12 +429,13 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     check_curvature(args)
     from spectra.io.checkpoints import load_model
 
+    custom_objects = custom_objects_option(args)
     with user_errors(args.model):
         model = load_model(
             args.model,
             builder=args.builder,
             compile=compiles_model(args),
-            custom_objects=getattr(args, "custom_objects", None),
+            custom_objects=custom_objects,
         )
     report_ignored_optimizer_state(args, args.model)
     if args.training:
@@ -433,6 +444,21 @@ def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     with user_errors(args.model):
         op = make_operator(model, args, data)
     return model, size, op
+
+
+def custom_objects_option(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The custom objects of ``--custom-objects`` (None without it), imported once, so that
+    a missing or broken module is the option's error, not the model file's."""
+    spec = getattr(args, "custom_objects", None)
+    if spec is None:
+        return None
+    from spectra.io.checkpoints import resolve_custom_objects
+
+    try:
+        with user_errors("--custom-objects"):
+            return resolve_custom_objects(spec)
+    except TypeError as err:
+        raise UserError(f"--custom-objects: {err}") from err
 
 
 def report_ignored_optimizer_state(args: argparse.Namespace, path: str | os.PathLike) -> None:
@@ -624,8 +650,9 @@ _MOST_SIGNIFICANT_DIGITS = 12
 
 def plus_minus(value: float | None, error: float | None) -> str:
     """``value ± error`` with the error to 2 significant digits and the value to the same
-    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6441033 ± 2.0e-06), as
-    measurements are written."""
+    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6991200 ± 7.5e-06, 79.2 ± 7.0),
+    trailing zeros kept, as measurements are written: the rule of the figures'
+    :func:`spectra.plotting.value_digits`."""
     if value is None:
         return "n/a"
     if error is None or not math.isfinite(error) or not math.isfinite(value):
@@ -635,7 +662,15 @@ def plus_minus(value: float | None, error: float | None) -> str:
     digits = value_digits(value, error, most=_MOST_SIGNIFICANT_DIGITS)
     if digits is None:
         return f"{value:.6g} ± {error:.2g}"
-    return f"{value:.{digits}g} ± {error:#.{_ERROR_SIGNIFICANT_DIGITS}g}"
+    return f"{_keep_zeros(value, digits)} ± {_keep_zeros(error, _ERROR_SIGNIFICANT_DIGITS)}"
+
+
+def _keep_zeros(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits with its trailing zeros kept (1.6991200,
+    7.0), no bare trailing point (3800, not 3800.)."""
+    text = f"{value:#.{digits}g}"
+    mantissa, _, exponent = text.partition("e")
+    return mantissa.removesuffix(".") + (f"e{exponent}" if exponent else "")
 
 
 # --------------------------------------------------------------------------- bounds

@@ -25,6 +25,7 @@ from spectra.cli._common import (
     describe_eigensolver,
     describe_matrix,
     describe_model,
+    examples_note,
     figure_names,
     finish_outputs,
     load_data,
@@ -221,10 +222,17 @@ def _check_repeats(args: argparse.Namespace) -> None:
 
 
 def _repeat_estimates(
-    args: argparse.Namespace, console: Console, op: Any, model: Any, data: Any
+    args: argparse.Namespace,
+    console: Console,
+    op: Any,
+    model: Any,
+    data: Any,
+    full: dict[str, Any] | None = None,
 ) -> RepeatResult:
     """Every requested estimate rerun ``--repeats`` times, as one :class:`RepeatResult`
-    (quantities λ1..λk, then trace, then the density's trace(A)/n and trace(A²)/n)."""
+    (quantities λ1..λk, then trace, then the density's trace(A)/n and trace(A²)/n); across
+    subsets compared with ``full``, this run's results on all the data (the same keys as
+    ``estimate`` returns), which gives the result's ``full_values`` and ``shift``."""
     from spectra.io.datasets import Data
 
     def estimate(matrix: Any, seed: int) -> dict[str, Any]:
@@ -277,6 +285,7 @@ def _repeat_estimates(
         repeats=args.repeats,
         seed=args.seed,
         progress=console.progress,
+        full=full,
     )
 
 
@@ -337,7 +346,9 @@ def _compute(
         wall_times["layers"] = layers.wall_time
     repeats = None
     if getattr(args, "repeats", None) is not None:
-        repeats = _repeat_estimates(args, console, op, model, data)
+        full = {"eigenvalues": eig, "trace": trace_result, "density": density}
+        full = {key: value for key, value in full.items() if value is not None}
+        repeats = _repeat_estimates(args, console, op, model, data, full)
         wall_times["repeats"] = repeats.wall_time
     return AnalysisReport(
         command=args.command_line,
@@ -492,11 +503,15 @@ def _layers_figure(
 def _print(report: AnalysisReport, console: Console) -> None:
     eig = report.eigenvalues
     dtype = report.settings["dtype"]
+    examples = examples_note(report.data["num_examples"], report.settings.get("max_examples"))
     console.info(
         f"{report.model['name']} ({report.model['num_parameters']:,} parameters, {dtype}) on "
-        f"{report.data['name']} ({report.data['num_examples']} examples): loss {report.loss:.6g}"
+        f"{report.data['name']} ({examples}): loss {report.loss:.6g}"
     )
-    console.info(f"top {eig.eigenvalues.size} eigenvalues ({eig.method}, ± error bound):")
+    top = (
+        "top eigenvalue" if eig.eigenvalues.size == 1 else f"top {eig.eigenvalues.size} eigenvalues"
+    )
+    console.info(f"{top} ({eig.method}, ± error bound):")
     if dtype != "float64":
         floor = FLOOR_FACTOR * np.finfo(dtype).eps
         console.info(f"  ({dtype} products: bounds no tighter than {floor:.1e}·λ1)")
@@ -556,21 +571,32 @@ def _print(report: AnalysisReport, console: Console) -> None:
 
 
 def _repeat_note(repeats: RepeatResult | None, name: str) -> str:
-    """``"  across 5 subsets of 50%: 10.2 ± 0.6 (sd), mean 10.2 ± 0.7 (95% CI)"`` for the
-    quantity ``name`` of ``--repeats``, empty without."""
+    """For the quantity ``name`` of ``--repeats``: across seeds ``"   across 3 seeds:
+    10.2 ± 0.6 (sd), mean 10.2 ± 0.7 (95% CI)"``; across subsets what the subset numbers
+    are and how far they lie from this run's (full-data) value, ``"   λ1 of 150-example
+    subsets: 7.58 ± 0.25 (sd over 3); mean − this run's value = +1.29 (+5.2 sd); 95% CI
+    of the 150-example mean: 7.58 ± 0.63"``; empty without."""
     if repeats is None or name not in repeats.names:
         return ""
     j = repeats.quantity(name)
-    if repeats.subsample is not None:
-        where = f"{repeats.repeats} subsets of {100 * repeats.subsample:.3g}%"
-    else:
-        where = f"{repeats.repeats} seeds"
     mean, sd = float(repeats.mean[j]), float(repeats.sd[j])
     half = float(repeats.ci_high[j]) - mean
-    return (
-        f"   across {where}: {plus_minus(mean, sd)} (sd), mean {plus_minus(mean, half)} "
-        f"({100 * repeats.level:.3g}% CI)"
-    )
+    level = f"{100 * repeats.level:.3g}% CI"
+    if repeats.subsample is None:
+        return (
+            f"   across {repeats.repeats} seeds: {plus_minus(mean, sd)} (sd), mean "
+            f"{plus_minus(mean, half)} ({level})"
+        )
+    size = f"{int(repeats.subset_sizes[0]):,}-example"
+    note = f"   {name} of {size} subsets: {plus_minus(mean, sd)} (sd over {repeats.repeats})"
+    if repeats.full_values is not None and repeats.shift is not None:
+        difference = mean - float(repeats.full_values[j])
+        shift = float(repeats.shift[j])
+        units = f" ({shift:+.1f} sd)" if np.isfinite(shift) else ""
+        rounded = plus_minus(difference, sd).split(" ± ")[0]
+        sign = "+" if difference >= 0 and not rounded.startswith("-") else ""
+        note += f"; mean − this run's value = {sign}{rounded}{units}"
+    return note + f"; {level} of the {size} mean: {plus_minus(mean, half)}"
 
 
 def _print_repeats(report: AnalysisReport, console: Console) -> None:
@@ -587,11 +613,14 @@ def _print_repeats(report: AnalysisReport, console: Console) -> None:
             )
     cost = f"{repeats.num_products:,} products in {repeats.num_operator_calls} data passes"
     if repeats.subsample is not None:
+        size, total = int(repeats.subset_sizes[0]), int(repeats.num_examples or 0)
         console.info(
-            f"(bound: this run's numerical error for its matrix; sd: spread across "
-            f"{repeats.repeats} random subsets of {repeats.subset_sizes[0]} of "
-            f"{repeats.num_examples} examples, seeds {repeats.seeds[0]}..{repeats.seeds[-1]}: "
-            f"how much the numbers depend on the data; {cost})"
+            f"(bound: this run's numerical error for its matrix, on all {total:,} examples; "
+            f"subsets: {repeats.repeats} random subsets of {size:,} of {total:,} examples, "
+            f"seeds {repeats.seeds[0]}..{repeats.seeds[-1]}: sd is how much the numbers "
+            f"depend on the data, the mean and CI are those of {size:,}-example data, not "
+            f"this run's (λ_max of a smaller sample is larger on average: the shift from this "
+            f"run's value is that bias); {cost})"
         )
     else:
         console.info(
@@ -615,7 +644,7 @@ def _print_layers(layers: LayerwiseResult, console: Console) -> None:
         top = plus_minus(row["eigenvalues"][0], row["error_bounds"][0])
         line = f"  {row['group']:<{width}}  {row['size']:>10,}  {top:<24}"
         if "trace" in row:
-            line += f"  {row['trace']:.6g} ± {row['trace_stderr']:.2g}"
+            line += f"  {plus_minus(row['trace'], row['trace_stderr'])}"
         note = bound_note(row["converged"], layers.failure_probability)
         if note:
             line += f"  {note}"

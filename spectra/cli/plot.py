@@ -29,6 +29,7 @@ from spectra.cli._common import (
     figure_names,
     finish_outputs,
     locked_output,
+    one_line,
     save_figure_formats,
     user_errors,
 )
@@ -135,7 +136,15 @@ def _read(path: Path) -> Any:
     restored)."""
     from spectra.cli.sharpness import SharpnessReport
 
-    report = load(path)
+    wanted = "a run's results.json, sharpness.json or landscape.json"
+    if not path.exists():
+        raise UserError(f"no file '{path}': give {wanted}")
+    if path.is_dir():
+        raise UserError(f"'{path}' is a directory: give {wanted} in it")
+    try:
+        report = load(path)
+    except ValueError as err:
+        raise UserError(f"{one_line(str(err))}; spectra plot redraws {wanted}") from err
     if isinstance(report, SharpnessReport):
         return report.to_dict()
     return report

@@ -28,6 +28,7 @@ from spectra.analysis.stability import (
 )
 from spectra.analysis.trajectory import (
     PlannedCheckpoint,
+    ResumeRefused,
     SharpnessRun,
     measure_sharpness,
     plan_checkpoints,
@@ -47,6 +48,7 @@ from spectra.cli._common import (
     check_out_option,
     check_preconditionable,
     compiles_model,
+    custom_objects_option,
     data_description,
     data_fingerprint,
     describe_data,
@@ -129,6 +131,10 @@ class SharpnessReport(CommandReport):
     summary: dict[str, int]
     checkpoints: list[dict[str, Any]]
     model: dict[str, Any] | None = None
+    learning_rate_stored: float | None = None
+    """The learning rate as the first checkpoint's optimizer stores it (a float32 read back,
+    0.009999999776482582), None when no checkpoint records one; ``learning_rate`` is then
+    the shortest decimal with the same float32 value (0.01), the threshold's η."""
     x_axis: str | None = None
     """``--x``: ``"steps"``, ``"epochs"``, or None for the file names' own numbers
     (``step_unit`` says what they count)."""
@@ -338,6 +344,7 @@ def _run_locked(
         "step_unit": unit,
         "learning_rate": rate,
         "learning_rate_source": rate_source,
+        "learning_rate_stored": recorded_learning_rate(refs),
         "threshold": None if threshold is None else threshold.to_dict(),
         "dropped_threshold": None if dropped is None else dropped.to_dict(),
         "warm_start": settings.warm_start,
@@ -349,13 +356,37 @@ def _run_locked(
         "data_sha256": data_fingerprint(data),
         "num_examples": data.num_examples,
     }
-    with user_errors():
-        state = store.start(
-            plan,
-            wanted,
-            header,
-            restart=args.restart,
-            extra_outputs=figure_names([_FIGURE], args.format),
+    try:
+        with user_errors():
+            state = store.start(
+                plan,
+                wanted,
+                header,
+                restart=args.restart,
+                extra_outputs=figure_names([_FIGURE], args.format),
+            )
+    except UserError as err:
+        if not isinstance(err.__cause__, ResumeRefused):
+            raise
+        # Only a record of this format whose settings or checkpoints differ is replaced.
+        other_run = any(
+            words in str(err.__cause__)
+            for words in ("computed with other settings", "of another checkpoint set")
+        )
+        if not (other_run and _nothing_measured(store.json_path)):
+            raise UserError(_refusal_in_words(str(err))) from err.__cause__
+        # A run that measured nothing (it failed on its first checkpoint, say) holds
+        # nothing to keep: the corrected rerun replaces it.
+        with user_errors():
+            state = store.start(
+                plan,
+                wanted,
+                header,
+                restart=True,
+                extra_outputs=figure_names([_FIGURE], args.format),
+            )
+        console.info(
+            f"replacing {store.json_path}: its run measured no checkpoint (other settings)"
         )
 
     console.info(f"{len(plan)} checkpoints in {args.checkpoints}; data {data.description}")
@@ -384,8 +415,38 @@ def _run_locked(
                 (entry["step"], _tensorboard_scalars(entry, threshold, args.preconditioned))
                 for entry in done
             )
-        console.detail(f"TensorBoard: {len(done)} steps in {written}")
+        console.info(
+            f"TensorBoard: {len(done)} steps in {written} "
+            f"(view with: tensorboard --logdir {events.log_dir})"
+        )
     return _conclude(args, console, store, threshold, unit, step_source)
+
+
+def _nothing_measured(path: Path) -> bool:
+    """Whether the ``sharpness.json`` at ``path`` is a record with no checkpoint done (its
+    run failed before measuring one); False for a file that is not such a record."""
+    try:
+        checkpoints = json.loads(Path(path).read_text(encoding="utf-8"))["checkpoints"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(checkpoints, list) and not any(
+        isinstance(entry, dict) and entry.get("status") == "done" for entry in checkpoints
+    )
+
+
+def _refusal_in_words(text: str) -> str:
+    """A resume refusal as the command line says it: the option (``--restart``) without
+    the Python API's argument, hashes shortened to 12 digits, the data's hash named as
+    the data and the compiled loss for a loss of None."""
+    text = text.replace("--restart (restart=True)", "--restart")
+    text = re.sub(
+        r"data_sha256: '([0-9a-f]{12})[0-9a-f]{52}' -> '([0-9a-f]{12})[0-9a-f]{52}'",
+        r"data: other examples (sha256 \1… -> \2…)",
+        text,
+    )
+    text = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1…", text)
+    text = re.sub(r"\bloss: None ->", "loss: the compiled loss ->", text)
+    return re.sub(r"(\bloss: '[^']*') -> None\b", r"\1 -> the compiled loss", text)
 
 
 def _measure_all(
@@ -410,7 +471,9 @@ def _measure_all(
     from spectra.io.checkpoints import CheckpointLoader
 
     loader = CheckpointLoader(
-        builder=args.builder, compile=compiles_model(args), custom_objects=args.custom_objects
+        builder=args.builder,
+        compile=compiles_model(args),
+        custom_objects=custom_objects_option(args),
     )
     before = {later.file: earlier.file for earlier, later in itertools.pairwise(plan)}
     # A resumed run starts where an uninterrupted one would: from the eigenvectors of the
@@ -519,6 +582,13 @@ def _line(
 ) -> str:
     top = plus_minus(entry["eigenvalues"][0], entry["error_bounds"][0])
     line = f"{unit} {entry['step']:>6}  λ1 = {top}"
+    if len(entry["eigenvalues"]) > 1:
+        # The other eigenvalues of --top-k, each to the digits of its own bound.
+        rest = [
+            plus_minus(value, bound).split(" ± ")[0]
+            for value, bound in zip(entry["eigenvalues"][1:], entry["error_bounds"][1:])
+        ]
+        line += f"  λ2..{len(entry['eigenvalues'])} = {', '.join(rest)}"
     note = bound_note(
         entry["converged"][0],
         entry_failure_probability(entry, method),
@@ -537,8 +607,9 @@ def _line(
         line += f"  overlap with previous {entry['eigenvector_overlap']:.3f}"
     if entry["trace"] is not None:
         stderr = entry["trace_stderr"]
-        spread = "" if stderr is None or not math.isfinite(stderr) else f" ± {stderr:.2g}"
-        line += f"  trace = {entry['trace']:.5g}{spread}"
+        finite = stderr is not None and math.isfinite(stderr)
+        trace = plus_minus(entry["trace"], stderr) if finite else f"{entry['trace']:.5g}"
+        line += f"  trace = {trace}"
     start = "warm" if entry["warm_start"] else "cold"
     return (
         line + f"  loss {entry['loss']:.4f}  [{entry['num_products']} products, "
@@ -592,6 +663,14 @@ def _threshold(
 
     threshold, rate, source, notes = _recorded_threshold(args, refs)
     recorded = recorded_optimizer(refs[0].path)
+    if args.preconditioned and recorded is None and threshold is not None and source != "--lr":
+        # The optimizer named by a trajectory.json (SGD when it names none).
+        name = threshold.optimizer
+        if not threshold.preconditioned:
+            raise SettingError(
+                f"the optimizer recorded in {source} is {name}, which has no preconditioner "
+                "(P = I): measure λ_max(H) without --preconditioned."
+            )
     if args.preconditioned and recorded is not None:
         name = re.sub(r"_\d+$", "", str(recorded["class_name"]))
         with contextlib.suppress(ValueError):
@@ -626,6 +705,10 @@ def _recorded_threshold(
     notes: list[str] = []
     optimizer = recorded_optimizer(refs[0].path)
     source = f"optimizer recorded in {Path(refs[0].path).name}" if optimizer else None
+    if optimizer is not None:
+        config = dict(optimizer["config"])
+        config["learning_rate"] = float32_decimal(config.get("learning_rate"))
+        optimizer = {**optimizer, "config": config}
     if optimizer is None:
         try:
             content, where = _trajectory_notes(refs)
@@ -674,6 +757,29 @@ def _recorded_threshold(
     return threshold, threshold.learning_rate, source, notes
 
 
+def float32_decimal(value: Any) -> Any:
+    """A float that holds a float32 exactly (a learning rate Keras saved from its float32
+    variable: 0.009999999776482582) as the shortest decimal that rounds to the same float32
+    (0.01), the rate the user gave; anything else (a schedule's dict, None, a float64
+    value) unchanged."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    single = np.float32(value)
+    if float(single) != value:
+        return value
+    return float(np.format_float_positional(single, unique=True, trim="-"))
+
+
+def recorded_learning_rate(refs: list[Any]) -> float | None:
+    """The learning rate as stored in the first checkpoint's optimizer (before
+    :func:`float32_decimal`), or None when it records none or stores no float."""
+    from spectra.io.checkpoints import recorded_optimizer
+
+    optimizer = recorded_optimizer(refs[0].path)
+    rate = None if optimizer is None else optimizer["config"].get("learning_rate")
+    return rate if isinstance(rate, float) else None
+
+
 # --------------------------------------------------------------------------- the end
 
 
@@ -692,9 +798,10 @@ def _conclude(
     if done:
         figures = _figure(args, store, done, threshold, unit, step_source)
         top = max(done, key=lambda entry: entry["eigenvalues"][0])
-        summary = f"largest λ1 = {top['eigenvalues'][0]:.6g} at {unit} {top['step']}"
+        largest = plus_minus(top["eigenvalues"][0], top["error_bounds"][0])
+        summary = f"largest λ1 = {largest} at {unit} {top['step']}"
         if threshold is not None:
-            summary += f" (threshold {threshold.value:.4g})"
+            summary += f" (threshold {threshold.value:.7g})"
         uncertified = [entry for entry in done if not entry_certified(entry, args.method)]
         if threshold is not None:
             sides = [_side_of_threshold(entry, threshold, args.method) for entry in done]
@@ -720,7 +827,7 @@ def _conclude(
             )
     console.info(f"results: {store.json_path}, {store.csv_path}")
     if figures:
-        console.info(f"figure: {', '.join(figures)}")
+        console.info(f"figures: {', '.join(figures)}")
     if failed:
         names = ", ".join(entry["file"] for entry in failed)
         console.warn(

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import types
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -496,7 +497,14 @@ def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
     try:
         function = getattr(module, attribute)
     except AttributeError as err:
-        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        # The names the module defines, not those it imports (modules, imported classes).
+        public = sorted(
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not isinstance(value, types.ModuleType)
+            and getattr(value, "__module__", module.__name__) == module.__name__
+        )
         raise ValueError(
             f"Module '{location}' has no '{attribute}' (builder '{builder}'); it defines "
             f"{public[:_NAMES_SHOWN]}"
@@ -563,6 +571,11 @@ def resolve_custom_objects(spec: str) -> dict[str, Any]:
             "module name, or either with ':attr'."
         )
     if location.endswith(".py") or "/" in location or os.sep in location:
+        if not Path(location).is_file():
+            raise FileNotFoundError(
+                f"no file '{location}'"
+                + ("" if location == spec else f" (custom objects '{spec}')")
+            )
         module = _import_file(Path(location), spec, role="custom objects")
     else:
         try:
@@ -576,7 +589,14 @@ def resolve_custom_objects(spec: str) -> dict[str, Any]:
     if not attribute:
         return _keras_classes_of(module)
     if not hasattr(module, attribute):
-        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        # The names the module defines, not those it imports (modules, imported classes).
+        public = sorted(
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not isinstance(value, types.ModuleType)
+            and getattr(value, "__module__", module.__name__) == module.__name__
+        )
         raise ValueError(
             f"Module '{location}' has no '{attribute}' (custom objects '{spec}'); it defines "
             f"{public[:_NAMES_SHOWN]}"

@@ -139,7 +139,7 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
             )
         x, y, weight = _load_npz(path)
         name = path.stem
-        description = f"{path} ({len(x)} examples)"
+        description = f"{path} ({len(x):,} examples)"
 
     total = len(x)
     max_examples = check_int("max_examples", max_examples, allow_none=True)
@@ -150,7 +150,7 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
             x, y = x[index], _take(y, index)
             weight = None if weight is None else weight[index]
             description += (
-                f"; random subset of {max_examples} of {total} examples "
+                f"; random subset of {max_examples:,} of {total:,} examples "
                 f"(numpy.random.default_rng({seed}), original order kept)"
             )
     return Data(

@@ -246,3 +246,30 @@ def test_keras_subsets_match_the_dense_hessian_of_each_subset() -> None:
         tolerance = np.maximum(result.bounds[i], 1e-12 * exact[0])
         assert np.all(np.abs(result.values[i] - exact) <= tolerance), (i, result.values[i], exact)
     assert result.sd[0] > 1e-3 * result.mean[0]  # the subsets differ
+
+
+def test_full_value_and_shift_show_the_subsets_bias(
+    population: tuple[np.ndarray, np.ndarray], subset_truth: tuple[float, float]
+) -> None:
+    """``full`` (the estimate on all the data) gives ``full_values`` and ``shift`` =
+    (mean − full)/sd; λ1 of N/4-example subsets is larger on average than the full-data λ1
+    (the bias the shift reports), and it round-trips through JSON."""
+    full = _top(_gram(population), 0)
+    assert full == pytest.approx(np.linalg.eigvalsh(population[0].T @ population[0] / _N)[-1])
+    # The exact mean over subsets (Monte Carlo over 40 000) lies above the full value.
+    assert subset_truth[0] > full + 3 * math.sqrt(subset_truth[1] / 40_000)
+    result = repeat_estimate(
+        _top, data=population, build=_gram, subsample=0.25, repeats=5, seed=2, full=full
+    )
+    np.testing.assert_array_equal(result.full_values, [full])
+    expected = (result.values[:, 0].mean() - full) / result.values[:, 0].std(ddof=1)
+    assert result.shift[0] == pytest.approx(expected, rel=1e-12)
+    again = RepeatResult.from_dict(result.to_dict())
+    np.testing.assert_array_equal(again.shift, result.shift)
+    assert (
+        repeat_estimate(_top, data=population, build=_gram, subsample=0.5, repeats=2).shift is None
+    )
+    with pytest.raises(ValueError, match=r"full holds the quantities \['a'\]"):
+        repeat_estimate(
+            _top, data=population, build=_gram, subsample=0.5, repeats=2, full={"a": 1.0}
+        )

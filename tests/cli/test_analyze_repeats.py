@@ -16,6 +16,7 @@ import pytest
 import spectra
 from spectra.analysis.repeats import SUBSET_RULE, subsample_indices
 from spectra.cli import main
+from spectra.cli._common import plus_minus
 from spectra.io.checkpoints import load_model
 from spectra.io.datasets import load_data
 
@@ -66,9 +67,25 @@ def test_results_json_holds_the_repeats(subsample_run: tuple[Path, str]) -> None
     assert isinstance(repeats, spectra.RepeatResult)
     np.testing.assert_array_equal(repeats.values, np.array(raw["values"]))
     assert repeats.sd[0] == pytest.approx(np.std(repeats.values[:, 0], ddof=1), rel=1e-12)
-    assert "across 3 subsets of 50%" in printed and "(bound)" in printed and "(sd)" in printed
+    # The subsets' numbers are named for what they are, beside their shift from this run's.
+    np.testing.assert_allclose(repeats.full_values[:2], report.eigenvalues.eigenvalues)
+    assert repeats.full_values[2] == report.trace.estimate
+    shift = (repeats.mean - repeats.full_values) / repeats.sd
+    np.testing.assert_allclose(repeats.shift, shift, rtol=1e-12)
     line = next(text for text in printed.splitlines() if text.strip().startswith("λ1 ="))
-    assert "(bound)" in line and "across 3 subsets of 50%" in line and "(95% CI)" in line
+    difference = repeats.mean[0] - repeats.full_values[0]
+    assert "(bound)" in line
+    assert (
+        f"λ1 of 30-example subsets: {plus_minus(repeats.mean[0], repeats.sd[0])} (sd over 3)"
+        in (line)
+    )
+    rounded = plus_minus(difference, repeats.sd[0]).split(" ± ")[0]
+    sign = "" if rounded.startswith("-") else "+"
+    assert f"mean − this run's value = {sign}{rounded} ({shift[0]:+.1f} sd)" in line
+    half = repeats.ci_high[0] - repeats.mean[0]
+    assert f"95% CI of the 30-example mean: {plus_minus(repeats.mean[0], half)}" in line
+    assert "across 3 subsets" not in printed
+    assert "λ_max of a smaller sample is larger on average" in printed
 
 
 @pytest.mark.slow

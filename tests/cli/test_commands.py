@@ -948,6 +948,10 @@ def test_sharpness_preconditioned_on_adam_checkpoints(adam_mlp_run, tmp_path, ca
     threshold = report["threshold"]
     assert threshold["optimizer"] == "Adam" and threshold["preconditioned"] is True
     assert threshold["value"] == pytest.approx(38 / 0.05)
+    # η read back from Adam's float32 variable is 0.05 again; the stored value is recorded.
+    assert report["learning_rate"] == threshold["learning_rate"] == 0.05
+    assert report["learning_rate_stored"] == float(np.float32(0.05)) != 0.05
+    assert "(threshold 760)" in captured.out
     failed, *done = report["checkpoints"]
     assert failed["status"] == "failed" and "no optimizer state yet" in failed["error"]
     vectors = {}

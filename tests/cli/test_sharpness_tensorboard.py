@@ -46,7 +46,7 @@ def _expected(report: dict) -> dict:
 @pytest.fixture(scope="module")
 def two_checkpoints(tmp_path_factory):
     base = tmp_path_factory.mktemp("tb")
-    status, _, err = _run(
+    status, printed, err = _run(
         [
             str(TRAJECTORY / "step_00[02]0.keras"),
             "--out",
@@ -56,6 +56,12 @@ def two_checkpoints(tmp_path_factory):
         ]
     )
     assert status == 0, err
+    # The console says where the events went.
+    (written,) = event_files(base / "logs" / "spectra")
+    assert (
+        f"TensorBoard: 2 steps in {written} (view with: tensorboard --logdir {base / 'logs'})"
+        in printed
+    )
     return base, json.loads((base / "out" / "sharpness.json").read_text())
 
 

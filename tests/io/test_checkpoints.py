@@ -551,14 +551,22 @@ def test_custom_objects_dotted_module_name(custom_module, monkeypatch):
 @pytest.mark.parametrize(
     "spec, error, message",
     [
-        ("{dir}/absent.py", FileNotFoundError, "absent.py' of custom objects"),
+        ("{dir}/absent.py", FileNotFoundError, "no file '{dir}/absent.py'"),
+        ("{dir}/absent.py:CUSTOM", FileNotFoundError, "absent.py' (custom objects '{dir}/"),
         ("no_such_module_xyz", ValueError, "Cannot import module 'no_such_module_xyz'"),
-        ("{file}:MISSING", ValueError, "has no 'MISSING'"),
+        # Only the names the module defines, not the modules it imports (keras).
+        (
+            "{file}:MISSING",
+            ValueError,
+            "has no 'MISSING' (custom objects '{file}:MISSING'); it defines "
+            "['CUSTOM', 'LISTED', 'NOT_OBJECTS', 'Scale', 'helper']",
+        ),
         ("{file}:NOT_OBJECTS", TypeError, "is a int; name a dict"),
     ],
 )
 def test_custom_objects_errors(custom_module, spec, error, message):
     spec = spec.format(dir=custom_module.parent, file=custom_module)
+    message = message.format(dir=custom_module.parent, file=custom_module)
     with pytest.raises(error, match=re.escape(message)):
         resolve_custom_objects(spec)
 
