@@ -221,11 +221,14 @@ def test_repeats_spread_beside_the_numerical_bound(results, style):
     figure = ax.figure
     legend = figure.legends[0] if figure.legends else ax.get_legend()
     texts = [text.get_text().replace("\n", " ") for text in legend.get_texts()]
-    assert texts[0].startswith("λᵢ ± numerical bound (this run)")
+    # One parenthesised group at most per entry; the repeats named by their subsets' size
+    # (100 of the 200 rows), not called an error bar.
+    assert texts[0].startswith("λᵢ ± numerical bound of this run")
     assert texts[1:] == [
-        "each subset's λᵢ",
-        "spread across 5 subsets of 50% of the data: mean ± sd",
+        "λᵢ of each 100-example subset",
+        "λᵢ of 5 100-example subsets (mean\u00a0±\u00a0sd)",
     ]
+    assert all(text.count("(") <= 1 for text in texts), texts
     dots = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_alpha()]
     (dots,) = dots
     assert np.array_equal(np.sort(dots.get_ydata()), np.sort(repeats.values[:, :5].ravel()))
@@ -463,7 +466,8 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
     ]
     assert not dashed
     texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
-    assert any(text.startswith("no ") and "λ_max(H)" in text for text in texts), texts
+    assert any(text.startswith("no ") and "λ₁(H)" in text for text in texts), texts
+    assert not any("λ_max" in text for text in texts), texts
     assert not any("3800" in text or "(2+2β₁)" in text for text in texts)
     plt.close(figure)
 
