@@ -300,14 +300,13 @@ def _fit_y_labels(ax: Axes) -> None:
         return
     for _ in range(3):
         figure.canvas.draw()
-        renderer = figure.canvas.get_renderer()
         missing = 0.0
         for axes in figure.axes:
             label = axes.yaxis.label
             if not (label.get_visible() and label.get_text()):
                 continue
-            tall = label.get_window_extent(renderer).height / figure.dpi
-            high = axes.get_window_extent(renderer).height / figure.dpi
+            tall = label.get_window_extent().height / figure.dpi
+            high = axes.get_window_extent().height / figure.dpi
             share = high / figure.get_figheight()
             missing = max(missing, (tall + 2 * _Y_LABEL_SLACK - high) / max(share, 0.2))
         if missing <= 0:
@@ -728,11 +727,8 @@ def _keep_annotations_inside(ax: Axes, centre: bool) -> None:
     figure = _root_figure(ax)
     for _ in range(3):
         figure.canvas.draw()
-        renderer = figure.canvas.get_renderer()
-        frame = ax.get_window_extent(renderer)
-        right_edge = max(
-            (label.get_window_extent(renderer).x1 for label in ax.texts), default=frame.x0
-        )
+        frame = ax.get_window_extent()
+        right_edge = max((label.get_window_extent().x1 for label in ax.texts), default=frame.x0)
         over = right_edge + 4.0 - frame.x1
         left, right = ax.get_xlim()
         if over > 0:
