@@ -78,7 +78,7 @@ _MAX_MARKED_POINTS = 50
 _MAX_SQUARE_SIDE = 3.6
 _TRACE_LABEL = "Trace of H"
 _LOSS_LABEL = "Loss"
-_OVERLAP_LABEL = "Top-eigenvector overlap"
+_OVERLAP_LABEL = "Overlap"
 # The lower panel of a sharpness figure (trace, overlap): its height as a fraction of the
 # upper one's, and the attribute of the upper axes that holds it.
 _LOWER_PANEL_RATIO = 0.6

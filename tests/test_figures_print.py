@@ -251,11 +251,11 @@ def test_sharpness_trace_and_overlap_in_a_panel_below(style):
         "Preconditioned sharpness λ₁(P⁻¹H)",
         "Loss",
         "Trace of H",
-        "Top-eigenvector overlap",
+        "Overlap",
     }
     upper, lower = ax.get_position(), labels["Trace of H"].get_position()
     assert labels["Loss"].get_position().bounds == upper.bounds
-    assert labels["Top-eigenvector overlap"].get_position().bounds == lower.bounds
+    assert labels["Overlap"].get_position().bounds == lower.bounds
     assert lower.y1 <= upper.y0 and lower.x0 == pytest.approx(upper.x0)
     assert labels["Trace of H"].get_shared_x_axes().joined(ax, labels["Trace of H"])
     # One x label, under the lower panel.

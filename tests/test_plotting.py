@@ -321,7 +321,7 @@ def test_sharpness_overlaps_on_their_own_axis_and_a_named_quantity():
     assert ax.get_ylabel() == name
     assert _series_lines(ax)[0].get_label() == name
     twins = {other.get_ylabel(): other for other in ax.figure.axes if other is not ax}
-    overlap_ax = twins["Top-eigenvector overlap"]
+    overlap_ax = twins["Overlap"]
     assert overlap_ax.get_position().y1 <= ax.get_position().y0  # the panel below
     assert overlap_ax.get_ylim() == (0.0, 1.05)
     (line,) = overlap_ax.get_lines()
