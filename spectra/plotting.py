@@ -1264,17 +1264,22 @@ def plot_sharpness(
     of flattening the curves.
 
     ``losses`` (one per step) go on a twin y axis on the right, on a log scale
-    when they span more than two decades; ``traces`` (and ``trace_errors``) on
-    another; ``overlaps`` (one per step in [0, 1], NaN where there is none, e.g.
-    the first step), the overlap of consecutive top eigenvectors
-    (:func:`spectra.analysis.trajectory.measure_sharpness`), on another, from 0 to 1.
+    when they span more than two decades. A panel has at most two y axes: ``traces``
+    (and ``trace_errors``) and ``overlaps`` (one per step in [0, 1], NaN where there is
+    none, e.g. the first step; the overlap of consecutive top eigenvectors,
+    :func:`spectra.analysis.trajectory.measure_sharpness`) go into a second panel under
+    the sharpness, sharing its x axis: the trace on its left axis, the overlap (0 to 1) on
+    its right one (or the left, without traces). The panel is made by splitting ``ax``'s
+    place in its grid (``ax`` keeps the upper part; a figure spectra makes grows in height
+    for it); a ``ValueError`` if ``ax`` has no grid position (made by ``add_axes``).
     ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
     threshold is drawn (e.g. Adam's bounds λ_max(P⁻¹H), not the λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
-    the line (below it, or above it when the line is low). ``style`` draws for print
+    the line (below it, or above it when the line is low); the threshold's legend says
+    which eigenvalue it bounds (:func:`bounds_text`). ``style`` draws for print
     (:func:`figure_style`). Returns the primary (sharpness) axes.
     """
     series = _sharpness_series(
@@ -1283,6 +1288,10 @@ def plot_sharpness(
     quantity = ylabel or "Sharpness λ₁"
     if ax is None:
         ax = _new_axes()
+    # The lower panel first: an ``ax`` that cannot be split is refused before drawing.
+    lower = getattr(ax, _LOWER_PANEL_ATTRIBUTE, None)
+    if series.traces is not None or series.overlaps is not None:
+        lower = _lower_panel(ax)
     marker = "o" if series.steps.size <= _MAX_MARKED_POINTS else None
     colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
     if log_scale:
@@ -1307,9 +1316,7 @@ def plot_sharpness(
             _keep_clear_of(ax, twins[-1], drawn_threshold, series.losses)
     elif (existing := _find_twin(ax, _LOSS_LABEL)) is not None:
         twins.append(existing)
-    lower = getattr(ax, _LOWER_PANEL_ATTRIBUTE, None)
-    if series.traces is not None or series.overlaps is not None:
-        lower = _lower_panel(ax)
+    if lower is not None:
         lower.set_xlabel(xlabel)
     if series.traces is not None:
         assert lower is not None

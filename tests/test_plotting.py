@@ -228,9 +228,9 @@ def test_sharpness_with_threshold_trace_and_loss():
     assert any(isinstance(c, LineCollection) for c in ax.collections)  # error bars
     # Loss on the sharpness panel's second y axis; the trace in a panel of its own under
     # it, sharing x (never a third y axis in one panel).
-    others = [other for other in ax.figure.axes if other is not ax]
-    assert [other.get_ylabel() for other in others] == ["Loss", "Trace of H"]
-    loss_ax, trace_ax = others
+    others = {other.get_ylabel(): other for other in ax.figure.axes if other is not ax}
+    assert sorted(others) == ["Loss", "Trace of H"]
+    loss_ax, trace_ax = others["Loss"], others["Trace of H"]
     assert loss_ax.get_position().bounds == ax.get_position().bounds
     assert trace_ax.get_position().y1 <= ax.get_position().y0
     assert trace_ax.get_shared_x_axes().joined(ax, trace_ax)
@@ -333,6 +333,25 @@ def test_sharpness_overlaps_on_their_own_axis_and_a_named_quantity():
         plot_sharpness(STEPS, SHARPNESS, overlaps=np.full(STEPS.size, 1.5))
     with pytest.raises(ValueError, match="11 steps but 3 overlaps"):
         plot_sharpness(STEPS, SHARPNESS, overlaps=[0.5, 0.6, 0.7])
+
+
+def test_sharpness_lower_panel_needs_a_grid_position_and_two_axes_per_panel():
+    figure = plt.figure()
+    ax = figure.add_axes((0.1, 0.1, 0.8, 0.8))
+    with pytest.raises(ValueError, match="give axes made by plt.subplots"):
+        plot_sharpness(STEPS, SHARPNESS, traces=TRACES, ax=ax)
+    assert not ax.get_lines()  # refused before drawing
+    plt.close(figure)
+    figure, ax = plt.subplots()
+    ax.twinx().set_ylabel("mine")
+    with pytest.raises(ValueError, match="already have a second y axis \\('mine'\\)"):
+        plot_sharpness(STEPS, SHARPNESS, losses=np.ones(STEPS.size), ax=ax)
+    plt.close(figure)
+    # A second call on the axes draws into the same lower panel.
+    ax = plot_sharpness(STEPS, SHARPNESS, traces=TRACES, overlaps=np.full(STEPS.size, 0.5))
+    plot_sharpness(STEPS, SHARPNESS / 2, traces=TRACES / 2, ax=ax, label="other")
+    assert len(ax.figure.axes) == 3
+    plt.close(ax.figure)
 
 
 def test_sharpness_panels_side_by_side_keep_their_own_legends():
