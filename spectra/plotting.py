@@ -1824,16 +1824,26 @@ def add_title(
 
 
 def _centre_title_on(figure: Figure, axes: Axes) -> None:
-    """Centre the figure's title over ``axes``, like the caption under it, when ``axes``
-    is the figure's only column of panels (side-by-side panels keep it on the figure)."""
+    """Centre the figure's title and the caption (the title of ``axes``) on one line:
+    over ``axes`` when it is the figure's only column of panels, else (panels side by
+    side) on the figure."""
     from matplotlib.transforms import blended_transform_factory
 
     title = getattr(figure, "_suptitle", None)
     spec = axes.get_subplotspec()
-    if title is None or spec is None or spec.get_gridspec().ncols > 1:
+    if spec is None:
         return
-    title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
-    title.set_x(0.5)
+    if spec.get_gridspec().ncols > 1:
+        # Side by side: the caption (the first panel's title) is centred on the figure.
+        caption = axes.title
+        caption.set_transform(
+            blended_transform_factory(figure.transSubfigure, axes.transAxes) + axes.titleOffsetTrans
+        )
+        caption.set_x(0.5)
+        return
+    if title is not None:
+        title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
+        title.set_x(0.5)
 
 
 def _file_metadata(file_format: str, recorded: Mapping[str, str]) -> dict[str, Any] | None:

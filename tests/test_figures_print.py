@@ -320,6 +320,20 @@ def test_single_eigenvalue_is_centred_with_a_one_line_legend(results):
         plt.close(ax.figure)
 
 
+def test_title_and_caption_of_side_by_side_panels_centred_on_the_figure(results):
+    figure, (left, right) = new_figure("page", ncols=2)
+    plot_layerwise(results["layers"], ax=left, style="page")
+    plot_layerwise(results["layers"], quantity="trace", ax=right, style="page")
+    add_title(figure, "Per-layer spectra", CAPTION)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    middle = figure.bbox.width / 2
+    for text in (figure._suptitle, left.title):
+        box = text.get_window_extent(renderer)
+        assert abs((box.x0 + box.x1) / 2 - middle) < 2.0, text.get_text()
+    plt.close(figure)
+
+
 def test_caption_text_for_print():
     from spectra.plotting import print_text
 
