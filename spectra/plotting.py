@@ -1836,8 +1836,9 @@ def _centre_title_on(figure: Figure, axes: Axes) -> None:
     if spec.get_gridspec().ncols > 1:
         # Side by side: the caption (the first panel's title) is centred on the figure.
         caption = axes.title
+        offset = caption.get_transform() - axes.transAxes  # the title's padding
         caption.set_transform(
-            blended_transform_factory(figure.transSubfigure, axes.transAxes) + axes.titleOffsetTrans
+            blended_transform_factory(figure.transSubfigure, axes.transAxes) + offset
         )
         caption.set_x(0.5)
         return
