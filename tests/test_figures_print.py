@@ -330,7 +330,7 @@ def test_title_and_caption_of_side_by_side_panels_centred_on_the_figure(results)
     middle = figure.bbox.width / 2
     for text in (figure._suptitle, left.title):
         box = text.get_window_extent(renderer)
-        assert abs((box.x0 + box.x1) / 2 - middle) < 2.0, text.get_text()
+        assert abs((box.x0 + box.x1) / 2 - middle) < 4.0, text.get_text()  # 0.04 in
     plt.close(figure)
 
 
