@@ -785,8 +785,13 @@ def plot_eigenvalues(
     --repeats``), adds the spread across its R runs beside each eigenvalue, just left of
     the run's marker: each run's value as a small dot and their mean ± sd (the sample
     standard deviation, ddof = 1) as a diamond with bars. The legend then names the two
-    uncertainties apart: "numerical bound (this run)" for the run's error bars and "spread
-    across R subsets of f (sd)" (or "across R seeds") for the repeats'.
+    uncertainties apart: "numerical bound of this run" for the run's error bars, "λᵢ of R
+    150-example subsets (mean ± sd)" (the size from ``repeats.subset_sizes``; "R seeds"
+    without subsets) for the repeats' spread, which is not an error bar.
+
+    On a log axis spanning under two decades the ticks are plain decimals (0.6, 1, 2, 3,
+    4, 6); the x range widens until the value labels end inside the axes, and a single
+    eigenvalue is centred on its axis (costs a few draws of the figure).
     """
     if not isinstance(result, EigenResult):
         raise TypeError(f"result must be an EigenResult, got {type(result).__name__}")
