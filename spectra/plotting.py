@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import pathlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -73,9 +74,15 @@ _LOG_HEADROOM = 2.0
 _BELOW_FLOOR = 0.1
 # More points than this are drawn without markers.
 _MAX_MARKED_POINTS = 50
+# The tallest 2-D landscape axes (inches): on a page the square axes leave room at the sides.
+_MAX_SQUARE_SIDE = 3.6
 _TRACE_LABEL = "Trace of H"
 _LOSS_LABEL = "Loss"
-_OVERLAP_LABEL = "Overlap with the previous top eigenvector(s)"
+_OVERLAP_LABEL = "Overlap"
+# The lower panel of a sharpness figure (trace, overlap): its height as a fraction of the
+# upper one's, and the attribute of the upper axes that holds it.
+_LOWER_PANEL_RATIO = 0.6
+_LOWER_PANEL_ATTRIBUTE = "_spectra_lower_panel"
 # Overlaps are squared cosines in [0, 1]; computed ones may exceed 1 by rounding. Their
 # axis ends a little above 1 so that a line at 1 stays visible.
 _OVERLAP_ROUNDING = 1e-9
@@ -274,9 +281,37 @@ def _styled(function: Any) -> Any:
             result = function(*args, **kwargs)
             if style is not None:
                 _fix_tick_fonts(result)
+                _fit_y_labels(result)
         return result
 
     return wrapper
+
+
+# Room kept between a y label's ends and the axes' ends, in inches.
+_Y_LABEL_SLACK = 0.05
+
+
+def _fit_y_labels(ax: Axes) -> None:
+    """On a figure spectra made in a print style, grow its height until every axes is at
+    least as tall as its y labels (left and right), so that no label runs past the canvas:
+    the width stays the preset's. Cost: a draw of the figure per growth (at most 3)."""
+    figure = _root_figure(ax)
+    if getattr(figure, _STYLE_ATTRIBUTE, None) is None:
+        return
+    for _ in range(3):
+        figure.canvas.draw()
+        missing = 0.0
+        for axes in figure.axes:
+            label = axes.yaxis.label
+            if not (label.get_visible() and label.get_text()):
+                continue
+            tall = label.get_window_extent().height / figure.dpi
+            high = axes.get_window_extent().height / figure.dpi
+            share = high / figure.get_figheight()
+            missing = max(missing, (tall + 2 * _Y_LABEL_SLACK - high) / max(share, 0.2))
+        if missing <= 0:
+            return
+        figure.set_figheight(figure.get_figheight() + missing)
 
 
 def _next_color(ax: Axes, color: Any = None) -> Any:
@@ -324,7 +359,7 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
     constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
     width = _root_figure(axes[0]).get_figwidth()
     if outside and alone and constrained:
-        columns = 1 if _ACTIVE_STYLE.get() == "column" else 2
+        columns = min(len(handles), 1 if _ACTIVE_STYLE.get() == "column" else 2)
         labels = _fit_labels(labels, width / columns)
         legend = figure.legend(
             handles,
@@ -495,7 +530,7 @@ def _eigen_errors(result: EigenResult) -> np.ndarray:
 
 
 def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: bool) -> str:
-    """ " (bars smaller than the markers, largest ±e)" when the bars cannot be seen, else ""."""
+    """ "; bars smaller than the markers, at most ±e" when the bars cannot be seen, else ""."""
     if errors is None or errors.size == 0:
         return ""
     finite = np.isfinite(values)
@@ -512,7 +547,7 @@ def _hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: 
         hidden = largest < _VISIBLE_ERROR_FRACTION * span
     if not hidden:
         return ""
-    return f" (bars smaller than the markers: at most ±{largest:.1e})"
+    return f"; bars smaller than the markers, at most ±{print_text(f'{largest:.1e}')}"
 
 
 def _draw_eigenvalue_markers(
@@ -589,7 +624,7 @@ def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> No
     sd = np.asarray(repeats.sd, dtype=np.float64)[columns]
     finite = np.isfinite(values)
     xs = np.broadcast_to(where, values.shape)
-    what = "subset" if repeats.subsample is not None else "seed"
+    what, many = _repeat_unit(repeats)
     # An error-bar container without bars, so that the legend lists it in drawing order.
     ax.errorbar(
         xs[finite],
@@ -598,7 +633,7 @@ def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> No
         markersize=_w(2.5),
         color=color,
         alpha=0.55,
-        label=f"each {what}'s λᵢ",
+        label=f"λᵢ of each {what}",
     )
     shown = np.isfinite(mean) & np.isfinite(sd)
     if shown.any():
@@ -613,8 +648,20 @@ def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> No
             markeredgewidth=_w(1.2),
             capsize=_w(3),
             elinewidth=_w(1.0),
-            label=f"spread across {repeats_description(repeats)}: mean ± sd",
+            label=f"λᵢ of {repeats.repeats} {many} (mean\u00a0±\u00a0sd)",
         )
+
+
+def _repeat_unit(repeats: RepeatResult) -> tuple[str, str]:
+    """What one repeat is, and several: ("150-example subset", "150-example subsets")
+    from ``subset_sizes`` (the fraction when the sizes differ), or ("seed", "seeds")."""
+    if repeats.subsample is None:
+        return "seed", "seeds"
+    sizes = np.asarray(repeats.subset_sizes).ravel()
+    if sizes.size and np.all(sizes == sizes[0]) and sizes[0] > 0:
+        return f"{int(sizes[0]):,}-example subset", f"{int(sizes[0]):,}-example subsets"
+    share = f"{100 * repeats.subsample:.3g}% of the data"
+    return f"subset of {share}", f"subsets of {share}"
 
 
 def _index_axis_and_scale(
@@ -642,11 +689,56 @@ def _index_axis_and_scale(
     if log_scale:
         if np.all(values > 0):
             ax.set_yscale("log")
+            _decimal_log_ticks(ax, values)
         else:
             scale = float(np.min(np.abs(values[values != 0]), initial=1.0))
             ax.set_yscale("symlog", linthresh=scale)
     else:
         _keep_value_range(ax, values)
+
+
+# A log axis spanning fewer decades than this gets plain decimal ticks (0.6, 1, 2, 3, …).
+_DECIMAL_LOG_DECADES = 2.0
+
+
+def _decimal_log_ticks(ax: Axes, values: np.ndarray) -> None:
+    """On a log axis over less than ``_DECIMAL_LOG_DECADES`` decades: ticks at 1, 2, 3, 4, 6
+    times a power of ten (also 1.5, 5, 8 within one decade), written as plain decimals
+    ("0.6", "2"), not "6 × 10⁻¹"; wider ranges keep matplotlib's decades."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    low, high = float(values.min()), float(values.max())
+    decades = math.log10(high / low)
+    if decades >= _DECIMAL_LOG_DECADES:
+        return
+    mantissas = (1.0, 2.0, 3.0, 4.0, 6.0) if decades > 1 else (1, 1.5, 2, 3, 4, 5, 6, 8)
+    first, last = math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1
+    ticks = [m * 10.0**e for e in range(first, last + 1) for m in mantissas]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.6g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _keep_annotations_inside(ax: Axes, centre: bool) -> None:
+    """Widen the x range of ``ax`` until the value labels written beside the markers end
+    inside the axes (off the right spine), and with ``centre`` (one eigenvalue) make the
+    range symmetric about its index, so the point sits in the middle. Cost: up to 3 draws."""
+    figure = _root_figure(ax)
+    for _ in range(3):
+        figure.canvas.draw()
+        frame = ax.get_window_extent()
+        right_edge = max((label.get_window_extent().x1 for label in ax.texts), default=frame.x0)
+        over = right_edge + 4.0 - frame.x1
+        left, right = ax.get_xlim()
+        if over > 0:
+            right += 1.15 * over * (right - left) / frame.width
+        if centre:
+            half = max(1.0 - left, right - 1.0)
+            left, right = 1.0 - half, 1.0 + half
+        if (left, right) == ax.get_xlim():
+            return
+        ax.set_xlim(left, right)
 
 
 def _keep_value_range(ax: Axes, values: np.ndarray) -> None:
@@ -693,8 +785,13 @@ def plot_eigenvalues(
     --repeats``), adds the spread across its R runs beside each eigenvalue, just left of
     the run's marker: each run's value as a small dot and their mean ± sd (the sample
     standard deviation, ddof = 1) as a diamond with bars. The legend then names the two
-    uncertainties apart: "numerical bound (this run)" for the run's error bars and "spread
-    across R subsets of f (sd)" (or "across R seeds") for the repeats'.
+    uncertainties apart: "numerical bound of this run" for the run's error bars, "λᵢ of R
+    150-example subsets (mean ± sd)" (the size from ``repeats.subset_sizes``; "R seeds"
+    without subsets) for the repeats' spread, which is not an error bar.
+
+    On a log axis spanning under two decades the ticks are plain decimals (0.6, 1, 2, 3,
+    4, 6); the x range widens until the value labels end inside the axes, and a single
+    eigenvalue is centred on its axis (costs a few draws of the figure).
     """
     if not isinstance(result, EigenResult):
         raise TypeError(f"result must be an EigenResult, got {type(result).__name__}")
@@ -711,7 +808,7 @@ def plot_eigenvalues(
     reused = ax.has_data()
     previous_limits = ax.get_xlim()
     color = _next_color(ax, color)
-    bound = "numerical bound (this run)" if repeats is not None else "error bound"
+    bound = "numerical bound of this run" if repeats is not None else "error bound"
     name = f"{label}: λᵢ ± {bound}" if label else f"λᵢ ± {bound}"
     note = _hidden_bars_note(values, errors, log_scale)
 
@@ -744,6 +841,8 @@ def plot_eigenvalues(
     _style_axes(ax)
     # In a print style the legend goes under the axes: at that size it would cover markers.
     _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None)
+    if annotate or (values.size == 1 and not reused):
+        _keep_annotations_inside(ax, centre=values.size == 1 and not reused)
     return ax
 
 
@@ -787,18 +886,55 @@ def _find_twin(ax: Axes, ylabel: str) -> Axes | None:
 
 
 def _twin(ax: Axes, ylabel: str) -> Axes:
-    """The twin y axis labelled ``ylabel``, made if needed; a second twin's spine is moved
-    out to the right so that the two scales do not overlap."""
+    """The twin y axis (on the right) labelled ``ylabel``, made if needed: a panel has at
+    most two y axes, so ``ax`` must not have another twin already."""
     found = _find_twin(ax, ylabel)
     if found is not None:
         return found
     existing = [other for other in ax.get_shared_x_axes().get_siblings(ax) if other is not ax]
+    twins = [other for other in existing if other.get_subplotspec() == ax.get_subplotspec()]
+    if twins:
+        raise ValueError(
+            f"the axes already have a second y axis ({twins[0].get_ylabel()!r}): "
+            f"no room for {ylabel!r} beside it"
+        )
     twin = ax.twinx()
-    if existing:
-        twin.spines["right"].set_position(("axes", 1.0 + 0.2 * len(existing)))
     twin.set_ylabel(ylabel)
     twin.grid(False)
     return twin
+
+
+def _lower_panel(ax: Axes) -> Axes:
+    """The panel under ``ax`` sharing its x axis (trace and overlap of a sharpness figure),
+    made by splitting ``ax``'s place in its grid (``ax`` keeps the upper part); a figure
+    spectra made in a print style grows by the new panel's height, so ``ax`` keeps its
+    size."""
+    found = getattr(ax, _LOWER_PANEL_ATTRIBUTE, None)
+    if found is not None:
+        return found
+    spec = ax.get_subplotspec()
+    if spec is None:
+        raise ValueError(
+            "traces and overlaps go in a panel under the sharpness axes: give axes made "
+            "by plt.subplots or add_subplot (a grid position to split), or ax=None"
+        )
+    figure = _root_figure(ax)
+    twins = [
+        other
+        for other in ax.get_shared_x_axes().get_siblings(ax)
+        if other is not ax and other.get_subplotspec() == spec
+    ]
+    grid = spec.subgridspec(2, 1, height_ratios=[1.0, _LOWER_PANEL_RATIO], hspace=0.05)
+    for panel in (ax, *twins):
+        panel.set_subplotspec(grid[0])
+    lower = figure.add_subplot(grid[1], sharex=ax)
+    ax.tick_params(axis="x", labelbottom=False)
+    ax.xaxis.label.set_visible(False)
+    if getattr(figure, _STYLE_ATTRIBUTE, None) is not None:
+        figure.set_figheight(figure.get_figheight() * (1.0 + _LOWER_PANEL_RATIO))
+    setattr(ax, _LOWER_PANEL_ATTRIBUTE, lower)
+    _style_axes(lower)
+    return lower
 
 
 def _color_y_axis(ax: Axes, color: Any) -> None:
@@ -824,7 +960,7 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     if lr is not None:
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive finite step size, got {lr}")
-        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (gradient descent)"
+        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (gradient descent, bounds λ₁)"
     if threshold is None:
         return None
     if hasattr(threshold, "value") and hasattr(threshold, "label"):
@@ -836,7 +972,16 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
         text = f"stability threshold = {value:.4g}"
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"the threshold must be a positive finite number, got {value}")
-    return value, text
+    return value, bounds_text(text)
+
+
+def bounds_text(text: str) -> str:
+    """A stability threshold's legend text (e.g. a
+    :attr:`spectra.analysis.stability.StabilityThreshold.label`) in the figures' notation,
+    λ₁ for the top eigenvalue as on the axis (not λ_max), saying which eigenvalue it
+    bounds: "SGD (η = 0.2): 2/η = 10 (bounds λ₁)"."""
+    text = text.replace("(for λ_max", "(bounds λ_max").replace("λ_max", "λ₁")
+    return text if "bounds λ₁" in text else f"{text} (bounds λ₁)"
 
 
 @dataclasses.dataclass
@@ -1026,12 +1171,21 @@ def _draw_losses(ax: Axes, series: _SharpnessSeries, marker: str | None, label: 
     return loss_ax
 
 
+def _panel_axis(lower: Axes, ylabel: str) -> Axes:
+    """The axis of the lower panel for ``ylabel``: its left one when free (or already
+    this quantity's), else its twin on the right."""
+    if lower.get_ylabel() in ("", ylabel):
+        lower.set_ylabel(ylabel)
+        return lower
+    return _twin(lower, ylabel)
+
+
 def _draw_traces(
-    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+    lower: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
 ) -> Axes:
-    """The trace (± its standard errors) on its twin axis; returns the twin."""
+    """The trace (± its standard errors) in the lower panel; returns its axis."""
     assert series.traces is not None
-    trace_ax = _twin(ax, _TRACE_LABEL)
+    trace_ax = _panel_axis(lower, _TRACE_LABEL)
     _line_with_errors(
         trace_ax,
         series.steps,
@@ -1048,11 +1202,11 @@ def _draw_traces(
 
 
 def _draw_overlaps(
-    ax: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+    lower: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
 ) -> Axes:
-    """The overlaps of consecutive top eigenvectors on their twin axis, from 0 to 1."""
+    """The overlaps of consecutive top eigenvectors in the lower panel, from 0 to 1."""
     assert series.overlaps is not None
-    overlap_ax = _twin(ax, _OVERLAP_LABEL)
+    overlap_ax = _panel_axis(lower, _OVERLAP_LABEL)
     overlap_ax.plot(
         series.steps,
         series.overlaps,
@@ -1061,7 +1215,11 @@ def _draw_overlaps(
         linewidth=_w(1.2),
         marker="^" if marker else None,
         markersize=_w(4),
-        label=("Overlap ⟨vₜ, vₜ₋₁⟩²" if series.columns.shape[1] == 1 else "Top-k subspace overlap")
+        label=(
+            "Overlap $\\langle v_t, v_{t-1}\\rangle^2$"
+            if series.columns.shape[1] == 1
+            else "Top-k subspace overlap"
+        )
         if not label
         else f"{label}, overlap",
     )
@@ -1111,17 +1269,22 @@ def plot_sharpness(
     of flattening the curves.
 
     ``losses`` (one per step) go on a twin y axis on the right, on a log scale
-    when they span more than two decades; ``traces`` (and ``trace_errors``) on
-    another; ``overlaps`` (one per step in [0, 1], NaN where there is none, e.g.
-    the first step), the overlap of consecutive top eigenvectors
-    (:func:`spectra.analysis.trajectory.measure_sharpness`), on another, from 0 to 1.
+    when they span more than two decades. A panel has at most two y axes: ``traces``
+    (and ``trace_errors``) and ``overlaps`` (one per step in [0, 1], NaN where there is
+    none, e.g. the first step; the overlap of consecutive top eigenvectors,
+    :func:`spectra.analysis.trajectory.measure_sharpness`) go into a second panel under
+    the sharpness, sharing its x axis: the trace on its left axis, the overlap (0 to 1) on
+    its right one (or the left, without traces). The panel is made by splitting ``ax``'s
+    place in its grid (``ax`` keeps the upper part; a figure spectra makes grows in height
+    for it); a ``ValueError`` if ``ax`` has no grid position (made by ``add_axes``).
     ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
     threshold is drawn (e.g. Adam's bounds λ_max(P⁻¹H), not the λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
-    the line (below it, or above it when the line is low). ``style`` draws for print
+    the line (below it, or above it when the line is low); the threshold's legend says
+    which eigenvalue it bounds (:func:`bounds_text`). ``style`` draws for print
     (:func:`figure_style`). Returns the primary (sharpness) axes.
     """
     series = _sharpness_series(
@@ -1130,6 +1293,10 @@ def plot_sharpness(
     quantity = ylabel or "Sharpness λ₁"
     if ax is None:
         ax = _new_axes()
+    # The lower panel first: an ``ax`` that cannot be split is refused before drawing.
+    lower = getattr(ax, _LOWER_PANEL_ATTRIBUTE, None)
+    if series.traces is not None or series.overlaps is not None:
+        lower = _lower_panel(ax)
     marker = "o" if series.steps.size <= _MAX_MARKED_POINTS else None
     colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
     if log_scale:
@@ -1144,6 +1311,8 @@ def plot_sharpness(
     _style_axes(ax)
 
     # Twin axes: this call's, or those an earlier call on ``ax`` made (one legend for all).
+    # At most two y axes per panel: sharpness and loss above, trace and overlap in a
+    # panel below sharing the x axis.
     twins = []
     trace_color = _after(colors[-1])
     if series.losses is not None:
@@ -1152,12 +1321,23 @@ def plot_sharpness(
             _keep_clear_of(ax, twins[-1], drawn_threshold, series.losses)
     elif (existing := _find_twin(ax, _LOSS_LABEL)) is not None:
         twins.append(existing)
+    if lower is not None:
+        lower.set_xlabel(xlabel)
     if series.traces is not None:
-        twins.append(_draw_traces(ax, series, trace_color, marker, label))
-    elif (existing := _find_twin(ax, _TRACE_LABEL)) is not None:
-        twins.append(existing)
+        assert lower is not None
+        _draw_traces(lower, series, trace_color, marker, label)
     if series.overlaps is not None:
-        twins.append(_draw_overlaps(ax, series, _after(trace_color), marker, label))
+        assert lower is not None
+        _draw_overlaps(lower, series, _after(trace_color), marker, label)
+    if lower is not None:
+        twins += [
+            lower,
+            *(
+                other
+                for other in lower.get_shared_x_axes().get_siblings(lower)
+                if other is not lower and other.get_subplotspec() == lower.get_subplotspec()
+            ),
+        ]
     if twins and series.single and len(colors) == 1:
         _color_y_axis(ax, colors[0])
     _refresh_legend(ax, *twins, always=series.errors is not None, outside=True)
@@ -1175,6 +1355,12 @@ class _GroupBars(NamedTuple):
     xlabel: str
 
 
+def block_symbol(symbol: str) -> str:
+    """The diagonal block ℓℓ of the matrix ``symbol`` ("H") in mathtext, ``$H_{\\ell\\ell}$``:
+    unicode subscript letters (ₗ) are unreadable at print size."""
+    return f"${symbol}_{{\\ell\\ell}}$"
+
+
 def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
     """The top eigenvalue of each group with its bound, or its trace ± standard error."""
     names = list(result.groups)
@@ -1184,13 +1370,13 @@ def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
         values = np.asarray(result.traces, dtype=np.float64)
         errors = np.asarray(result.trace_stderr, dtype=np.float64)
         unconverged = np.zeros(len(names), dtype=bool)
-        legend = f"trace of {symbol}ₗₗ ± standard error"
+        legend = f"trace of {block_symbol(symbol)} ± standard error"
         xlabel = "Trace of the diagonal block"
     else:
         values = np.array([float(v[0]) for v in result.eigenvalues])
         errors = np.array([float(e[0]) for e in result.error_bounds])
         unconverged = np.array([not bool(np.all(c)) for c in result.converged])
-        legend = f"λ₁ of {symbol}ₗₗ ± error bound"
+        legend = f"λ₁ of {block_symbol(symbol)} ± error bound"
         xlabel = "Top eigenvalue of the diagonal block"
     errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
     return _GroupBars(values, errors, unconverged, legend, xlabel)
@@ -1222,7 +1408,7 @@ def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: s
         marker="o",
         markersize=_w(4),
         color="0.15",
-        label=f"λ₂ … λₖ of {symbol}ₗₗ",
+        label=f"λ₂ … λₖ of {block_symbol(symbol)}",
     )
 
 
@@ -1469,7 +1655,17 @@ def plot_loss_landscape_2d(
         raise ValueError(f"labels must name the two directions, got {labels!r}")
 
     if ax is None:
-        ax = _new_axes()
+        name = _ACTIVE_STYLE.get()
+        # Equal scales on α and β (a sharp direction must look sharp): axes about as tall
+        # as wide, beside the colorbar (about 1 in with its label) and the y label.
+        aspect = None
+        if name is not None:
+            side = STYLES[name].width - 1.3
+            span = _span(alpha_array)
+            ratio = _span(beta_array) / span if span > 0 else 1.0
+            height = min(side * ratio, _MAX_SQUARE_SIDE) + 0.55
+            aspect = height / STYLES[name].width
+        _, ax = new_figure(name, aspect=aspect)
     filled = ax.contourf(alpha_array, beta_array, surface.T, levels=levels, cmap="viridis")
     ax.contour(
         alpha_array,
@@ -1496,7 +1692,13 @@ def plot_loss_landscape_2d(
         )
     ax.set_xlabel(f"α along {labels[0]}")
     ax.set_ylabel(f"β along {labels[1]}")
+    ax.set_aspect("equal", adjustable="box")
     return ax
+
+
+def _span(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.max() - finite.min()) if finite.size else 0.0
 
 
 def _root_figure(fig_or_ax: Any) -> Figure:
@@ -1527,10 +1729,28 @@ def figure_caption(*parts: Any) -> str:
     return " · ".join(str(part) for part in parts if part not in (None, ""))
 
 
+# A number in exponent notation with a padded exponent ("1e-08", "2.5e+03").
+_PADDED_EXPONENT = re.compile(r"(\d)e([+-]?)0*(\d+)\b")
+# Groups kept on one line of a caption: "10 probes × 80 steps", "mean ± sd", "k = 5".
+_NO_BREAK = re.compile(r"(?<=\d) (?=probes|steps|examples)| (?=[×±=] )|(?<= [×±=]) ")
+
+
+def print_text(text: str) -> str:
+    """``text`` as a figure writes it: exponents without padding ("tol = 1e-8", not
+    "1e-08"; "3e+04" as "3e4") and no line break inside "10 probes × 80 steps",
+    "mean ± sd" or "k = 5" (non-breaking spaces)."""
+    text = _PADDED_EXPONENT.sub(
+        lambda m: f"{m.group(1)}e{'-' if m.group(2) == '-' else ''}{m.group(3)}", text
+    )
+    return _NO_BREAK.sub("\u00a0", text)
+
+
 def _wrap_caption(caption: str, width: int) -> str:
-    """Lines of at most ``width`` characters, broken between the " · " parts when possible."""
+    """Lines of at most ``width`` characters, broken between the " · " parts when possible
+    (and never inside the groups :func:`print_text` keeps together)."""
     import textwrap
 
+    caption = print_text(caption)
     lines: list[str] = []
     for part in caption.split(" · "):
         if lines and len(lines[-1]) + 3 + len(part) <= width:
@@ -1584,7 +1804,7 @@ def add_title(
             # Bold characters are about 0.62 em wide.
             import textwrap
 
-            characters = int(figure.get_figwidth() * 72.0 / (0.62 * title_size))
+            characters = int(0.85 * figure.get_figwidth() * 72.0 / (0.62 * title_size))
             shown = "\n".join(textwrap.wrap(title, max(20, characters)))
         figure.suptitle(shown, fontsize=title_size, fontweight="bold")
         added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
@@ -1601,10 +1821,35 @@ def add_title(
             figure.supxlabel(text, fontsize=caption_size, color="0.3")
         else:
             axes.set_title(text, fontsize=caption_size, color="0.3", pad=6 if styled else 8)
+            _centre_title_on(figure, axes)
         added_points += 1.25 * caption_size * (text.count("\n") + 1) + 6
     if styled and added_points:
         figure.set_figheight(figure.get_figheight() + added_points / 72.0)
     return figure
+
+
+def _centre_title_on(figure: Figure, axes: Axes) -> None:
+    """Centre the figure's title and the caption (the title of ``axes``) on one line:
+    over ``axes`` when it is the figure's only column of panels, else (panels side by
+    side) on the figure."""
+    from matplotlib.transforms import blended_transform_factory
+
+    title = getattr(figure, "_suptitle", None)
+    spec = axes.get_subplotspec()
+    if spec is None:
+        return
+    if spec.get_gridspec().ncols > 1:
+        # Side by side: the caption (the first panel's title) is centred on the figure.
+        caption = axes.title
+        offset = caption.get_transform() - axes.transAxes  # the title's padding
+        caption.set_transform(
+            blended_transform_factory(figure.transSubfigure, axes.transAxes) + offset
+        )
+        caption.set_x(0.5)
+        return
+    if title is not None:
+        title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
+        title.set_x(0.5)
 
 
 def _file_metadata(file_format: str, recorded: Mapping[str, str]) -> dict[str, Any] | None:

@@ -35,6 +35,10 @@ from spectra.plotting import (
     value_digits,
 )
 
+# A glyph the fonts lack draws as a box or a bar at print size: every test here draws its
+# figure, so a missing glyph fails the test.
+pytestmark = pytest.mark.filterwarnings("error:Glyph .* missing from font:UserWarning")
+
 STEPS = np.arange(0, 201, 20)
 SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
 LOSSES = np.linspace(2.3, 0.4, STEPS.size)
@@ -74,7 +78,10 @@ def results(matrix):
         repeats=5,
         seed=0,
     )
+    top10 = [6.3, 3.37, 2.62, 1.68, 1.41, 1.19, 1.04, 0.91, 0.77, 0.565]
+    log10 = np.diag(np.r_[top10, np.zeros(20)])
     return {
+        "log10": eigenvalues(log10, k=10),
         "gram": eigenvalues(features.T @ features / 200, k=5),
         "repeats": repeats,
         "top5": eigenvalues(matrix, k=5),
@@ -101,10 +108,32 @@ def _draw(kind: str, results, style: str):
         return plot_sharpness(
             STEPS, SHARPNESS, lr=0.2, errors=SHARPNESS * 1e-3, losses=LOSSES, style=style
         )
+    if kind == "sharpness_full":
+        # The reviewer's `sharpness --top-k 3 --trace --plot-overlap` and the long label of
+        # the preconditioned sharpness.
+        values = np.stack([SHARPNESS, 0.8 * SHARPNESS, 0.6 * SHARPNESS], axis=1)
+        return plot_sharpness(
+            STEPS,
+            values,
+            lr=0.2,
+            errors=values * 1e-6,
+            traces=8 * SHARPNESS,
+            trace_errors=0.4 * SHARPNESS,
+            losses=LOSSES,
+            overlaps=np.r_[np.nan, np.linspace(0.3, 0.99, STEPS.size - 1)],
+            ylabel="Preconditioned sharpness λ₁(P⁻¹H)",
+            xlabel="Training step (from the file names)",
+            style=style,
+        )
+    if kind == "eigenvalues_log":
+        return plot_eigenvalues(results["log10"], log_scale=True, style=style)
     if kind == "landscape_1d":
         alphas = np.linspace(-1, 1, 21)
         return plot_loss_landscape_1d(
-            alphas, {"v₁": 1 + 3 * alphas**2, "random direction": 1 + alphas**2}, style=style
+            alphas,
+            {"v₁": 1 + 3 * alphas**2, "random direction": 1 + alphas**2},
+            xlabel="Distance α in parameter space",
+            style=style,
         )
     alphas = np.linspace(-1, 1, 9)
     surface = 1 + alphas[:, None] ** 2 + 2 * alphas[None, :] ** 2
@@ -114,6 +143,8 @@ def _draw(kind: str, results, style: str):
 KINDS = [
     "eigenvalues",
     "eigenvalue",
+    "eigenvalues_log",
+    "sharpness_full",
     "eigenvalues_repeats",
     "density",
     "layers",
@@ -154,6 +185,35 @@ def test_every_plot_fits_its_print_size(kind, style, titled, results):
     # (half a point of slack: the spines' own width)
     assert drawn.x0 >= -0.02 and drawn.y0 >= -0.02, drawn
     assert drawn.x1 <= size[0] + 0.02 and drawn.y1 <= size[1] + 0.02, (drawn, size)
+    # Every label's text inside the canvas, wherever its axes sit (a y label taller than
+    # its axes would run past the top and bottom); tick labels: in the drawn box above.
+    ticks = {
+        id(label)
+        for axes in figure.axes
+        for axis in (axes.xaxis, axes.yaxis)
+        for minor in (False, True)
+        for label in axis.get_ticklabels(minor=minor)
+    }
+    for text in texts:
+        if id(text) in ticks:
+            continue
+        box = text.get_window_extent(renderer)
+        assert canvas.x0 - 2 <= box.x0 and box.x1 <= canvas.x1 + 2, text.get_text()
+        assert canvas.y0 - 2 <= box.y0 and box.y1 <= canvas.y1 + 2, text.get_text()
+    # At most two y axes per panel (axes at the same place: a panel and its twin).
+    places: dict[tuple[float, ...], int] = {}
+    for axes in figure.axes:
+        if axes.get_label() != "<colorbar>":
+            key = tuple(round(value, 3) for value in axes.get_position().bounds)
+            places[key] = places.get(key, 0) + 1
+    assert max(places.values()) <= 2, places
+    # No unicode subscript letters the fonts draw as bars at this size (mathtext instead).
+    assert not [text.get_text() for text in texts if "ₗ" in text.get_text()]
+    # Title and caption centred on the same vertical line.
+    if titled:
+        title = figure._suptitle.get_window_extent(renderer)
+        caption = ax.title.get_window_extent(renderer)
+        assert abs((title.x0 + title.x1) / 2 - (caption.x0 + caption.x1) / 2) < 2.0
     # Value labels written beside markers stay inside the axes (off the spines).
     if kind.startswith("eigenvalue"):
         frame = ax.get_window_extent(renderer)
@@ -176,6 +236,120 @@ def test_every_plot_fits_its_print_size(kind, style, titled, results):
         assert canvas.y0 - 2 <= box.y0 and box.y1 <= canvas.y1 + 2
     assert dict(matplotlib.rcParams) == before
     plt.close(figure)
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+def test_sharpness_trace_and_overlap_in_a_panel_below(style):
+    """Trace and overlap go into a second panel sharing x, under the sharpness and loss: two
+    y axes per panel, the figure taller than the preset, the legend a fifth of it at most."""
+    ax = _draw("sharpness_full", None, style)
+    figure = ax.figure
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    labels = {axes.get_ylabel(): axes for axes in figure.axes}
+    assert set(labels) == {
+        "Preconditioned sharpness λ₁(P⁻¹H)",
+        "Loss",
+        "Trace of H",
+        "Overlap",
+    }
+    upper, lower = ax.get_position(), labels["Trace of H"].get_position()
+    assert labels["Loss"].get_position().bounds == upper.bounds
+    assert labels["Overlap"].get_position().bounds == lower.bounds
+    assert lower.y1 <= upper.y0 and lower.x0 == pytest.approx(upper.x0)
+    assert labels["Trace of H"].get_shared_x_axes().joined(ax, labels["Trace of H"])
+    # One x label, under the lower panel.
+    assert labels["Trace of H"].get_xlabel() and not ax.xaxis.label.get_visible()
+    assert figure.get_figheight() > STYLES[style].width * STYLES[style].aspect * 1.5
+    (legend,) = figure.legends
+    assert legend.get_window_extent(renderer).height < 0.3 * figure.bbox.height
+    # The threshold says what it bounds.
+    texts = [text.get_text() for text in legend.get_texts()]
+    assert any("bounds λ₁" in text for text in texts), texts
+    plt.close(figure)
+
+
+def test_two_dimensional_landscape_has_equal_scales():
+    """α and β span the same range: the axes box is square (1 unit of α as long as 1 of β),
+    on a page as on a column."""
+    for style in ("column", "page"):
+        ax = _draw("2d", None, style)
+        ax.figure.canvas.draw()
+        box = ax.get_window_extent(ax.figure.canvas.get_renderer())
+        assert ax.get_aspect() == 1.0
+        assert box.width == pytest.approx(box.height, rel=0.02), (style, box)
+        assert box.height > 0.5 * ax.figure.bbox.height
+        plt.close(ax.figure)
+
+
+def test_log_eigenvalue_axis_has_decimal_ticks(results):
+    """λ from 0.565 to 6.3 (about one decade) on a log axis: ticks 0.6, 1, 2, 3, 4, 6 as
+    plain decimals, no "6 × 10⁰"; the value labels inside the axes."""
+    ax = plot_eigenvalues(results["log10"], log_scale=True, style="column")
+    figure = ax.figure
+    figure.canvas.draw()
+    low, high = ax.get_ylim()
+    shown = [
+        label.get_text()
+        for label, tick in zip(ax.get_yticklabels(), ax.get_yticks())
+        if low <= tick <= high and label.get_text()
+    ]
+    assert shown == ["0.6", "1", "2", "3", "4", "6"]
+    assert not [label for label in ax.get_yticklabels(minor=True) if label.get_text()]
+    renderer = figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    assert len(ax.texts) == 10
+    assert max(label.get_window_extent(renderer).x1 for label in ax.texts) < frame.x1
+    plt.close(figure)
+    # Over more than two decades matplotlib's decades stay.
+    wide = eigenvalues(np.diag([500.0, 20.0, 1.0, 0.0]), k=3)
+    ax = plot_eigenvalues(wide, log_scale=True, style="column")
+    ax.figure.canvas.draw()
+    assert "10" in " ".join(label.get_text() for label in ax.get_yticklabels())
+    plt.close(ax.figure)
+
+
+def test_single_eigenvalue_is_centred_with_a_one_line_legend(results):
+    for style in ("column", "page"):
+        ax = plot_eigenvalues(results["top1"], style=style)
+        left, right = ax.get_xlim()
+        assert (1.0 - left) == pytest.approx(right - 1.0)
+        if style == "page":
+            (legend,) = ax.figure.legends
+            assert "\n" not in legend.get_texts()[0].get_text()
+        plt.close(ax.figure)
+
+
+def test_title_and_caption_of_side_by_side_panels_centred_on_the_figure(results):
+    figure, (left, right) = new_figure("page", ncols=2)
+    plot_layerwise(results["layers"], ax=left, style="page")
+    plot_layerwise(results["layers"], quantity="trace", ax=right, style="page")
+    add_title(figure, "Per-layer spectra", CAPTION)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    middle = figure.bbox.width / 2
+    for text in (figure._suptitle, left.title):
+        box = text.get_window_extent(renderer)
+        assert abs((box.x0 + box.x1) / 2 - middle) < 4.0, text.get_text()  # 0.04 in
+    plt.close(figure)
+
+
+def test_caption_text_for_print():
+    from spectra.plotting import print_text
+
+    text = print_text(
+        "Lanczos, k = 5, tol = 1e-08 · 10 probes × 80 steps · 26.3 ± 1.3 (mean ± sd) · 3.8e+04"
+    )
+    nbsp = "\u00a0"
+    assert f"tol{nbsp}={nbsp}1e-8" in text
+    assert f"10{nbsp}probes{nbsp}×{nbsp}80{nbsp}steps" in text
+    assert f"mean{nbsp}±{nbsp}sd" in text and "3.8e4" in text
+    ax = plot_eigenvalues(eigenvalues(np.diag([3.0, 2.0, 1.0]), k=2), style="column")
+    add_title(ax, "Top 2", "a, b · Lanczos, k = 2, tol = 1e-08 · 10 probes × 80 steps")
+    caption = ax.title.get_text()
+    assert "1e-08" not in caption and "1e-8" in caption
+    assert f"probes{nbsp}×" in caption
+    plt.close(ax.figure)
 
 
 def test_a_given_axes_keeps_its_size(results):
@@ -221,11 +395,14 @@ def test_repeats_spread_beside_the_numerical_bound(results, style):
     figure = ax.figure
     legend = figure.legends[0] if figure.legends else ax.get_legend()
     texts = [text.get_text().replace("\n", " ") for text in legend.get_texts()]
-    assert texts[0].startswith("λᵢ ± numerical bound (this run)")
+    # One parenthesised group at most per entry; the repeats named by their subsets' size
+    # (100 of the 200 rows), not called an error bar.
+    assert texts[0].startswith("λᵢ ± numerical bound of this run")
     assert texts[1:] == [
-        "each subset's λᵢ",
-        "spread across 5 subsets of 50% of the data: mean ± sd",
+        "λᵢ of each 100-example subset",
+        "λᵢ of 5 100-example subsets (mean\u00a0±\u00a0sd)",
     ]
+    assert all(text.count("(") <= 1 for text in texts), texts
     dots = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_alpha()]
     (dots,) = dots
     assert np.array_equal(np.sort(dots.get_ydata()), np.sort(repeats.values[:, :5].ravel()))
@@ -463,7 +640,8 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
     ]
     assert not dashed
     texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
-    assert any(text.startswith("no ") and "λ_max(H)" in text for text in texts), texts
+    assert any(text.startswith("no ") and "λ₁(H)" in text for text in texts), texts
+    assert not any("λ_max" in text for text in texts), texts
     assert not any("3800" in text or "(2+2β₁)" in text for text in texts)
     plt.close(figure)
 

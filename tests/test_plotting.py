@@ -20,6 +20,7 @@ from spectra.estimators.density import spectral_density
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     add_title,
+    bounds_text,
     figure_caption,
     plot_eigenvalues,
     plot_layerwise,
@@ -150,7 +151,7 @@ def test_eigenvalues_against_index(eigen):
     # The bars (bounds ~1e-13 of λ) are invisible: the legend says so, with their size.
     (text,) = _legend_texts(ax)
     largest = float(np.max(eigen.error_bounds))
-    assert text == f"λᵢ ± error bound (bars smaller than the markers: at most ±{largest:.1e})"
+    assert text == f"λᵢ ± error bound; bars smaller than the markers, at most ±{largest:.1e}"
     # Each value is written beside its marker.
     assert [t.get_text() for t in ax.texts] == ["12", "7", "4"]
 
@@ -191,7 +192,7 @@ def test_eigenvalues_all_unconverged_still_explained(eigen):
     result = dataclasses.replace(eigen, converged=np.zeros(3, dtype=bool))
     ax = plot_eigenvalues(result)
     (text,) = _legend_texts(ax)
-    assert text.startswith("λᵢ ± error bound (not converged) (bars smaller than the markers")
+    assert text.startswith("λᵢ ± error bound (not converged); bars smaller than the markers")
     assert ax.containers[0].lines[0].get_markerfacecolor() == "none"
 
 
@@ -221,12 +222,19 @@ def test_sharpness_with_threshold_trace_and_loss():
     (threshold,) = [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
     assert list(threshold.get_ydata()) == [2 / lr, 2 / lr]
     assert threshold.get_linestyle() == "--"
-    assert threshold.get_label() == "2/η = 10 (gradient descent)"
+    # The legend says which eigenvalue the threshold bounds.
+    assert threshold.get_label() == "2/η = 10 (gradient descent, bounds λ₁)"
     assert ax.get_ylim()[1] > 2 / lr
     assert any(isinstance(c, LineCollection) for c in ax.collections)  # error bars
-    twins = [other for other in ax.figure.axes if other is not ax]
-    assert [twin.get_ylabel() for twin in twins] == ["Loss", "Trace of H"]
-    loss_ax, trace_ax = twins
+    # Loss on the sharpness panel's second y axis; the trace in a panel of its own under
+    # it, sharing x (never a third y axis in one panel).
+    others = {other.get_ylabel(): other for other in ax.figure.axes if other is not ax}
+    assert sorted(others) == ["Loss", "Trace of H"]
+    loss_ax, trace_ax = others["Loss"], others["Trace of H"]
+    assert loss_ax.get_position().bounds == ax.get_position().bounds
+    assert trace_ax.get_position().y1 <= ax.get_position().y0
+    assert trace_ax.get_shared_x_axes().joined(ax, trace_ax)
+    assert trace_ax.get_xlabel() == "Epoch"
     assert loss_ax.get_yscale() == "log"  # the loss spans more than two decades
     np.testing.assert_array_equal(loss_ax.get_lines()[0].get_ydata(), losses)
     (trace_line,) = [
@@ -234,12 +242,10 @@ def test_sharpness_with_threshold_trace_and_loss():
     ]
     np.testing.assert_array_equal(trace_line.get_ydata(), TRACES)
     assert trace_line.get_color() != _series_lines(ax)[0].get_color()
-    # The second twin's scale is moved out so that the two do not overlap.
-    assert trace_ax.spines["right"].get_position() != loss_ax.spines["right"].get_position()
     # 2 % error bars are visible: no note.
     assert _legend_texts(ax) == [
         "Sharpness λ₁ ± error bound",
-        "2/η = 10 (gradient descent)",
+        "2/η = 10 (gradient descent, bounds λ₁)",
         "Loss",
         "Trace of H ± s.e.",
     ]
@@ -251,13 +257,13 @@ def test_sharpness_threshold_of_an_optimizer_far_above_the_data():
     # 38000 would flatten the curve: it is named, not drawn.
     assert ax.get_ylim()[1] < 20
     texts = _legend_texts(ax)
-    assert texts[1] == f"{adam.label}, above the plotted range"
-    assert "(2+2β₁)/((1−β₁)η) = 3.8e+04" in texts[1] and "P⁻¹H" in texts[1]
+    assert texts[1] == f"{bounds_text(adam.label)}, above the plotted range"
+    assert "(2+2β₁)/((1−β₁)η) = 3.8e+04" in texts[1] and "(bounds λ₁(P⁻¹H))" in texts[1]
     momentum = stability_threshold_of(
         {"class_name": "SGD", "config": {"learning_rate": 0.2, "momentum": 0.9}}
     )
     ax = plot_sharpness(STEPS, SHARPNESS, threshold=momentum)
-    (line,) = [line for line in ax.get_lines() if line.get_label() == momentum.label]
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith(momentum.label)]
     assert list(line.get_ydata()) == [pytest.approx(19.0)] * 2
     with pytest.raises(ValueError, match="not both"):
         plot_sharpness(STEPS, SHARPNESS, lr=0.1, threshold=momentum)
@@ -315,17 +321,37 @@ def test_sharpness_overlaps_on_their_own_axis_and_a_named_quantity():
     assert ax.get_ylabel() == name
     assert _series_lines(ax)[0].get_label() == name
     twins = {other.get_ylabel(): other for other in ax.figure.axes if other is not ax}
-    overlap_ax = twins["Overlap with the previous top eigenvector(s)"]
+    overlap_ax = twins["Overlap"]
+    assert overlap_ax.get_position().y1 <= ax.get_position().y0  # the panel below
     assert overlap_ax.get_ylim() == (0.0, 1.05)
     (line,) = overlap_ax.get_lines()
     np.testing.assert_array_equal(line.get_ydata(), overlaps)  # NaN: a gap, not a zero
-    assert "Overlap ⟨vₜ, vₜ₋₁⟩²" in _legend_texts(ax)
+    assert "Overlap $\\langle v_t, v_{t-1}\\rangle^2$" in _legend_texts(ax)
     ax = plot_sharpness(STEPS, np.stack([SHARPNESS, SHARPNESS / 2], 1), overlaps=overlaps)
     assert "Top-k subspace overlap" in _legend_texts(ax)
     with pytest.raises(ValueError, match=r"overlaps must lie in \[0, 1\]"):
         plot_sharpness(STEPS, SHARPNESS, overlaps=np.full(STEPS.size, 1.5))
     with pytest.raises(ValueError, match="11 steps but 3 overlaps"):
         plot_sharpness(STEPS, SHARPNESS, overlaps=[0.5, 0.6, 0.7])
+
+
+def test_sharpness_lower_panel_needs_a_grid_position_and_two_axes_per_panel():
+    figure = plt.figure()
+    ax = figure.add_axes((0.1, 0.1, 0.8, 0.8))
+    with pytest.raises(ValueError, match="give axes made by plt.subplots"):
+        plot_sharpness(STEPS, SHARPNESS, traces=TRACES, ax=ax)
+    assert not ax.get_lines()  # refused before drawing
+    plt.close(figure)
+    figure, ax = plt.subplots()
+    ax.twinx().set_ylabel("mine")
+    with pytest.raises(ValueError, match="already have a second y axis \\('mine'\\)"):
+        plot_sharpness(STEPS, SHARPNESS, losses=np.ones(STEPS.size), ax=ax)
+    plt.close(figure)
+    # A second call on the axes draws into the same lower panel.
+    ax = plot_sharpness(STEPS, SHARPNESS, traces=TRACES, overlaps=np.full(STEPS.size, 0.5))
+    plot_sharpness(STEPS, SHARPNESS / 2, traces=TRACES / 2, ax=ax, label="other")
+    assert len(ax.figure.axes) == 3
+    plt.close(ax.figure)
 
 
 def test_sharpness_panels_side_by_side_keep_their_own_legends():
@@ -339,8 +365,8 @@ def test_sharpness_panels_side_by_side_keep_their_own_legends():
         if axes.get_legend() is not None
     ]
     assert sorted(texts) == [
-        ["Sharpness λ₁", "2/η = 10 (gradient descent)", "Loss"],
-        ["Sharpness λ₁", "2/η = 20 (gradient descent), above the plotted range"],
+        ["Sharpness λ₁", "2/η = 10 (gradient descent, bounds λ₁)", "Loss"],
+        ["Sharpness λ₁", "2/η = 20 (gradient descent, bounds λ₁), above the plotted range"],
     ]
 
 
@@ -380,10 +406,10 @@ def test_layerwise_bars_values_and_order(blocks):
     assert [t.get_text() for t in ax.get_yticklabels()] == ["dense", "dense_1", "output"]
     assert ax.get_ylim()[0] > ax.get_ylim()[1]  # the first layer on top
     texts = _legend_texts(ax)
-    assert texts[0].startswith("λ₁ of Hₗₗ ± error bound")
+    assert texts[0].startswith("λ₁ of $H_{\\ell\\ell}$ ± error bound")
     assert "error bars too small to see" in texts[0]
-    assert texts[1] == "λ₂ … λₖ of Hₗₗ"
-    dots = [line for line in ax.get_lines() if line.get_label() == "λ₂ … λₖ of Hₗₗ"]
+    assert texts[1] == "λ₂ … λₖ of $H_{\\ell\\ell}$"
+    dots = [line for line in ax.get_lines() if line.get_label() == texts[1]]
     np.testing.assert_allclose(dots[0].get_xdata(), [v[1] for v in blocks.eigenvalues])
     assert ax.get_xlabel() == "Top eigenvalue of the diagonal block"
 
@@ -395,7 +421,7 @@ def test_layerwise_traces_with_standard_errors_and_other_symbol(blocks):
     (errorbar,) = [c for c in ax.collections if isinstance(c, LineCollection)]
     spans = [abs(seg[1][0] - seg[0][0]) / 2 for seg in errorbar.get_segments()]
     np.testing.assert_allclose(spans, blocks.trace_stderr)
-    assert _legend_texts(ax) == ["trace of Gₗₗ ± standard error"]
+    assert _legend_texts(ax) == ["trace of $G_{\\ell\\ell}$ ± standard error"]
 
 
 def test_layerwise_unconverged_groups_are_hatched(blocks):

@@ -409,7 +409,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
     bars = "bars: eigenvalue error bounds"
     if repeats is not None:
         spread = f"spread across {repeats_description(repeats)}"
-        bars = f"bars: eigenvalue error bounds (this run) and the {spread} (sd)"
+        bars = f"bars: eigenvalue error bounds of this run, and the {spread} (sd)"
         if known_trace is not None and "trace" in repeats.names:
             j = repeats.quantity("trace")
             across = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
@@ -434,6 +434,15 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
         density = report.density
         ax = plot_spectral_density(density, style=style)
         sigma = density.default_sigma()
+        band = None
+        if density.num_probes > 1:
+            band = "band: ±2 standard errors across probes"
+            if repeats is not None:
+                # The repeats' spread is not drawn on the density: say whose band it is.
+                band = (
+                    "band: this run's ±2 standard errors across its probes, not the "
+                    f"spread across {repeats_description(repeats)}"
+                )
         figure = finish_figure(
             ax,
             args,
@@ -442,10 +451,11 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
                 *where[:2],
                 f"stochastic Lanczos quadrature, {density.num_probes} probes × "
                 f"{args.density_steps} steps, Gaussian σ = {sigma:.2g}",
+                band if repeats is not None else None,
             ),
             (
                 f"{density.num_products} products",
-                "band: ±2 standard errors across probes" if density.num_probes > 1 else None,
+                None if repeats is not None else band,
                 known_trace,
             ),
             matrix=where[2],
@@ -463,7 +473,13 @@ def _layers_figure(
     """Per-layer top eigenvalues (and traces) as bar charts, one row per layer, side by side
     on one figure of ``--style``'s width whose height grows with the number of layers."""
     from spectra.cli.plot import finish_figure
-    from spectra.plotting import figure_size, figure_style, new_figure, plot_layerwise
+    from spectra.plotting import (
+        block_symbol,
+        figure_size,
+        figure_style,
+        new_figure,
+        plot_layerwise,
+    )
 
     style = getattr(args, "style", None) or "column"
     panels = 2 if layers.traces is not None else 1
@@ -490,7 +506,7 @@ def _layers_figure(
     return finish_figure(
         figure,
         args,
-        f"Per-layer spectra of the {matrix}: diagonal blocks {symbol}ₗₗ",
+        f"Per-layer spectra of the {matrix}: diagonal blocks {block_symbol(symbol)}",
         (*where[:2], f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}"),
         (
             f"trace: Hutchinson, {args.trace_products} probes per layer" if args.trace else None,

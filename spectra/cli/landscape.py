@@ -389,7 +389,7 @@ def _figures(
     ax = plot_loss_landscape_1d(
         alphas,
         {names[label]: curves.losses[label] for label in curves.labels},
-        xlabel="Distance α along the unit direction (parameter space)",
+        xlabel="Distance α in parameter space",
         references={"quadratic model of v₁: L + α gᵀv₁ + λ₁α²/2": (names["v1"], quadratic)},
         style=style,
     )

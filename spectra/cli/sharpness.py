@@ -868,7 +868,7 @@ def sharpness_figure(
     """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
     not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
     from spectra.cli.plot import finish_figure
-    from spectra.plotting import plot_sharpness
+    from spectra.plotting import bounds_text, plot_sharpness
 
     threshold, missing = _plotted_threshold(args, report, threshold)
     steps, xlabel = x_positions(args, report, done, unit, step_source)
@@ -929,7 +929,7 @@ def sharpness_figure(
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
         "hollow markers: bound not certified" if any(uncertified) else None,
-        None if threshold is None else f"threshold: {threshold.label}",
+        None if threshold is None else f"threshold: {bounds_text(threshold.label)}",
         missing,
     )
     return finish_figure(
@@ -945,12 +945,13 @@ def sharpness_figure(
 def _plotted_threshold(
     args: argparse.Namespace, report: dict[str, Any], threshold: StabilityThreshold | None
 ) -> tuple[StabilityThreshold | None, str | None]:
-    """The threshold to draw: only one that bounds the plotted matrix (λ_max(P⁻¹H) with
-    ``--preconditioned``, else λ_max(H)); with the reason when a known threshold is not
-    drawn (a run of an adaptive optimizer without ``--preconditioned``, or a record of an
-    earlier version that kept the threshold of the other matrix)."""
-    plotted = "λ_max(P⁻¹H)" if args.preconditioned else "λ_max(H)"
-    other = "λ_max(H)" if args.preconditioned else "λ_max(P⁻¹H)"
+    """The threshold to draw: only one that bounds the plotted matrix (λ₁(P⁻¹H) with
+    ``--preconditioned``, else λ₁(H), written as on the figure's axis); with the reason
+    when a known threshold is not drawn (a run of an adaptive optimizer without
+    ``--preconditioned``, or a record of an earlier version that kept the threshold of
+    the other matrix)."""
+    plotted = "λ₁(P⁻¹H)" if args.preconditioned else "λ₁(H)"
+    other = "λ₁(H)" if args.preconditioned else "λ₁(P⁻¹H)"
     if threshold is not None and bool(threshold.preconditioned) == bool(args.preconditioned):
         return threshold, None
     dropped = report.get("dropped_threshold")

@@ -175,10 +175,11 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     (_, _, figure), *_ = draw()
     ax = figure.axes[0]
     texts = [text.get_text().replace("\n", " ") for text in figure.legends[0].get_texts()]
-    assert texts[0].startswith("λᵢ ± numerical bound (this run)")
-    assert texts[1] == "each subset's λᵢ"
-    assert texts[2] == "spread across 3 subsets of 50% of the data: mean ± sd"
     repeats = report.repeats
+    size = f"{int(repeats.subset_sizes[0]):,}-example"
+    assert texts[0].startswith("λᵢ ± numerical bound of this run")
+    assert texts[1] == f"λᵢ of each {size} subset"
+    assert texts[2] == f"λᵢ of 3 {size} subsets (mean\u00a0±\u00a0sd)"
     # The dots: every repeat's λ1 and λ2, left of the run's markers.
     dots = [
         line
@@ -194,7 +195,7 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     assert len(diamonds) == 1
     np.testing.assert_allclose(diamonds[0].get_ydata(), repeats.mean[:2], rtol=1e-12)
     description = figure._spectra_metadata["Description"]
-    assert "error bounds (this run) and the spread across 3 subsets" in description
+    assert "error bounds of this run, and the spread across 3 subsets" in description
     j = repeats.quantity("trace")
     spread = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
     assert f"{spread} across 3 subsets of 50% of the data (mean ± sd)" in description
