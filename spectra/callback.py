@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from spectra._format import plus_minus
 from spectra._validation import (
     MAX_SEED,
     check_choice,
@@ -497,19 +498,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         if record["gradient_overlap"] is not None:
             line += f", gradient overlap {record['gradient_overlap']:.3f}"
         if record["trace"] is not None:
-            line += f", trace = {_plus_minus(record['trace'], record['trace_stderr'])}"
+            line += f", trace = {plus_minus(record['trace'], record['trace_stderr'])}"
         if not all(record["converged"]):
             line += ", not converged"
         return line + f" [{record['num_products']} products, {record['wall_time']:.2f} s]"
-
-
-def _plus_minus(value: float, error: float | None) -> str:
-    """``value ± error`` as the command line prints it: the value rounded to the second
-    significant digit of its error (:func:`spectra.plotting.value_digits`), trailing
-    zeros kept (79.2 ± 7.0)."""
-    from spectra.plotting import value_digits
-
-    digits = value_digits(value, error) if error is not None else None
-    if digits is None:
-        return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
-    return f"{value:#.{digits}g}".rstrip(".") + f" ± {error:#.2g}"

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from spectra._format import format_value, value_digits
 from spectra.estimators.results import EigenResult, SpectralDensity
 from spectra.io.files import atomic_write
 
@@ -373,36 +374,6 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
     else:
         labels = _fit_labels(labels, width)
         axes[-1].legend(handles, labels, framealpha=0.9, fontsize=_small())
-
-
-# An error is written to 2 significant digits, the value to the same decimal place
-# (spectra.cli's plus_minus writes "value ± error" with this rule).
-ERROR_SIGNIFICANT_DIGITS = 2
-
-
-def value_digits(value: float, error: float | None, *, most: int = 12) -> int | None:
-    """Significant digits of ``value`` that its ``error`` leaves meaningful: the value ends
-    at the decimal place of the error's second significant digit (at least 1, at most
-    ``most``); None when the error is unknown, zero or not finite, or the value is 0."""
-    if error is None or not (math.isfinite(error) and math.isfinite(value)):
-        return None
-    if error <= 0 or value == 0:
-        return None
-    digits = (
-        math.floor(math.log10(abs(value)))
-        - math.floor(math.log10(error))
-        + ERROR_SIGNIFICANT_DIGITS
-    )
-    return min(max(digits, 1), most)
-
-
-def format_value(value: float, error: float | None, *, most: int = 6) -> str:
-    """``value`` rounded from its uncertainty (:func:`value_digits`): 17.6 for 17.63 ± 0.41,
-    22.2153 for 22.215331 ± 2.1e-06 (capped at ``most`` digits); with no usable error,
-    ``most`` significant digits. The figures' labels use it (6 digits at most: a label is
-    not a table)."""
-    digits = value_digits(value, error, most=most)
-    return f"{value:.{most if digits is None else digits}g}"
 
 
 def _fit_labels(labels: list[str], width: float) -> list[str]:

@@ -152,8 +152,9 @@ def test_eigenvalues_against_index(eigen):
     (text,) = _legend_texts(ax)
     largest = float(np.max(eigen.error_bounds))
     assert text == f"λᵢ ± error bound; bars smaller than the markers, at most ±{largest:.1e}"
-    # Each value is written beside its marker.
-    assert [t.get_text() for t in ax.texts] == ["12", "7", "4"]
+    # Each value is written beside its marker, to the 6 significant digits a label holds at
+    # most (bounds ~1e-13 would allow more), trailing zeros kept.
+    assert [t.get_text() for t in ax.texts] == ["12.0000", "7.00000", "4.00000"]
 
 
 def test_eigenvalues_log_scale(eigen):

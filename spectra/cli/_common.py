@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import hashlib
 import importlib.metadata
-import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -639,38 +638,6 @@ def save_figure_formats(
 
 def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
     return [f"{stem}.{fmt}" for stem in stems for fmt in formats]
-
-
-# An error is written to 2 significant digits (the second one still carries information
-# for a standard error from ~10+ samples), the value to the same decimal place, and no
-# value to more than 12 digits (float64 holds 15-17, the estimates far fewer).
-_ERROR_SIGNIFICANT_DIGITS = 2
-_MOST_SIGNIFICANT_DIGITS = 12
-
-
-def plus_minus(value: float | None, error: float | None) -> str:
-    """``value ± error`` with the error to 2 significant digits and the value to the same
-    decimal place (20.92 ± 0.87, 3.7447885 ± 4.5e-06, 1.6991200 ± 7.5e-06, 79.2 ± 7.0),
-    trailing zeros kept, as measurements are written: the rule of the figures'
-    :func:`spectra.plotting.value_digits`."""
-    if value is None:
-        return "n/a"
-    if error is None or not math.isfinite(error) or not math.isfinite(value):
-        return f"{value:.6g}" if error is None else f"{value:.6g} ± {error:.2g}"
-    from spectra.plotting import value_digits
-
-    digits = value_digits(value, error, most=_MOST_SIGNIFICANT_DIGITS)
-    if digits is None:
-        return f"{value:.6g} ± {error:.2g}"
-    return f"{_keep_zeros(value, digits)} ± {_keep_zeros(error, _ERROR_SIGNIFICANT_DIGITS)}"
-
-
-def _keep_zeros(value: float, digits: int) -> str:
-    """``value`` to ``digits`` significant digits with its trailing zeros kept (1.6991200,
-    7.0), no bare trailing point (3800, not 3800.)."""
-    text = f"{value:#.{digits}g}"
-    mantissa, _, exponent = text.partition("e")
-    return mantissa.removesuffix(".") + (f"e{exponent}" if exponent else "")
 
 
 # --------------------------------------------------------------------------- bounds

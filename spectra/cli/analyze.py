@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from spectra._format import plus_minus
 from spectra.analysis.per_layer import LayerwiseResult, layerwise
 from spectra.analysis.repeats import RepeatResult, repeat_estimate, subsample_indices
 from spectra.cli._common import (
@@ -36,7 +37,6 @@ from spectra.cli._common import (
     measurement_settings,
     model_description,
     number_settings,
-    plus_minus,
     user_errors,
     versions,
     write_outputs,

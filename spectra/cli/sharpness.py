@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from spectra._format import plus_minus
 from spectra.analysis.stability import (
     StabilityThreshold,
     gradient_descent_threshold,
@@ -61,7 +62,6 @@ from spectra.cli._common import (
     model_description,
     number_settings,
     one_line,
-    plus_minus,
     require_tensorflow,
     save_figure_formats,
     user_errors,

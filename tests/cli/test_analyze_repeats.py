@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import spectra
+from spectra._format import plus_minus
 from spectra.analysis.repeats import SUBSET_RULE, subsample_indices
 from spectra.cli import main
-from spectra.cli._common import plus_minus
 from spectra.io.checkpoints import load_model
 from spectra.io.datasets import load_data
 
@@ -162,7 +162,8 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     the same through ``spectra plot`` of the results.json, at column size."""
     import matplotlib.pyplot as plt
 
-    from spectra.cli._common import UserError, plus_minus
+    from spectra._format import plus_minus
+    from spectra.cli._common import UserError
     from spectra.cli.plot import _drawing
 
     out, _ = subsample_run

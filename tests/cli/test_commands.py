@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from spectra import HessianOperator, eigenvalues
+from spectra._format import plus_minus
 from spectra.cli import main
-from spectra.cli._common import plus_minus
 from spectra.io.checkpoints import load_model
 from spectra.io.datasets import load_data
 
