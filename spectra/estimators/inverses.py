@@ -527,16 +527,16 @@ class InverseOperator(LinearOperator):
                     ):
                         reasons[j] = _stagnation_reason(float(new_norms[position]))
                 worse = new_norms > best_norms[idx]
-                for position in np.flatnonzero(worse):
-                    j = int(idx[position])
-                    if new_norms[position] <= _DIVERGENCE * best_norms[j]:
-                        if reasons[j] is None:
-                            reasons[j] = _stagnation_reason(float(best_norms[j]))
-                    elif reasons[j] is None:
-                        reasons[j] = (
+                for spot in np.flatnonzero(worse):
+                    column = idx[spot]
+                    if new_norms[spot] <= _DIVERGENCE * best_norms[column]:
+                        if reasons[column] is None:
+                            reasons[column] = _stagnation_reason(float(best_norms[column]))
+                    elif reasons[column] is None:
+                        reasons[column] = (
                             "C + λI is singular (or numerically so): the true residual grew "
-                            f"to {new_norms[position]:.3g}·‖b‖, above the best iterate's "
-                            f"{best_norms[j]:.3g}·‖b‖ (returned instead): add a damping ≳ "
+                            f"to {new_norms[spot]:.3g}·‖b‖, above the best iterate's "
+                            f"{best_norms[column]:.3g}·‖b‖ (returned instead): add a damping ≳ "
                             "1e-8·λ_max(C)"
                         )
                 better, revert = idx[~worse], idx[worse]
