@@ -232,7 +232,9 @@ class CurvatureOperator(LinearOperator):
         _check_distinct(user_variables, tf_variables)
         _check_variable_dtypes(user_variables, tf_variables)
         replicas = Replicas(strategy)
-        batches = Batches(data, batch_size, replicas=replicas)
+        batches = Batches(
+            data, batch_size, replicas=replicas, purpose=f"The {curvature.title} operator"
+        )
         spec = batches.element_spec
         key = (
             curvature.key,
@@ -398,7 +400,13 @@ class CurvatureOperator(LinearOperator):
             loss_weights = None
         structured = keras_models.StructuredLoss(loss, loss_weights, target)
         replicas = Replicas(strategy)
-        batches = Batches(data, batch_size, cast_floats_to=target, replicas=replicas)
+        batches = Batches(
+            data,
+            batch_size,
+            cast_floats_to=target,
+            replicas=replicas,
+            purpose=f"The {cls.curvature_class.title} operator",
+        )
         check_keras_data(model, loss, batches)
         spec = batches.element_spec
         loss_id, loss_owners = keras_models.loss_key((loss, loss_weights))

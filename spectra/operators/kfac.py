@@ -602,7 +602,12 @@ class KFACOperator(LinearOperator):
                 f"model {model.name!r} has no Dense, Conv1D, Conv2D or Embedding layer with "
                 "trainable variables: K-FAC covers those layers only."
             )
-        batches = Batches(data, batch_size, cast_floats_to=target)
+        batches = Batches(
+            data,
+            batch_size,
+            cast_floats_to=target,
+            purpose=f"{cls.__name__} (its factors' data passes)",
+        )
         num_examples = batches.num_examples
         accumulators = _Accumulators(layout, others, chosen)
         accumulators.conv = conv
