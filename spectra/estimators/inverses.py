@@ -10,8 +10,8 @@ Four solvers, all matrix-free (one product with C per iteration, LSMR two):
 * ``"cg"`` — conjugate gradients (Hestenes & Stiefel 1952); needs C + λI positive definite.
   Error in the A-norm after k iterations <= 2((√κ − 1)/(√κ + 1))^k: about
   ½·√κ·ln(2/tol) products for κ = cond(C + λI). A direction p with pᵀ(C + λI)p < 0 beyond
-  rounding proves C + λI is not positive definite; one with |pᵀ(C + λI)p| <=
-  100·eps·‖C + λI‖·‖p‖² shows it singular (or numerically so): the solve stops and says
+  rounding proves C + λI is not positive definite; one with ``|pᵀ(C + λI)p| <=
+  100·eps·‖C + λI‖·‖p‖²`` shows it singular (or numerically so): the solve stops and says
   which.
 * ``"minres"`` — MINRES (Paige & Saunders 1975) for symmetric indefinite C + λI (a Hessian
   away from a minimum); the residual decreases monotonically, at about the rate of CG with
