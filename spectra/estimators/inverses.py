@@ -430,7 +430,8 @@ class InverseOperator(LinearOperator):
         one product for the true residual after each: a chunk that neither halves the true
         residual nor keeps LSMR's own residual estimate within a factor 2 of it has reached
         the rounding of the products (stagnation, as CG and MINRES detect it at their
-        restarts)."""
+        restarts); one whose ‖Mᵀr‖ estimate is at most 1000·eps·‖M‖·‖r‖ (LSMR's Frobenius
+        estimate of ‖M‖) has reached a least-squares solution of a singular M."""
         n, k = rhs.shape
         x = np.zeros((n, k))
         iterations = np.zeros(k, dtype=np.int64)
@@ -465,6 +466,17 @@ class InverseOperator(LinearOperator):
                     break
                 if true > _STAGNATION * previous and float(solution[3]) < true / 2:
                     reasons[j] = _stagnation_reason(true / norm)
+                    break
+                # ‖Mᵀr‖ <= 1000·eps·‖M‖·‖r‖: r in M's numerical null space, as in MINRES.
+                normar, norma = float(solution[4]), float(solution[5])
+                if normar <= _LEAST_SQUARES * norma * float(solution[3]):
+                    reasons[j] = _singular_reason(
+                        norma,
+                        apply.counter.scale,
+                        apply.damping,
+                        f"the residual ‖r‖ = {true / norm:.3g}·‖b‖ lies in its numerical "
+                        "null space (a least-squares solution)",
+                    )
                     break
                 chunk = min(2 * chunk, _LSMR_CHUNK)
         return x, iterations, reasons

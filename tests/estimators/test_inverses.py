@@ -401,3 +401,14 @@ def test_lsmr_reports_stagnation_on_a_float32_ggn():
     with pytest.raises(ConvergenceError, match="the residual stagnates at"):
         inv @ rhs
     assert "maxiter" not in inv.last.reason
+
+
+def test_lsmr_on_a_singular_matrix_names_it_singular(rank_five):
+    matrix, rhs = rank_five
+    inv = inverse(matrix, 0.0, method="lsmr", tol=1e-8, on_failure="warn")
+    # Before: LSMR ran to maxiter=200 and said "raise maxiter or damping".
+    with pytest.warns(ConvergenceWarning, match=r"C \+ λI is singular \(or numerically so\)"):
+        x = inv @ rhs
+    residual = np.linalg.norm(matrix @ x - rhs) / np.linalg.norm(rhs)
+    assert residual == pytest.approx(_least_squares_residual(matrix, rhs), rel=1e-8)
+    assert inv.last.iterations[0] < 200
