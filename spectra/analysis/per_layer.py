@@ -138,7 +138,8 @@ def _variable_label(variable: Any, position: int) -> str:
 
 
 def _default_groups(variables: Sequence[Any]) -> tuple[list[str], list[list[int]], str]:
-    """One group per Keras layer (the parent of ``variable.path``), else per variable."""
+    """One group per Keras layer (runs of variables sharing the parent of ``variable.path``,
+    :func:`~spectra.operators.block_diagonal.layer_groups`), else per variable."""
     if all(isinstance(getattr(v, "path", None), str) for v in variables):
         names, members = layer_groups([v.path for v in variables])
         return names, members, "layers"

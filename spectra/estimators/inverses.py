@@ -9,11 +9,14 @@ Four solvers, all matrix-free (one product with C per iteration, LSMR two):
 
 * ``"cg"`` — conjugate gradients (Hestenes & Stiefel 1952); needs C + λI positive definite.
   Error in the A-norm after k iterations <= 2((√κ − 1)/(√κ + 1))^k: about
-  ½·√κ·ln(2/tol) products for κ = cond(C + λI). A direction p with pᵀ(C + λI)p <= 0 proves
-  C + λI is not positive definite: the solve stops and says so.
+  ½·√κ·ln(2/tol) products for κ = cond(C + λI). A direction p with pᵀ(C + λI)p < 0 beyond
+  rounding proves C + λI is not positive definite; one with ``|pᵀ(C + λI)p| <=
+  100·eps·‖C + λI‖·‖p‖²`` shows it singular (or numerically so): the solve stops and says
+  which.
 * ``"minres"`` — MINRES (Paige & Saunders 1975) for symmetric indefinite C + λI (a Hessian
   away from a minimum); the residual decreases monotonically, at about the rate of CG with
-  κ = max|μ|/min|μ| over the eigenvalues μ of C + λI (slower when they straddle 0).
+  κ = max|μ|/min|μ| over the eigenvalues μ of C + λI (slower when they straddle 0). On a
+  singular C + λI it stops at a least-squares iterate (SciPy's stopping rules) and says so.
 * ``"lsmr"`` — LSMR (Fong & Saunders 2011, ``scipy.sparse.linalg.lsmr``) on the square
   system: MINRES applied to the normal equations, so robust for any nonsingular C + λI but
   converging like CG on (C + λI)², about κ·ln(1/tol) iterations of two products each.
@@ -31,7 +34,9 @@ whether ``‖(C + λI)x − b‖ <= tol·‖b‖`` holds, the iterations, the pr
 relative residual (an :class:`~spectra.estimators.results.InverseSolve`, in
 ``InverseOperator.last`` and ``InverseOperator.history``). One that does not meet ``tol``
 raises :class:`ConvergenceError` (default ``on_failure="raise"``), or, with
-``on_failure="warn"``, warns (:class:`ConvergenceWarning`) and returns its iterate. The
+``on_failure="warn"``, warns (:class:`ConvergenceWarning`) and returns its iterate: the
+best one by true residual it has seen (x = 0, residual ‖b‖, is the first), never one a
+restart made worse. The
 relative residual bounds the error: ``‖x − x*‖/‖x*‖ <= κ·‖r‖/‖b‖``.
 
 ``matmat`` solves the columns in lock-step (CG, MINRES, Neumann): one ``matmat`` of the
@@ -77,6 +82,8 @@ _STAGNATION = 0.5
 _DIVERGENCE = 2.0
 # Relative accuracy of the top eigenvalue behind the default Neumann scale.
 _SCALE_TOL = 1e-3
+# LSMR runs in restarted chunks of 20, 40, 80, 80, … iterations (see InverseOperator._lsmr).
+_LSMR_CHUNK = 80
 
 
 class ConvergenceError(RuntimeError):
@@ -119,12 +126,43 @@ class _Shifted:
         return product + (self.damping / self.counter.scale) * block
 
 
+def _singular_reason(norm_estimate: float, scale: float, damping: float, what: str) -> str:
+    """The message for a numerically singular C + λI: ``what`` happened at the rounding
+    level of ‖C + λI‖ (≈ ``norm_estimate`` on the scaled products)."""
+    size = norm_estimate * scale
+    return (
+        f"C + λI is singular (or numerically so): {what}, at the rounding level of "
+        f"‖C + λI‖ ≈ {size:.3g}; a singular C has no inverse: add a damping ≳ 1e-8·λ_max "
+        f"≈ {max(1e-8 * size, np.finfo(float).tiny):.3g} (damping is now {damping:g}), or "
+        "take the best iterate with on_failure='warn' (a least-squares-like answer)"
+    )
+
+
+def _stagnation_reason(relative_residual: float) -> str:
+    return (
+        f"the residual stagnates at {relative_residual:.3g}·‖b‖ (the rounding of the "
+        "products is reached: a float32 operator, or C + λI nearly singular): use a larger "
+        "tol or damping"
+    )
+
+
+# |pᵀMp| at most this times eps·‖M‖·‖p‖² is rounding, not curvature (CG), and a MINRES
+# rotation γ at most this times eps·‖T_k‖ is a singular tridiagonal.
+_ROUNDING = 100.0
+# MINRES's least-squares stop: ‖M r‖ <= 1000·eps·‖M‖·‖r‖ (r in M's numerical null space,
+# at the rounding level of the products); a nonsingular M with κ(M) below 1/(1000·eps)
+# ≈ 4.5e12 never meets it.
+_LEAST_SQUARES = 1e3 * np.finfo(float).eps
+
+
 def _cg(
     apply: _Shifted, rhs: np.ndarray, targets: np.ndarray, budget: int
 ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
     """Conjugate gradients from 0 on the columns of ``rhs`` in lock-step, each until its
-    recurrence residual is at most its target or ``budget`` iterations; a column whose
-    direction has pᵀMp <= 0 stops with a reason."""
+    recurrence residual is at most its target or ``budget`` iterations. A column whose
+    direction has pᵀMp <= 0 stops with a reason: numerically singular when
+    ``|pᵀMp| <= 100·eps·‖M‖·‖p‖²`` (‖M‖ estimated by the running max of ‖Mp‖/‖p‖),
+    else indefinite (pᵀMp/pᵀp < 0 is then an upper bound on λ_min(M))."""
     n, k = rhs.shape
     x = np.zeros((n, k))
     r = rhs.copy()
@@ -132,6 +170,8 @@ def _cg(
     rs = np.einsum("ij,ij->j", r, r)
     iterations = np.zeros(k, dtype=np.int64)
     reasons: list[str | None] = [None] * k
+    norm_estimate = np.zeros(k)
+    eps = np.finfo(float).eps
     active = np.sqrt(rs) > targets
     for _ in range(budget):
         idx = np.flatnonzero(active)
@@ -139,19 +179,32 @@ def _cg(
             break
         mp = apply(p[:, idx])
         curvature = np.einsum("ij,ij->j", p[:, idx], mp)
+        pp = np.einsum("ij,ij->j", p[:, idx], p[:, idx])
+        norm_estimate[idx] = np.maximum(
+            norm_estimate[idx], _norms(mp) / np.sqrt(np.where(pp > 0, pp, 1.0))
+        )
         iterations[idx] += 1
-        bad = ~(curvature > 0)
-        for j, c in zip(idx[bad], curvature[bad]):
+        rounding = _ROUNDING * eps * norm_estimate[idx] * pp
+        bad = ~(curvature > rounding)
+        for j, c, p2, level in zip(idx[bad], curvature[bad], pp[bad], rounding[bad]):
             # The Rayleigh quotient of p bounds λ_min(C + λI) from above.
-            p_j = p[:, j]
-            quotient = float(c / (p_j @ p_j)) * apply.counter.scale
-            reasons[j] = (
-                f"negative curvature: a direction p has pᵀ(C + λI)p/pᵀp = {quotient:.3g} <= 0 "
-                f"at iteration {iterations[j]}, so C + λI is not positive definite (a Hessian "
-                "is often indefinite): use method='minres', or a damping above "
-                f"{apply.damping - quotient:.6g} (at least; the most "
-                "negative eigenvalue of C may lie further down)"
-            )
+            quotient = float(c / p2) * apply.counter.scale
+            if abs(c) <= level:
+                reasons[j] = _singular_reason(
+                    float(norm_estimate[j]),
+                    apply.counter.scale,
+                    apply.damping,
+                    f"a direction p has pᵀ(C + λI)p/pᵀp = {quotient:.3g} at iteration "
+                    f"{iterations[j]}",
+                )
+            else:
+                reasons[j] = (
+                    f"negative curvature: a direction p has pᵀ(C + λI)p/pᵀp = {quotient:.3g} "
+                    f"< 0 at iteration {iterations[j]}, so C + λI is not positive definite (a "
+                    "Hessian is often indefinite): use method='minres', or a damping above "
+                    f"{apply.damping - quotient:.6g} (at least; the most "
+                    "negative eigenvalue of C may lie further down)"
+                )
             active[j] = False
         good = ~bad
         idx, mp, curvature = idx[good], mp[:, good], curvature[good]
@@ -168,9 +221,16 @@ def _cg(
 def _minres(
     apply: _Shifted, rhs: np.ndarray, targets: np.ndarray, budget: int
 ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-    """MINRES from 0 (Paige & Saunders 1975, as in ``scipy.sparse.linalg.minres`` without a
-    preconditioner) on the columns of ``rhs`` in lock-step, each until its residual
-    estimate φ̄ is at most its target, its Krylov space is invariant, or ``budget``."""
+    """MINRES from 0 (Paige & Saunders 1975) on the columns of ``rhs`` in lock-step, each
+    until its residual estimate φ̄ is at most its target, its Krylov space is invariant,
+    or ``budget``.
+
+    Singular stops (SciPy's rules, on the running estimate ‖T_k‖_F of the Lanczos
+    tridiagonal's norm, which bounds ‖M‖ from below): the rotation's γ_k <= 100·eps·‖T_k‖
+    (T_k singular: the step would divide by rounding), cond(T_k) ≈ max γ/min γ >= 0.1/eps,
+    or the least-squares test ‖M r_{k−1}‖/(‖T_k‖·‖r_{k−1}‖) <= 1000·eps (r_{k−1} lies in
+    M's numerical null space: no Krylov iterate reduces it). The column then keeps its
+    previous iterate and a reason naming C + λI singular."""
     n, k = rhs.shape
     x = np.zeros((n, k))
     beta = _norms(rhs)
@@ -188,6 +248,10 @@ def _minres(
     phibar = beta.copy()
     cs = -np.ones(k)
     sn = np.zeros(k)
+    tnorm2 = np.zeros(k)
+    gmax = np.zeros(k)
+    gmin = np.full(k, np.inf)
+    eps = np.finfo(float).eps
     tiny = np.finfo(float).tiny
     beta = safe
     for _ in range(budget):
@@ -201,16 +265,48 @@ def _minres(
         y -= np.where(first, 0.0, beta[idx] / np.where(first, 1.0, old_beta[idx])) * r1[:, idx]
         alpha = np.einsum("ij,ij->j", v, y)
         y -= (alpha / beta[idx]) * r2[:, idx]
+        new_beta = _norms(y)
+        # ‖T_k‖_F² grows by this step's column: α_k² + β_k² + β_{k+1}².
+        tnorm2[idx] += alpha**2 + np.where(first, 0.0, beta[idx]) ** 2 + new_beta**2
+        anorm = np.sqrt(tnorm2[idx])
+        delta = cs[idx] * dbar[idx] + sn[idx] * alpha
+        gbar = sn[idx] * dbar[idx] - cs[idx] * alpha
+        new_dbar = -cs[idx] * new_beta
+        # ‖M r_{k−1}‖/‖r_{k−1}‖ of the previous iterate (SciPy's test2 numerator).
+        root = np.hypot(gbar, new_dbar)
+        gamma = np.hypot(gbar, new_beta)
+        level = _ROUNDING * eps * anorm
+        cond = np.maximum(gmax[idx], gamma) / np.maximum(np.minimum(gmin[idx], gamma), tiny)
+        singular = (gamma <= level) | (cond >= 0.1 / eps) | (root <= _LEAST_SQUARES * anorm)
+        singular &= anorm > 0
+        for position in np.flatnonzero(singular):
+            j = idx[position]
+            if root[position] <= _LEAST_SQUARES * anorm[position]:
+                what = (
+                    f"the residual ‖r‖ = {phibar[j]:.3g}·‖b‖ lies in its numerical null space "
+                    f"(‖(C + λI)r‖/(‖C + λI‖·‖r‖) = {root[position] / anorm[position]:.3g}, "
+                    "a least-squares solution)"
+                )
+            else:
+                what = (
+                    f"the Lanczos tridiagonal's condition number reached "
+                    f"{max(cond[position], anorm[position] / max(gamma[position], tiny)):.3g}"
+                )
+            reasons[j] = _singular_reason(
+                float(anorm[position]), apply.counter.scale, apply.damping, what
+            )
+        active[idx[singular]] = False
+        ok = ~singular
+        idx, alpha, new_beta, delta, gbar = idx[ok], alpha[ok], new_beta[ok], delta[ok], gbar[ok]
+        gamma, anorm, new_dbar, y, v = gamma[ok], anorm[ok], new_dbar[ok], y[:, ok], v[:, ok]
         r1[:, idx] = r2[:, idx]
         r2[:, idx] = y
         old_beta[idx] = beta[idx]
-        new_beta = _norms(y)
         old_epsilon = epsilon[idx]
-        delta = cs[idx] * dbar[idx] + sn[idx] * alpha
-        gbar = sn[idx] * dbar[idx] - cs[idx] * alpha
         epsilon[idx] = sn[idx] * new_beta
-        dbar[idx] = -cs[idx] * new_beta
-        gamma = np.maximum(np.hypot(gbar, new_beta), tiny)
+        dbar[idx] = new_dbar
+        gmax[idx] = np.maximum(gmax[idx], gamma)
+        gmin[idx] = np.minimum(gmin[idx], gamma)
         cs[idx] = gbar / gamma
         sn[idx] = new_beta / gamma
         phi = cs[idx] * phibar[idx]
@@ -219,7 +315,7 @@ def _minres(
         w2[:, idx] = w[:, idx]
         w[:, idx] = (v - old_epsilon * w1 - delta * w2[:, idx]) / gamma
         x[:, idx] += phi * w[:, idx]
-        invariant = new_beta <= 100 * np.finfo(float).eps * (np.abs(alpha) + old_beta[idx])
+        invariant = new_beta <= _ROUNDING * eps * anorm
         beta[idx] = np.where(invariant, 1.0, new_beta)
         active[idx] = (phibar[idx] > targets[idx]) & ~invariant
     return x, iterations, reasons
@@ -327,10 +423,19 @@ class InverseOperator(LinearOperator):
         apply: _Shifted, rhs: np.ndarray, targets: np.ndarray, budget: int
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """scipy's LSMR per column (two products per iteration), stopping at
-        ‖r‖ <= target (atol = 0, no condition limit)."""
+        ‖r‖ <= target (atol = 0, no condition limit).
+
+        LSMR exposes no iterates, so it runs in chunks of 20, 40, then 80 iterations, each
+        restarted from the last iterate (also when LSMR's estimate meets the target), with
+        one product for the true residual after each: a chunk that neither halves the true
+        residual nor keeps LSMR's own residual estimate within a factor 2 of it has reached
+        the rounding of the products (stagnation, as CG and MINRES detect it at their
+        restarts); one whose ‖Mᵀr‖ estimate is at most 1000·eps·‖M‖·‖r‖ (LSMR's Frobenius
+        estimate of ‖M‖) has reached a least-squares solution of a singular M."""
         n, k = rhs.shape
         x = np.zeros((n, k))
         iterations = np.zeros(k, dtype=np.int64)
+        reasons: list[str | None] = [None] * k
 
         def product(vector: np.ndarray) -> np.ndarray:
             return apply(np.asarray(vector, dtype=np.float64).reshape(n, 1))[:, 0]
@@ -340,17 +445,41 @@ class InverseOperator(LinearOperator):
             norm = float(np.linalg.norm(rhs[:, j]))
             if not norm > targets[j]:
                 continue
-            solution = lsmr(
-                system,
-                rhs[:, j],
-                atol=0.0,
-                btol=min(targets[j] / norm, 0.5),
-                conlim=0.0,
-                maxiter=budget,
-            )
-            x[:, j] = solution[0]
-            iterations[j] = int(solution[2])
-        return x, iterations, [None] * k
+            btol = min(targets[j] / norm, 0.5)
+            true = norm
+            chunk = 20
+            while iterations[j] < budget:
+                steps = min(chunk, budget - int(iterations[j]))
+                solution = lsmr(
+                    system,
+                    rhs[:, j],
+                    atol=0.0,
+                    btol=btol,
+                    conlim=0.0,
+                    maxiter=steps,
+                    x0=x[:, j] if iterations[j] else None,
+                )
+                x[:, j] = solution[0]
+                iterations[j] += int(solution[2])
+                previous, true = true, float(np.linalg.norm(rhs[:, j] - product(x[:, j])))
+                if true <= targets[j]:
+                    break
+                if true > _STAGNATION * previous and float(solution[3]) < true / 2:
+                    reasons[j] = _stagnation_reason(true / norm)
+                    break
+                # ‖Mᵀr‖ <= 1000·eps·‖M‖·‖r‖: r in M's numerical null space, as in MINRES.
+                normar, norma = float(solution[4]), float(solution[5])
+                if normar <= _LEAST_SQUARES * norma * float(solution[3]):
+                    reasons[j] = _singular_reason(
+                        norma,
+                        apply.counter.scale,
+                        apply.damping,
+                        f"the residual ‖r‖ = {true / norm:.3g}·‖b‖ lies in its numerical "
+                        "null space (a least-squares solution)",
+                    )
+                    break
+                chunk = min(2 * chunk, _LSMR_CHUNK)
+        return x, iterations, reasons
 
     def _solve(self, block: np.ndarray) -> np.ndarray:
         """Solve (C + λI) X = B for the (n, k) block B, with the restarts, the check of the
@@ -380,6 +509,11 @@ class InverseOperator(LinearOperator):
         iterations = np.zeros(k, dtype=np.int64)
         reasons: list[str | None] = [None] * k
         pending = (norms > 0) & (residual_norms > targets)
+        # The best iterate so far by true residual (y = 0 has residual 1): a solve never
+        # returns an iterate worse than one it has seen.
+        best_y = y.copy()
+        best_residual = residual.copy()
+        best_norms = residual_norms.copy()
         with _one_blas_thread():
             while np.any(pending):
                 idx = np.flatnonzero(pending)
@@ -400,13 +534,30 @@ class InverseOperator(LinearOperator):
                         taken[position] < budget
                         and new_norms[position] > targets[j]
                         and new_norms[position] > _STAGNATION * residual_norms[j]
+                        and new_norms[position] <= best_norms[j]
                         and iterations[j] < self.maxiter
                     ):
-                        reasons[j] = (
-                            f"the residual stagnates at {new_norms[position]:.3g}·‖b‖ (the "
-                            "rounding of the products is reached: a float32 operator, or "
-                            "C + λI nearly singular): use a larger tol or damping"
+                        reasons[j] = _stagnation_reason(float(new_norms[position]))
+                worse = new_norms > best_norms[idx]
+                for spot in np.flatnonzero(worse):
+                    column = idx[spot]
+                    if new_norms[spot] <= _DIVERGENCE * best_norms[column]:
+                        if reasons[column] is None:
+                            reasons[column] = _stagnation_reason(float(best_norms[column]))
+                    elif reasons[column] is None:
+                        reasons[column] = (
+                            "C + λI is singular (or numerically so): the true residual grew "
+                            f"to {new_norms[spot]:.3g}·‖b‖, above the best iterate's "
+                            f"{best_norms[column]:.3g}·‖b‖ (returned instead): add a damping ≳ "
+                            "1e-8·λ_max(C)"
                         )
+                better, revert = idx[~worse], idx[worse]
+                best_y[:, better] = y[:, better]
+                best_residual[:, better] = residual[:, better]
+                best_norms[better] = new_norms[~worse]
+                y[:, revert] = best_y[:, revert]
+                residual[:, revert] = best_residual[:, revert]
+                new_norms = best_norms[idx]
                 residual_norms[idx] = new_norms
                 pending = (
                     (norms > 0)

@@ -39,6 +39,9 @@ from spectra.estimators.tridiagonal import gauss_quadrature
 
 __all__ = ["logdet"]
 
+# A Ritz value of C + λI within this times eps·max|θ| of 0 is rounding (numerically singular).
+_ROUNDING = 100.0
+
 
 def logdet(
     op: Any,
@@ -82,9 +85,12 @@ def logdet(
     Raises
     ------
     ValueError
-        a Ritz value of C + λI is <= 0: Ritz values lie within the spectrum, so C + λI is
-        then not positive definite (its log det is not real); the message gives the value
-        and the damping that would lift it. Also bad argument values.
+        a Ritz value of C + λI is below 0 beyond rounding: Ritz values lie within the
+        spectrum, so C + λI is then not positive definite (its log det is not real); the
+        message gives the value and the damping that would lift it. A Ritz value within
+        ``100·eps·max|θ|`` of 0 (or below it): C + λI is singular (or numerically so), its
+        log det is −∞ for a positive semidefinite C (or dominated by rounding); the message
+        suggests a damping of about ``1e-8·λ_max``. Also bad argument values.
     TypeError
         an argument of the wrong type.
 
@@ -118,14 +124,28 @@ def logdet(
         counter.finish()
     per_probe = np.empty(num_probes)
     smallest = math.inf
+    rules = []
     for probe in range(num_probes):
         m = int(steps_taken[probe])
         theta, weights = gauss_quadrature(alpha[probe, :m], beta[probe, : m - 1])
-        nodes = counter.unscale(theta, "a quadrature node (Ritz value)") + damping
+        rules.append((counter.unscale(theta, "a quadrature node (Ritz value)"), weights))
+    # Ritz values carry absolute errors of order eps·‖C‖ (≈ eps·max|θ|): a node of C + λI
+    # within _ROUNDING·eps·max|θ| of 0 is rounding, not a spectrum value.
+    top = max(float(np.abs(theta).max()) if theta.size else 0.0 for theta, _ in rules)
+    rounding = _ROUNDING * np.finfo(float).eps * max(top, damping)
+    for probe, (theta, weights) in enumerate(rules):
+        nodes = theta + damping
         used = nodes[weights > 0] if np.any(weights > 0) else nodes
         lowest = float(used.min())
         smallest = min(smallest, lowest)
-        if not lowest > 0:
+        if not lowest > rounding:
+            if abs(lowest) <= rounding:
+                raise ValueError(
+                    f"logdet: C + λI is singular (or numerically so): it has a Ritz value "
+                    f"{lowest:.3g}, at the rounding level {rounding:.3g} of λ_max ≈ {top:.3g} "
+                    f"(damping {damping:g}), so log det(C + λI) is −∞ for a positive "
+                    f"semidefinite C: add a damping ≳ 1e-8·λ_max ≈ {max(1e-8 * top, rounding):.3g}"
+                )
             raise ValueError(
                 f"logdet: C + λI is not positive definite: it has a Ritz value {lowest:.6g} "
                 f"<= 0 (damping {damping:g}; Ritz values lie within the spectrum), so its log "

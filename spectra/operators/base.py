@@ -33,6 +33,7 @@ import enum
 import functools
 import inspect
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -232,7 +233,9 @@ class CurvatureOperator(LinearOperator):
         _check_distinct(user_variables, tf_variables)
         _check_variable_dtypes(user_variables, tf_variables)
         replicas = Replicas(strategy)
-        batches = Batches(data, batch_size, replicas=replicas)
+        batches = Batches(
+            data, batch_size, replicas=replicas, purpose=f"The {curvature.title} operator"
+        )
         spec = batches.element_spec
         key = (
             curvature.key,
@@ -398,7 +401,13 @@ class CurvatureOperator(LinearOperator):
             loss_weights = None
         structured = keras_models.StructuredLoss(loss, loss_weights, target)
         replicas = Replicas(strategy)
-        batches = Batches(data, batch_size, cast_floats_to=target, replicas=replicas)
+        batches = Batches(
+            data,
+            batch_size,
+            cast_floats_to=target,
+            replicas=replicas,
+            purpose=f"The {cls.curvature_class.title} operator",
+        )
         check_keras_data(model, loss, batches)
         spec = batches.element_spec
         loss_id, loss_owners = keras_models.loss_key((loss, loss_weights))
@@ -533,8 +542,10 @@ class CurvatureOperator(LinearOperator):
         An explicit ``max_block_size`` is used as given. Otherwise the largest power of two
         k ≤ 64 whose product memory (the tangents of the vectors in flight and the block's
         (k, n) arrays, see :mod:`spectra.operators.memory`) fits memory_budget − snapshot −
-        kept caches − one streamed batch cache; before the first pass, with no batch
-        measured, only the block's arrays are counted.
+        kept caches − one streamed batch cache (with ``cache=True``, the kept caches count
+        at most their share ``cache_bytes``: beyond it they are over the budget, which the
+        first pass warns about); before the first pass, with no batch measured, only the
+        block's arrays are counted.
         """
         if self._block_size_override is not None:
             return self._block_size_override
@@ -556,7 +567,12 @@ class CurvatureOperator(LinearOperator):
 
     def _block_room(self) -> int:
         streamed = self._batch_bytes if self._num_streamed else 0
-        return self.memory_budget - self._snapshot_bytes - self.cache_nbytes - streamed
+        cached = self.cache_nbytes
+        if self._cache_policy is True:
+            # Caches kept on request beyond their share (cache_bytes) are over the budget
+            # anyway (a warning says so): the products keep the room beside that share.
+            cached = min(cached, self.cache_bytes)
+        return self.memory_budget - self._snapshot_bytes - cached - streamed
 
     def memory_plan(self, block: int | None = None) -> MemoryPlan:
         """What this operator holds and will use, in bytes (a :class:`MemoryPlan`).
@@ -755,6 +771,19 @@ class CurvatureOperator(LinearOperator):
         self._cached_index = {entry.batch_index: entry for entry in self._caches}
         self._num_streamed = fill.num_batches - len(self._caches)
         self._batch_bytes = fill.largest
+        plan = self.memory_plan()
+        if self._cache_policy is True and plan.peak > self.memory_budget:
+            warnings.warn(
+                f"cache=True keeps all {len(self._caches)} batch caches "
+                f"({format_bytes(self.cache_nbytes)}), so the estimated peak "
+                f"{format_bytes(plan.peak)} exceeds memory_budget="
+                f"{self.memory_budget} ({format_bytes(self.memory_budget)}); products run "
+                f"in sub-blocks of {plan.block_size} vectors (the room the budget leaves "
+                "beside the caches' share, cache_bytes, at least 1). Use cache='auto' to "
+                "stay within the budget, or raise memory_budget.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def loss(self) -> float:
         """The dataset loss L(θ) at the operator's parameters."""

@@ -165,6 +165,10 @@ class Batches:
     replicas:
         Where the batches run (:class:`spectra.operators.replicas.Replicas`); default: one device.
         With several workers, a dataset is sharded across them (module docstring).
+    purpose:
+        Who reads the data several times, for the error when a dataset changes between
+        passes: "<purpose> needs the same batches on every pass" (e.g. "The Hessian
+        operator", "EKFACOperator's second data pass"); default "spectra".
 
     Notes
     -----
@@ -206,8 +210,10 @@ class Batches:
         cast_floats_to: tf.DType | np.dtype | str | None = None,
         max_batches: int | None = None,
         replicas: Replicas | None = None,
+        purpose: str = "spectra",
     ) -> None:
         batch_size = check_int("batch_size", batch_size, allow_none=True)
+        self._purpose = purpose
         self._max_batches = check_int("max_batches", max_batches, allow_none=True)
         self._cast = None if cast_floats_to is None else tf.as_dtype(cast_floats_to)
         self._replicas = Replicas(None) if replicas is None else replicas
@@ -553,7 +559,7 @@ class Batches:
         where = f" on worker {self._replicas.worker}" if self._replicas.num_workers > 1 else ""
         return ValueError(
             f"the dataset yielded different data on this pass than on the first{where}: "
-            f"{detail}. The Hessian needs the same batches on every pass, so the dataset must "
+            f"{detail}. {self._purpose} needs the same batches on every pass, so the dataset must "
             "be deterministic: shuffle with reshuffle_each_iteration=False (or shuffle the "
             "arrays once before making the dataset), move random augmentation out of the "
             "pipeline, and keep parallel maps deterministic."

@@ -12,8 +12,10 @@ one data pass of a Hessian for all blocks (the per-layer trick of
 in a block) are not multiplied. D is symmetric when C is, and its eigenvalues are the
 union of the eigenvalues of the blocks C[I_b][:, I_b].
 
-The blocks are, by default, the layers of a spectra curvature operator: the variables
-that share the parent of their Keras path (:func:`layer_groups`, the grouping that
+The blocks are, by default, the layers of a spectra curvature operator: the runs of
+consecutive variables that share the parent of their Keras path, a run ending where a
+path repeats (:func:`layer_groups`, so two layers with the same path stay two blocks; the
+grouping that
 :func:`spectra.layerwise` uses), from ``op.variable_names`` and ``op.variable_shapes``;
 or explicit index blocks (``groups``) or contiguous ``block_sizes`` for any operator.
 NumPy and SciPy only.
@@ -35,25 +37,48 @@ __all__ = ["BlockDiagonalOperator", "layer_groups"]
 
 
 def layer_groups(paths: Sequence[str]) -> tuple[list[str], list[list[int]]]:
-    """One group per Keras layer: the variables whose paths share their parent.
+    """One group per Keras layer: each run of consecutive variables whose paths share
+    their parent, a run ending where a path repeats.
 
     ``"net/hidden/kernel"`` and ``"net/hidden/bias"`` form the group ``"net/hidden"``
-    (a path without "/" is its own group). When every group name starts with the same
-    first component (``"net/"``) and the names stay distinct without it, it is dropped:
-    ``"hidden"``. Returns the group names in order of first appearance and, per group, the
+    (a path without "/" is its own group). Keras orders a model's variables layer by
+    layer, so a layer's variables are consecutive and their paths distinct; two layers
+    whose variables have the same paths (a subclassed model with two Dense layers both
+    named "d": ``m/d/kernel, m/d/bias, m/d/kernel, m/d/bias``) are two runs, the second
+    starting at the repeated ``m/d/kernel``, hence two groups, never merged: the
+    second and later ones are named ``"m/d#2"``, ``"m/d#3"``, …. When every group name
+    starts with the same first component (``"net/"``) and the names stay distinct without
+    it, it is dropped: ``"hidden"``. Returns the group names in order and, per group, the
     positions of its variables in ``paths``.
     """
-    keys: dict[str, list[int]] = {}
+    keys: list[str] = []
+    members: list[list[int]] = []
+    current: set[str] = set()  # the paths of the current run
     for position, path in enumerate(paths):
-        keys.setdefault(path.rpartition("/")[0] or path, []).append(position)
-    names = list(keys)
+        key = path.rpartition("/")[0] or path
+        if keys and keys[-1] == key and path not in current:
+            members[-1].append(position)
+        else:  # another parent, or a path seen in this run again: the next layer
+            keys.append(key)
+            members.append([position])
+            current = set()
+        current.add(path)
+    names: list[str] = []
+    seen: dict[str, int] = {}
+    for key in keys:
+        seen[key] = seen.get(key, 0) + 1
+        name = key if seen[key] == 1 else f"{key}#{seen[key]}"
+        while name in names:  # a real path spelled like a suffixed one
+            seen[key] += 1
+            name = f"{key}#{seen[key]}"
+        names.append(name)
     # "sequential/dense", "sequential/dense_1" -> "dense", "dense_1"
     firsts = {name.partition("/")[0] for name in names}
     if len(firsts) == 1 and all("/" in name for name in names):
         short = [name.partition("/")[2] for name in names]
         if len(set(short)) == len(short):
             names = short
-    return names, list(keys.values())
+    return names, members
 
 
 def _layer_blocks(op: LinearOperator, n: int) -> tuple[list[str], list[np.ndarray]]:

@@ -388,7 +388,7 @@ class JacobianOperator(LinearOperator):
         chosen, positions, target = keras_models.resolve_variables_and_dtype(
             model, variables, dtype
         )
-        batches = Batches(data, batch_size, cast_floats_to=target)
+        batches = Batches(data, batch_size, cast_floats_to=target, purpose="The Jacobian operator")
         x_spec = _inputs_of(batches.element_spec)
         check_input_dtypes(model, x_spec)
         check_input_shapes(model, x_spec)

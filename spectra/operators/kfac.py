@@ -15,13 +15,14 @@ is approximated by the Kronecker product of the two expectations (Martens & Gros
     A = (1/N) Σ_i ā_i ā_iᵀ,     G = (1/N) Σ_i Σ_c g_ic g_icᵀ,     block ≈ A ⊗ G,
 
 assuming activations and output gradients independent; blocks of different layers are
-dropped (block diagonal). With one example the approximation is exact. Because the matrix
-is a Kronecker product per layer, its whole spectrum is exact: the eigenvalues of A ⊗ G
-are the products α_i γ_j of those of A and G. Conv2D layers are factored the same way with
-ā the image patches and g the output gradients at every output position (KFC, Grosse &
-Martens 2016), in its "expand" or "reduce" variant, and Conv1D layers (causal padding
-included) as the same on a sequence. An Embedding layer is a Dense layer
-without bias on one-hot inputs, so its A is diagonal (the token frequencies).
+dropped (block diagonal). With one example each Dense layer's block is exact (the
+cross-layer blocks are still dropped). Because the matrix is a Kronecker product per
+layer, its whole spectrum is exact: the eigenvalues of A ⊗ G are the products α_i γ_j
+of those of A and G. Conv2D layers are factored the same way with ā the image patches
+and g the output gradients at every output position (KFC, Grosse & Martens 2016), in its
+"expand" or "reduce" variant, and Conv1D layers (causal padding included) as the same on a
+sequence. An Embedding layer is a Dense layer without bias on one-hot inputs, so its A is
+diagonal (the token frequencies).
 """
 
 from __future__ import annotations
@@ -601,10 +602,20 @@ class KFACOperator(LinearOperator):
                 f"model {model.name!r} has no Dense, Conv1D, Conv2D or Embedding layer with "
                 "trainable variables: K-FAC covers those layers only."
             )
-        batches = Batches(data, batch_size, cast_floats_to=target)
+        batches = Batches(
+            data,
+            batch_size,
+            cast_floats_to=target,
+            purpose=f"{cls.__name__} (its factors' data passes)",
+        )
         num_examples = batches.num_examples
         accumulators = _Accumulators(layout, others, chosen)
         accumulators.conv = conv
+
+        # Split at the logits: known from the loss for Keras' own cross-entropies, found
+        # on the first batch for a custom loss that reads them (its gradient in the
+        # softmax output is None).
+        split = {"logits": reads_logits}
 
         def data_pass(want_diagonal: bool) -> None:
             for index, (batch, _weight) in enumerate(batches):
@@ -614,25 +625,30 @@ class KFACOperator(LinearOperator):
                         "K-FAC does not take sample weights: pass (x, y) data (the factors "
                         "are expectations over examples, each counted once)."
                     )
-                _accumulate_batch(
-                    run_model,
-                    dense_layers,
-                    accumulators,
-                    x,
-                    y,
-                    loss=resolved.call,
-                    reduction=reduction,
-                    kind=kind,
-                    num_samples=num_samples,
-                    distribution=distribution,
-                    reads_logits=reads_logits,
-                    num_examples=num_examples,
-                    # The same labels in every pass: stateless, from the batch index.
-                    seed=tf.random.experimental.stateless_fold_in(
-                        tf.constant([seed, 0], tf.int64), index
-                    ),
-                    want_diagonal=want_diagonal,
-                )
+                for _attempt in range(2):
+                    try:
+                        _accumulate_batch(
+                            run_model,
+                            dense_layers,
+                            accumulators,
+                            x,
+                            y,
+                            loss=resolved.call,
+                            reduction=reduction,
+                            kind=kind,
+                            num_samples=num_samples,
+                            distribution=distribution,
+                            reads_logits=split["logits"],
+                            num_examples=num_examples,
+                            # The same labels in every pass: stateless, from the batch index.
+                            seed=tf.random.experimental.stateless_fold_in(
+                                tf.constant([seed, 0], tf.int64), index
+                            ),
+                            want_diagonal=want_diagonal,
+                        )
+                        break
+                    except _SplitAtLogits:
+                        split["logits"] = True  # nothing was accumulated: redo the batch
 
         data_pass(other_variables == "diagonal")
         blocks = []
@@ -878,9 +894,12 @@ class KFACOperator(LinearOperator):
         return math.sqrt(squares)
 
     def logdet(self, damping: float = 0.0) -> float:
-        """log det(K + δI) = Σ log(α_i γ_j + δ), exact. ``ValueError`` when K + δI is
-        singular (K is PSD and usually rank-deficient: pass ``damping`` > 0)."""
+        """log det(K + δI) = Σ log(α_i γ_j + δ), exact. ``damping`` δ ≥ 0 (as for
+        :meth:`inverse`); ``ValueError`` when δ < 0 or K + δI is singular (K is PSD and
+        usually rank-deficient: pass ``damping`` > 0)."""
         damping = check_float("damping", damping, positive=False)
+        if damping < 0:
+            raise ValueError(f"damping must be >= 0, got {damping}")
         shifted = self.eigenvalues() + damping
         if not np.all(shifted > 0):
             raise ValueError(
@@ -1013,6 +1032,11 @@ def _augmented(a: np.ndarray, kernel: bool, bias: bool) -> np.ndarray:
     return np.concatenate(parts, axis=-1)
 
 
+class _SplitAtLogits(Exception):
+    """Raised by :func:`_accumulate_batch`, before it accumulates anything, when the loss
+    has no gradient in the softmax/sigmoid output but the output carries Keras logits."""
+
+
 def _columns(
     tape: tf.GradientTape,
     inner_gradient: tf.Tensor | None,
@@ -1103,6 +1127,17 @@ def _accumulate_batch(
                 for s in range(num_samples):
                     sampled.append(unit_loss(labels[s * n : (s + 1) * n]))
         inner_gradient = inner.gradient(true_value, point) if kind == "type-2" else None
+    probe = inner_gradient if kind == "type-2" else outer.gradient(true_value, point)
+    if probe is None:
+        if point is output and _tf_compat.keras_logits(output) is not None:
+            # The loss reads the logits behind the softmax/sigmoid output (a Keras
+            # cross-entropy inside a custom function): split there, as for Keras' own.
+            raise _SplitAtLogits
+        raise ValueError(
+            "K-FAC: the loss has no gradient in the model's output (it does not read "
+            "y_pred, or reads it through a tensor spectra cannot see): pass a loss that is "
+            "a differentiable function of (y_true, y_pred)."
+        )
     keras_models.check_finite(true_value, "the batch loss")
     kappa = distribution.scale(output) if kind == "mc" else 1.0
     columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa)

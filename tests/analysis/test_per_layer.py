@@ -228,3 +228,43 @@ def test_bad_arguments_are_refused_clearly():
         spectra.layerwise(np.ones((6, 5)), groups=groups)
     with pytest.raises(ValueError, match="not symmetric"):
         spectra.layerwise(np.triu(np.ones((6, 6))), groups=groups)
+
+
+class _TwoLayersNamedD(keras.Model):
+    """The reviewer's subclassed model: two Dense layers both named "d", so the variable
+    paths are m/d/kernel, m/d/bias, m/d/kernel, m/d/bias."""
+
+    def __init__(self):
+        super().__init__(name="m")
+        self.l1 = keras.layers.Dense(3, activation="tanh", name="d", dtype="float64")
+        self.l2 = keras.layers.Dense(2, name="d", dtype="float64")
+
+    def call(self, x):
+        return self.l2(self.l1(x))
+
+
+@pytest.fixture(scope="module")
+def same_named_layers():
+    """Its GGN (MSE, 6 examples, n = 12 + 8) and the dense matrix."""
+    keras.utils.set_random_seed(0)
+    legacy = np.random.RandomState(0)  # the reviewer's stream: np.random after that seed
+    x = legacy.randn(6, 3)
+    y = legacy.randn(6, 2)
+    model = _TwoLayersNamedD()
+    model(x[:1])
+    op = spectra.GGNOperator.from_keras(model, "mse", (x, y))
+    return op, op.matmat(np.eye(op.shape[0]))
+
+
+def test_layers_with_the_same_path_get_separate_spectra(same_named_layers):
+    """spectra.layerwise shares BlockDiagonalOperator's grouping: two layers named "d"
+    are two groups (before: one group "d" of 20 whose top eigenvalue was the whole
+    matrix's)."""
+    op, dense = same_named_layers
+    result = spectra.layerwise(op, k=2, tol=1e-10)
+    assert result.groups == ["d", "d#2"] and result.group_sizes == [12, 8]
+    for block, values in zip((slice(0, 12), slice(12, 20)), result.eigenvalues):
+        exact = np.linalg.eigvalsh(dense[block, block])[::-1][:2]
+        np.testing.assert_allclose(values, exact, rtol=1e-8, atol=1e-12)
+    whole = np.linalg.eigvalsh(dense)[-1]
+    assert result.eigenvalues[0][0] < whole - 1e-3  # not the merged matrix's top value

@@ -304,3 +304,111 @@ def test_damped_inverse_hessian_products(hessian_problem):
     exact = np.linalg.solve(_system(hessian, damping), gradient_like)
     np.testing.assert_allclose(solution, exact, rtol=1e-7, atol=1e-9 * np.abs(exact).max())
     assert inv.last.num_operator_calls <= inv.last.iterations.max() + 2
+
+
+# -- singular C + λI: never an iterate worse than x = 0 ------------------------------------
+def _least_squares_residual(matrix, rhs):
+    """min_x ‖Cx − b‖/‖b‖ from eigh: the part of b outside C's numerical range."""
+    values, vectors = np.linalg.eigh(matrix)
+    kept = vectors[:, np.abs(values) > 1e-10 * np.abs(values).max()]
+    return np.linalg.norm(rhs - kept @ (kept.T @ rhs)) / np.linalg.norm(rhs)
+
+
+@pytest.fixture(scope="module")
+def rank_five():
+    """The reviewer's dense rank-5 20 × 20 PSD matrix U Uᵀ and right-hand side."""
+    rng = np.random.default_rng(0)
+    rhs = rng.standard_normal(20)
+    u = rng.standard_normal((20, 5))
+    return u @ u.T, rhs
+
+
+@pytest.mark.parametrize("maxiter", [6, 7, 20, 50])
+def test_minres_on_a_singular_matrix_stops_at_the_least_squares_residual(rank_five, maxiter):
+    matrix, rhs = rank_five
+    inv = inverse(matrix, 0.0, method="minres", tol=1e-8, maxiter=maxiter, on_failure="warn")
+    with pytest.warns(ConvergenceWarning, match=r"C \+ λI is singular \(or numerically so\)"):
+        x = inv @ rhs
+    residual = np.linalg.norm(matrix @ x - rhs) / np.linalg.norm(rhs)
+    # Before: 1.7e14 at maxiter 50 (scipy's minres: 0.85); the truth is 0.8394.
+    assert residual == pytest.approx(_least_squares_residual(matrix, rhs), rel=1e-8)
+    np.testing.assert_allclose(inv.last.relative_residuals, [residual], rtol=1e-6)
+    with pytest.raises(ConvergenceError, match=r"singular \(or numerically so\).*add a damping"):
+        inverse(matrix, 0.0, method="minres", tol=1e-8, maxiter=maxiter) @ rhs
+
+
+@pytest.fixture(scope="module")
+def singular_ggn():
+    """The reviewer's GGN of 3 examples (rank 6 of 31), dense, and a right-hand side."""
+    keras = pytest.importorskip("keras")
+    from spectra.operators import GGNOperator
+
+    keras.utils.set_random_seed(0)
+    legacy = np.random.RandomState(0)  # the reviewer's stream: np.random after that seed
+    x = legacy.randn(3, 3)
+    y = legacy.randint(0, 3, 3)
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="float64"),
+            keras.layers.Dense(4, activation="tanh", dtype="float64"),
+            keras.layers.Dense(3, activation="softmax", dtype="float64"),
+        ]
+    )
+    op = GGNOperator.from_keras(model, "sparse_categorical_crossentropy", (x, y))
+    rhs = legacy.randn(op.shape[0])
+    dense = op.matmat(np.eye(op.shape[0]))
+    return op, (dense + dense.T) / 2, rhs
+
+
+@pytest.mark.parametrize("method", ["cg", "minres"])
+def test_singular_ggn_is_named_singular_and_the_best_iterate_returned(singular_ggn, method):
+    op, dense, rhs = singular_ggn
+    assert np.linalg.matrix_rank(dense) == 6
+    inv = inverse(op, 0.0, method=method, on_failure="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = inv @ rhs
+    message = str(caught[0].message)
+    assert "C + λI is singular (or numerically so)" in message, message
+    assert "not positive definite" not in message and "add a damping ≳ 1e-8·λ_max" in message
+    residual = np.linalg.norm(dense @ x - rhs) / np.linalg.norm(rhs)
+    # Before: MINRES returned a relative residual 1.7e15 (‖x‖ 3e17), CG one of 7.7.
+    assert residual <= 1.0
+    if method == "minres":  # the least-squares residual, 0.9113
+        assert residual == pytest.approx(_least_squares_residual(dense, rhs), rel=1e-6)
+    np.testing.assert_allclose(inv.last.relative_residuals, [residual], rtol=1e-6)
+
+
+def test_lsmr_reports_stagnation_on_a_float32_ggn():
+    keras = pytest.importorskip("keras")
+    from spectra.operators import GGNOperator
+
+    keras.utils.set_random_seed(0)
+    legacy = np.random.RandomState(0)  # the reviewer's stream: np.random after that seed
+    x = legacy.randn(20, 3).astype("float32")
+    y = legacy.randint(0, 3, 20)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    op = GGNOperator.from_keras(model, "sparse_categorical_crossentropy", (x, y), batch_size=7)
+    rhs = legacy.randn(op.shape[0])
+    inv = inverse(op, 1e-3, method="lsmr", tol=1e-9)
+    # Before: "maxiter=310 iterations reached ...: raise maxiter" after 1250 products.
+    with pytest.raises(ConvergenceError, match="the residual stagnates at"):
+        inv @ rhs
+    assert "maxiter" not in inv.last.reason
+
+
+def test_lsmr_on_a_singular_matrix_names_it_singular(rank_five):
+    matrix, rhs = rank_five
+    inv = inverse(matrix, 0.0, method="lsmr", tol=1e-8, on_failure="warn")
+    # Before: LSMR ran to maxiter=200 and said "raise maxiter or damping".
+    with pytest.warns(ConvergenceWarning, match=r"C \+ λI is singular \(or numerically so\)"):
+        x = inv @ rhs
+    residual = np.linalg.norm(matrix @ x - rhs) / np.linalg.norm(rhs)
+    assert residual == pytest.approx(_least_squares_residual(matrix, rhs), rel=1e-8)
+    assert inv.last.iterations[0] < 200

@@ -179,3 +179,25 @@ def test_floor_and_round_trip(tmp_path):
     with pytest.raises(TypeError, match="shift must be a number"):
         log_spectral_density(low_rank, shift="1")
     assert spectra.log_spectral_density is log_spectral_density
+
+
+def test_logdet_names_a_singular_psd_matrix_singular_and_its_damping_works():
+    """The reviewer's U Uᵀ/30 (rank 10 of 30): a Ritz value −4.4e-16 is rounding, not
+    indefiniteness; the suggested damping (1e-8·λ_max) is then accepted."""
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((30, 10))
+    matrix = u @ u.T / 30
+    with pytest.raises(ValueError, match=r"singular \(or numerically so\)") as info:
+        logdet(matrix, 0.0)
+    message = str(info.value)
+    assert "not positive definite" not in message and "−∞" in message
+    top = np.linalg.eigvalsh(matrix)[-1]
+    suggested = float(message.split("1e-8·λ_max ≈ ")[1])
+    assert suggested == pytest.approx(1e-8 * top, rel=1e-2)
+    # Before: "use a damping above 4.37e-16", and that damping was refused again.
+    result = logdet(matrix, suggested)
+    truth = np.sum(np.log(np.clip(np.linalg.eigvalsh(matrix), 0, None) + suggested))
+    assert abs(result.estimate - truth) <= 4 * result.stderr
+    # A damping at the rounding level of λ_max is refused the same way.
+    with pytest.raises(ValueError, match=r"singular \(or numerically so\)"):
+        logdet(matrix, 1e-15)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from _dense import batch_weighted, dense_hessian, relative_error
 
+import spectra
 import spectra.operators.batching
 from spectra.operators import HessianOperator
 from spectra.operators.batching import Batches
@@ -241,8 +242,19 @@ def test_reshuffled_dataset_is_refused_by_the_operator(rng):
     )
     # Cached: the pass that fills the cache is compared with the counting pass.
     op = HessianOperator.from_keras(model, SCE, reshuffled)
-    with pytest.raises(ValueError, match="different contents"):
+    with pytest.raises(ValueError, match="different contents") as info:
         op.matvec(np.ones(op.shape[0]))
+    assert "The Hessian operator needs the same batches on every pass" in str(info.value)
+    # The message names the reader of the data (before: "The Hessian" for all of them).
+    with pytest.raises(ValueError, match="The Jacobian operator needs the same batches"):
+        jacobian = spectra.JacobianOperator.from_keras(model, reshuffled)
+        jacobian.matvec(np.ones(jacobian.shape[1]))
+    with pytest.raises(ValueError, match="EKFACOperator .* needs the same batches"):
+        spectra.EKFACOperator.from_keras(model, SCE, reshuffled)
+    with pytest.raises(ValueError, match="^the dataset yielded .*\\. spectra needs the same"):
+        batches = Batches(reshuffled)
+        for _ in range(3):
+            list(batches)
     # A deterministic pipeline streams the same operator on every pass.
     fixed = (
         tf.data.Dataset.from_tensor_slices((x, y))

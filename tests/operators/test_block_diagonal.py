@@ -166,3 +166,55 @@ def test_invalid_arguments():
     block_op = BlockDiagonalOperator(a, block_sizes=[6])
     with pytest.raises(ValueError, match=r"^index must be < 1 \(the number of blocks\), got 1$"):
         block_op.block(1)
+
+
+class _TwoLayersNamedD(keras.Model):
+    """The reviewer's subclassed model: two Dense layers both named "d", so the variable
+    paths are m/d/kernel, m/d/bias, m/d/kernel, m/d/bias."""
+
+    def __init__(self):
+        super().__init__(name="m")
+        self.l1 = keras.layers.Dense(3, activation="tanh", name="d", dtype="float64")
+        self.l2 = keras.layers.Dense(2, name="d", dtype="float64")
+
+    def call(self, x):
+        return self.l2(self.l1(x))
+
+
+@pytest.fixture(scope="module")
+def same_named_layers():
+    """Its GGN (MSE, 6 examples, n = 12 + 8) and the dense matrix."""
+    keras.utils.set_random_seed(0)
+    legacy = np.random.RandomState(0)  # the reviewer's stream: np.random after that seed
+    x = legacy.randn(6, 3)
+    y = legacy.randn(6, 2)
+    model = _TwoLayersNamedD()
+    model(x[:1])
+    op = spectra.GGNOperator.from_keras(model, "mse", (x, y))
+    return op, op.matmat(np.eye(op.shape[0]))
+
+
+def test_layers_with_the_same_path_are_separate_blocks(same_named_layers):
+    op, dense = same_named_layers
+    assert op.variable_names == ["m/d/kernel", "m/d/bias", "m/d/kernel", "m/d/bias"]
+    D = BlockDiagonalOperator(op)
+    # Before: one block "d" of 20, so D == C.
+    assert D.group_names == ["d", "d#2"]
+    assert [g.tolist() for g in D.groups] == [list(range(12)), list(range(12, 20))]
+    assert np.abs(dense[:12, 12:]).max() > 1e-2  # the dropped cross-layer block is not 0
+    np.testing.assert_allclose(
+        D.to_dense(), _block_diagonal(dense, D.groups), rtol=1e-12, atol=1e-14
+    )
+
+
+def test_layer_groups_splits_runs_at_a_repeated_path_and_never_merges_runs():
+    paths = ["m/d/kernel", "m/d/bias", "m/d/kernel", "m/d/bias"]
+    assert layer_groups(paths) == (["d", "d#2"], [[0, 1], [2, 3]])
+    # Non-adjacent runs with the same parent stay apart; names stay distinct.
+    paths = ["m/a/kernel", "m/b/kernel", "m/a/bias", "m/a#2/x"]
+    names, members = layer_groups(paths)
+    assert members == [[0], [1], [2], [3]] and len(set(names)) == 4
+    assert layer_groups(["net/h/kernel", "net/h/bias", "net/o/kernel"]) == (
+        ["h", "o"],
+        [[0, 1], [2]],
+    )

@@ -686,3 +686,40 @@ def test_conv1d_factors_match_their_definition(padding, strides, dilation):
     np.testing.assert_allclose(block.A, A, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(block.G, G, rtol=1e-10, atol=1e-14)
     assert np.abs(block.G).max() > 1e-3
+
+
+def test_a_custom_loss_reading_the_logits_is_split_there(mlp, data, kfac):
+    """The reviewer's custom mean cross-entropy on a softmax model: Keras computes it from
+    the logits behind the softmax, so its gradient in the output is None (before: an
+    AttributeError for type-2 and a TypeError for "empirical"). The split moves to the
+    logits, as for the named loss: the same matrix."""
+
+    def fn(yt, yp):
+        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(yt, yp))
+
+    custom = KFACOperator.from_keras(mlp, fn, data, batch_size=BATCH)
+    np.testing.assert_allclose(custom.to_dense(), kfac.to_dense(), rtol=1e-12, atol=1e-14)
+    named = "sparse_categorical_crossentropy"
+    for cls, kind in ((KFACOperator, "empirical"), (EKFACOperator, "type-2")):
+        got = cls.from_keras(mlp, fn, data, batch_size=BATCH, kind=kind).to_dense()
+        want = cls.from_keras(mlp, named, data, batch_size=BATCH, kind=kind).to_dense()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    # A loss with no gradient in the output at all is refused in one line.
+    logits_model = _mlp([5, CLASSES], ["tanh", None])
+    with pytest.raises(ValueError, match="the loss has no gradient in the model's output") as info:
+        KFACOperator.from_keras(
+            logits_model,
+            lambda yt, yp: keras.ops.mean(keras.ops.stop_gradient(yp)),
+            data,
+            kind="empirical",
+        )
+    assert "\n" not in str(info.value)
+
+
+def test_logdet_refuses_a_negative_damping_like_inverse(kfac):
+    for method in (kfac.logdet, kfac.inverse):
+        with pytest.raises(ValueError, match=r"damping must be >= 0, got -0\.01"):
+            method(-1e-2)
+    # Before: logdet(-1e-2) returned a number. At 0 and above it is the exact sum.
+    values = np.linalg.eigvalsh(kfac.to_dense())
+    assert kfac.logdet(1e-2) == pytest.approx(np.sum(np.log(values + 1e-2)), rel=1e-10)

@@ -337,3 +337,52 @@ def test_the_plan_estimates_the_measured_peak(model):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["measured"] > 300 * 1024**2  # the activations dominate TF's overhead
     assert abs(result["plan"] - result["measured"]) <= 0.25 * result["measured"], result
+
+
+def test_cache_true_over_a_tiny_budget_warns_once_and_keeps_its_products_right():
+    """The reviewer's case: cache=True with memory_budget=4000 B on a 31-parameter MLP in
+    batches of 4, 4, 3 keeps 2.9 KiB of caches: over the budget. Before, silently (and
+    the product room went negative, so sub-blocks of 1); now a warning, once, naming the
+    overrun and the sub-block size, and the products still match cache=False."""
+    import warnings
+
+    import spectra
+
+    keras.utils.set_random_seed(0)
+    legacy = np.random.RandomState(0)  # the reviewer's stream: np.random after that seed
+    x = legacy.randn(11, 3)
+    y = legacy.randint(0, 3, 11)
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="float64"),
+            keras.layers.Dense(4, activation="tanh", dtype="float64"),
+            keras.layers.Dense(3, activation="softmax", dtype="float64"),
+        ]
+    )
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    loss = "sparse_categorical_crossentropy"
+    reference = spectra.HessianOperator.from_keras(model, loss, (x, y), cache=False)
+    V = legacy.randn(reference.shape[0], 5)
+    expected = reference.matmat(V)
+    op = spectra.HessianOperator.from_keras(model, loss, data, cache=True, memory_budget=4000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = op.matmat(V)
+        second = op.matmat(V)
+    messages = [str(w.message) for w in caught if "cache=True" in str(w.message)]
+    assert len(messages) == 1, messages
+    plan = op.memory_plan()
+    assert plan.peak > 4000 and plan.cached_batches == 3
+    assert "exceeds memory_budget=4000" in messages[0]
+    assert f"sub-blocks of {op.max_block_size} vectors" in messages[0]
+    np.testing.assert_allclose(first, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(second, expected, rtol=1e-12, atol=1e-14)
+    # The products' room counts the caches only up to their share of the budget.
+    share = 4000 // 2 - plan.snapshot
+    assert op._block_room() == 4000 - plan.snapshot - min(op.cache_nbytes, share)
+    # cache="auto" stays within what it can and does not warn.
+    auto = spectra.HessianOperator.from_keras(model, loss, data, memory_budget=4000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        auto.loss()
+    assert not [w for w in caught if "cache=True" in str(w.message)]
