@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from spectra._format import plus_minus
 from spectra.cli import main
-from spectra.cli._common import plus_minus
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = str(ROOT / "data" / "digits.npz")
