@@ -1647,7 +1647,11 @@ def plot_loss_landscape_2d(
         linewidths=_w(0.3),
         alpha=0.35,
     )
-    colorbar = ax.figure.colorbar(filled, ax=ax)
+    # The colorbar in an inset of ``ax`` (axes coordinates), so that it keeps the height of
+    # the equal-aspect axes and never reaches the caption above them.
+    ax.set_aspect("equal", adjustable="box")
+    bar_axes = ax.inset_axes((1.04, 0.0, 0.05, 1.0))
+    colorbar = ax.figure.colorbar(filled, cax=bar_axes)
     colorbar.set_label("Loss")
     if alpha_array.min() <= 0 <= alpha_array.max() and beta_array.min() <= 0 <= beta_array.max():
         ax.plot(

@@ -517,9 +517,14 @@ def test_landscape_2d_contours_colorbar_and_origin():
     assert any(isinstance(c, ContourSet) for c in ax.collections)
     assert ax.get_xlim() == (-1.0, 1.0)
     assert ax.get_ylim() == (-2.0, 2.0)
-    colorbar_axes = [other for other in ax.figure.axes if other is not ax]
+    # The colorbar is an inset of the axes: as tall as the equal-aspect axes, never above
+    # them (where the caption goes).
+    colorbar_axes = [other for other in ax.figure.axes + ax.child_axes if other is not ax]
     assert len(colorbar_axes) == 1
     assert colorbar_axes[0].get_ylabel() == "Loss"
+    ax.figure.canvas.draw()
+    box, bar = ax.get_window_extent(), colorbar_axes[0].get_window_extent()
+    assert abs(bar.y0 - box.y0) < 1 and abs(bar.y1 - box.y1) < 1 and bar.x0 > box.x1
     origin = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0]]
     assert len(origin) == 1
 
