@@ -46,9 +46,10 @@ run: $(VENV)/.installed-run
 	@echo "Figures: $(OUT)/analyze/eigenvalues.png $(OUT)/analyze/density.png" \
 		"$(OUT)/sharpness/sharpness.png (add --format png,pdf,svg for more formats)"
 
-# make lint (ruff check, ruff format --check, mypy), then the suite.
+# make lint (ruff check, ruff format --check, mypy), then the suite in one pytest-xdist
+# worker per core, each on one thread (tests/conftest.py).
 test: lint
-	$(BIN)/python -m pytest -q --timeout=900
+	$(BIN)/python -m pytest -q -n auto --timeout=900
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m "not slow"

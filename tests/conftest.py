@@ -3,8 +3,17 @@
 import os
 import sys
 
+from _workers import WORKER_THREAD_VARIABLES
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Under pytest-xdist (make test runs one worker per core) each worker keeps TensorFlow and
+# BLAS to one thread: two workers then share the cores instead of fighting over them (most
+# tests are small models whose time is Python, not arithmetic). Set before TensorFlow loads;
+# a test that measures the default threading removes them from its subprocess's environment.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _name in WORKER_THREAD_VARIABLES:
+        os.environ.setdefault(_name, "1")
 
 import numpy as np
 import pytest

@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _workers import WORKER_THREAD_VARIABLES
 
 from spectra.operators import HessianOperator, memory
 from spectra.operators.memory import MemoryPlan
@@ -325,6 +326,10 @@ def test_the_plan_estimates_the_measured_peak(model):
     # TensorFlow thread is not reused on another and the resident set grows with
     # fragmentation (tens of percent, varying from run to run).
     env["MALLOC_ARENA_MAX"] = "1"
+    # The plan models TensorFlow's default threading (more threads run more of a block's
+    # vectors at once): not the one-thread setting of a pytest-xdist worker.
+    for name in WORKER_THREAD_VARIABLES:
+        env.pop(name, None)
     done = subprocess.run(
         [sys.executable, "-c", _PEAK_SCRIPT, model],
         env=env,
