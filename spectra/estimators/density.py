@@ -12,7 +12,7 @@ Gaussian gives the density. References: Lin, Saad & Yang, SIAM Review 58
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
     _one_blas_thread,
+    _ProductCounter,
     _Progress,
     _rademacher,
     _rng,
@@ -72,21 +73,18 @@ def spectral_density(
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)
     num_probes = check_int("num_probes", num_probes)
-    distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "spectral_density", check_symmetry)
+    counter, alpha, beta, steps_taken = _probe_recurrences(
+        op,
+        "spectral_density",
+        "spectral density",
+        num_steps,
+        num_probes,
+        seed,
+        distribution,
+        check_symmetry,
+        progress,
+    )
     n = counter.n
-    if distribution == "rademacher":
-        starts = _rademacher(rng, (n, num_probes))
-    else:
-        starts = rng.standard_normal((n, num_probes))
-    steps = min(num_steps, n)
-    with (
-        _one_blas_thread(),
-        _Progress(counter, num_probes * steps, "spectral density", progress) as bar,
-    ):
-        alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
-        counter.finish()
     width = int(steps_taken.max())
     nodes = np.zeros((num_probes, width))
     weights = np.zeros((num_probes, width))
@@ -255,3 +253,46 @@ def log_spectral_density(
         floored_mass=float((base.weights * floored).sum(axis=1).mean()),
         folded=folded,
     )
+
+
+class _ProbeRecurrences(NamedTuple):
+    """The Lanczos recurrences of stochastic Lanczos quadrature: the product counter and,
+    per probe, the coefficients α (num_probes × steps), β and the steps taken."""
+
+    counter: _ProductCounter
+    alpha: np.ndarray
+    beta: np.ndarray
+    steps_taken: np.ndarray
+
+
+def _probe_recurrences(
+    op: Any,
+    label: str,
+    description: str,
+    num_steps: int,
+    num_probes: int,
+    seed: SeedLike,
+    distribution: str,
+    check_symmetry: bool,
+    progress: bool | None,
+) -> _ProbeRecurrences:
+    """``num_probes`` Lanczos recurrences of at most ``num_steps`` steps (and n) from
+    Rademacher or Gaussian starts drawn from ``seed``, run in lock-step (one ``matmat`` a
+    step): the data every SLQ estimate (densities, log-determinants) is computed from.
+    ``label`` names the estimator in errors, ``description`` on the progress bar."""
+    distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
+    rng = _rng(seed)
+    counter = _as_symmetric_operator(op, label, check_symmetry)
+    n = counter.n
+    if distribution == "rademacher":
+        starts = _rademacher(rng, (n, num_probes))
+    else:
+        starts = rng.standard_normal((n, num_probes))
+    steps = min(num_steps, n)
+    with (
+        _one_blas_thread(),
+        _Progress(counter, num_probes * steps, description, progress) as bar,
+    ):
+        alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
+        counter.finish()
+    return _ProbeRecurrences(counter, alpha, beta, steps_taken)

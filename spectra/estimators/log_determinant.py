@@ -23,17 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from spectra._validation import check_choice, check_float, check_int
+from spectra._validation import check_float, check_int
 from spectra.estimators._products import (
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _Progress,
-    _rademacher,
-    _rng,
     _seed_setting,
 )
-from spectra.estimators.krylov import _batched_lanczos
+from spectra.estimators.density import _probe_recurrences
 from spectra.estimators.results import LogDetResult
 from spectra.estimators.tridiagonal import gauss_quadrature
 
@@ -107,21 +102,18 @@ def logdet(
         raise ValueError(f"damping must be >= 0 (it is added to C's diagonal), got {damping!r}")
     num_probes = check_int("num_probes", num_probes)
     num_steps = check_int("num_steps", num_steps)
-    distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "logdet", check_symmetry)
+    counter, alpha, beta, steps_taken = _probe_recurrences(
+        op,
+        "logdet",
+        "log-determinant",
+        num_steps,
+        num_probes,
+        seed,
+        distribution,
+        check_symmetry,
+        progress,
+    )
     n = counter.n
-    if distribution == "rademacher":
-        starts = _rademacher(rng, (n, num_probes))
-    else:
-        starts = rng.standard_normal((n, num_probes))
-    steps = min(num_steps, n)
-    with (
-        _one_blas_thread(),
-        _Progress(counter, num_probes * steps, "log-determinant", progress) as bar,
-    ):
-        alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
-        counter.finish()
     per_probe = np.empty(num_probes)
     smallest = math.inf
     rules = []
