@@ -73,7 +73,7 @@ def spectral_density(
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)
     num_probes = check_int("num_probes", num_probes)
-    counter, alpha, beta, steps_taken = _probe_recurrences(
+    run = _probe_recurrences(
         op,
         "spectral_density",
         "spectral density",
@@ -84,15 +84,13 @@ def spectral_density(
         check_symmetry,
         progress,
     )
+    counter, steps_taken = run.counter, run.steps_taken
     n = counter.n
     width = int(steps_taken.max())
     nodes = np.zeros((num_probes, width))
     weights = np.zeros((num_probes, width))
-    for probe in range(num_probes):
-        m = int(steps_taken[probe])
-        theta, probe_weights = gauss_quadrature(alpha[probe, :m], beta[probe, : m - 1])
-        # back from the counter's scaled products (a power of two: exact)
-        theta = counter.unscale(theta, "a quadrature node (Ritz value)")
+    for probe, (theta, probe_weights) in enumerate(run.rules()):
+        m = len(theta)
         nodes[probe, :m] = theta
         nodes[probe, m:] = theta[-1]
         weights[probe, :m] = probe_weights
@@ -263,6 +261,16 @@ class _ProbeRecurrences(NamedTuple):
     alpha: np.ndarray
     beta: np.ndarray
     steps_taken: np.ndarray
+
+    def rules(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per probe, its Gauss quadrature rule (nodes θ, weights), the nodes back from the
+        counter's scaled products (a power of two: exact)."""
+        rules = []
+        for probe, steps in enumerate(self.steps_taken):
+            m = int(steps)
+            theta, weights = gauss_quadrature(self.alpha[probe, :m], self.beta[probe, : m - 1])
+            rules.append((self.counter.unscale(theta, "a quadrature node (Ritz value)"), weights))
+        return rules
 
 
 def _probe_recurrences(

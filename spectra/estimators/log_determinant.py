@@ -30,7 +30,6 @@ from spectra.estimators._products import (
 )
 from spectra.estimators.density import _probe_recurrences
 from spectra.estimators.results import LogDetResult
-from spectra.estimators.tridiagonal import gauss_quadrature
 
 __all__ = ["logdet"]
 
@@ -102,7 +101,7 @@ def logdet(
         raise ValueError(f"damping must be >= 0 (it is added to C's diagonal), got {damping!r}")
     num_probes = check_int("num_probes", num_probes)
     num_steps = check_int("num_steps", num_steps)
-    counter, alpha, beta, steps_taken = _probe_recurrences(
+    run = _probe_recurrences(
         op,
         "logdet",
         "log-determinant",
@@ -113,14 +112,11 @@ def logdet(
         check_symmetry,
         progress,
     )
+    counter, steps_taken = run.counter, run.steps_taken
     n = counter.n
     per_probe = np.empty(num_probes)
     smallest = math.inf
-    rules = []
-    for probe in range(num_probes):
-        m = int(steps_taken[probe])
-        theta, weights = gauss_quadrature(alpha[probe, :m], beta[probe, : m - 1])
-        rules.append((counter.unscale(theta, "a quadrature node (Ritz value)"), weights))
+    rules = run.rules()
     # Ritz values carry absolute errors of order eps·‖C‖ (≈ eps·max|θ|): a node of C + λI
     # within _ROUNDING·eps·max|θ| of 0 is rounding, not a spectrum value.
     top = max(float(np.abs(theta).max()) if theta.size else 0.0 for theta, _ in rules)
