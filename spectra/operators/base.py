@@ -48,6 +48,7 @@ from spectra.operators.curvature import Curvature, FunctionProgram, variable_nam
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
 from spectra.operators.memory import (
+    PARALLEL_VECTORS,
     TANGENT_FACTOR,
     MemoryPlan,
     default_memory_budget,
@@ -524,6 +525,14 @@ class CurvatureOperator(LinearOperator):
         self._cached_index: dict[int, _CachedBatch] = {}
         self._num_streamed = 0
         self._batch_bytes = 0
+        # One vector's tangents, measured on the first product (None until then, or
+        # where the device keeps no allocator statistics). Replicas running in threads
+        # share the statistics of their allocators, so only one local replica measures.
+        self._tangent_bytes: int | None = None
+        self._tangents_to_measure = replicas.num_local == 1
+        # The growth of the peak while a batch's cache is computed, measured once.
+        self._cache_transient = 0
+        self._transient_to_measure = replicas.num_local == 1
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
         n = engine.size
@@ -550,7 +559,10 @@ class CurvatureOperator(LinearOperator):
         if self._block_size_override is not None:
             return self._block_size_override
         return sub_block_size(
-            self._per_vector_bytes(), self._block_room(), per_row=self._per_row_bytes()
+            self._per_vector_bytes(),
+            self._block_room(),
+            per_row=self._per_row_bytes(),
+            parallel=self._parallel_vectors(),
         )
 
     @max_block_size.setter
@@ -558,8 +570,15 @@ class CurvatureOperator(LinearOperator):
         self._block_size_override = check_int("max_block_size", value)
 
     def _per_vector_bytes(self) -> int:
-        """Estimated tangents of one vector in flight in a product."""
+        """The tangents of one vector in flight in a product: measured on the first
+        product, else estimated from the largest batch cache."""
+        if self._tangent_bytes is not None:
+            return self._tangent_bytes
         return int(TANGENT_FACTOR * self._batch_bytes)
+
+    def _parallel_vectors(self) -> int:
+        """How many vectors of a large block have their tangents alive at once."""
+        return self._engine.vectors_in_flight(self._batch_bytes, PARALLEL_VECTORS)
 
     def _per_row_bytes(self) -> int:
         """One row of a block product's (k, n) arrays."""
@@ -596,6 +615,9 @@ class CurvatureOperator(LinearOperator):
             per_row=self._per_row_bytes(),
             block_size=min(block, self.max_block_size),
             measured=self._loss is not None,
+            parallel=self._parallel_vectors(),
+            per_vector_measured=self._tangent_bytes is not None,
+            cache_transient=self._cache_transient,
         )
 
     # -- flat vectors and variables -------------------------------------------------
@@ -737,7 +759,7 @@ class CurvatureOperator(LinearOperator):
             where = self._batches.describe(index)
             with _graph_errors(where):
                 if fill.wants(index):
-                    cache = self._engine.cache(inputs)
+                    cache = self._cache(inputs)
                     batch_loss, batch_grad = cache.loss, cache.gradient
                     fill.offer(_CachedBatch(cache, weight, replica, index))
                 else:
@@ -880,7 +902,7 @@ class CurvatureOperator(LinearOperator):
             where = f"the product on {self._batches.describe(index)}"
             with _graph_errors(where):
                 for block, total in zip(on_device[replica], sums):
-                    total.add(replica, _weighted(self._engine.apply(cache, block), weight))
+                    total.add(replica, _weighted(self._apply(cache, block), weight))
 
         def cached(entries: list[_CachedBatch]) -> None:
             for entry in entries:
@@ -889,7 +911,7 @@ class CurvatureOperator(LinearOperator):
         def streamed(index: int, batch: Any, weight: float, replica: int) -> None:
             inputs = self._inputs(index, batch, replica)
             with _graph_errors(self._batches.describe(index)):
-                cache = self._engine.cache(inputs)
+                cache = self._cache(inputs)
             product(cache, weight, replica, index)
 
         if self._caches is not None and self._num_streamed == 0:
@@ -927,6 +949,29 @@ class CurvatureOperator(LinearOperator):
         if not finite:
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
+
+    def _cache(self, inputs: list[Any]) -> BatchCache:
+        """The engine's cache of one batch; the first one measures the growth of the peak
+        while it is computed (:meth:`Engine.measured_cache`), for the memory plan."""
+        if not self._transient_to_measure:
+            return self._engine.cache(inputs)
+        self._transient_to_measure = False
+        cache, transient = self._engine.measured_cache(inputs)
+        if transient is not None:
+            self._cache_transient = transient
+        return cache
+
+    def _apply(self, cache: BatchCache, block: tf.Tensor) -> tf.Tensor:
+        """The engine's product on one batch; the first one measures the memory of one
+        vector's tangents (:meth:`Engine.measured_apply`), which then sizes the
+        sub-blocks and the memory plan."""
+        if not self._tangents_to_measure:
+            return self._engine.apply(cache, block)
+        self._tangents_to_measure = False
+        result, tangent_bytes = self._engine.measured_apply(cache, block)
+        if tangent_bytes is not None:
+            self._tangent_bytes = tangent_bytes
+        return result
 
     def _iterate_caches(self) -> Iterator[_CachedBatch]:
         """This process's batch caches, one after another (computed now for the batches

@@ -61,7 +61,7 @@ import tensorflow as tf
 
 from spectra import _tf_compat
 from spectra.operators.curvature import BatchProblem, Curvature, Program
-from spectra.operators.memory import PARALLEL_VECTORS
+from spectra.operators.memory import LOOP_BLOCK_BYTES, PARALLEL_VECTORS
 
 __all__ = ["BatchCache", "Engine", "cached_engine", "clear_engine_cache", "spec_key"]
 
@@ -374,17 +374,57 @@ class Engine:
         nbytes = _nbytes([*tensors, *held], self.dtype.size)
         return BatchCache(tuple(tensors), kept, loss, gradient, nbytes)
 
+    def loops_blocks(self, cache_bytes: int) -> bool:
+        """Whether a block's vectors run one at a time through the single-vector product
+        on a batch whose cache holds ``cache_bytes`` (:data:`~spectra.operators.memory.
+        LOOP_BLOCK_BYTES`): the same arithmetic, bitwise the same results, one vector's
+        tangents alive instead of several. Never in the fallback, whose block shares one
+        recomputed forward pass."""
+        return self.split and cache_bytes >= LOOP_BLOCK_BYTES
+
+    def vectors_in_flight(self, cache_bytes: int, k: int) -> int:
+        """How many of a block's k vectors have their tangents alive at once."""
+        if k <= 1 or self.loops_blocks(cache_bytes):
+            return min(k, 1)
+        return min(k, PARALLEL_VECTORS)
+
     def apply(self, cache: BatchCache, vectors: tf.Tensor) -> tf.Tensor:
         """``C_b V`` for a cached batch; ``vectors`` and the result have shape ``(k, n)``."""
-        single = vectors.shape[0] == 1
+        k = vectors.shape[0]
         if not self.split:
-            function = self._recompute_single if single else self._recompute_block
+            function = self._recompute_single if k == 1 else self._recompute_block
             return _tf_compat.call_flat(function, [*cache.inputs, vectors])[0]
-        if single:
+        if k == 1 or self.loops_blocks(cache.nbytes):
             args = [_pick(cache, s) for s in self._single_sources]
-            return _tf_compat.call_flat(self._single_fn, [*args, vectors])[0]
+            if k == 1:
+                return _tf_compat.call_flat(self._single_fn, [*args, vectors])[0]
+            rows = [
+                _tf_compat.call_flat(self._single_fn, [*args, vectors[i : i + 1]])[0]
+                for i in range(k)
+            ]
+            return tf.concat(rows, axis=0)
         args = [_pick(cache, s) for s in self._block_sources]
         return _tf_compat.call_flat(self._block_fn, [*args, vectors])[0]
+
+    def measured_apply(self, cache: BatchCache, vectors: tf.Tensor) -> tuple[tf.Tensor, int | None]:
+        """:meth:`apply`, and the memory one vector's tangents took in it: the growth of
+        TensorFlow's peak allocation on the device over the memory in use before the
+        call, per vector in flight (:meth:`vectors_in_flight`); None where the device
+        keeps no allocator statistics. Resets the device's peak statistic."""
+        with _PeakGrowth(_statistics_device([cache.gradient])) as growth:
+            result = self.apply(cache, vectors)
+        if growth.bytes is None:
+            return result, None
+        in_flight = max(1, self.vectors_in_flight(cache.nbytes, int(vectors.shape[0])))
+        return result, growth.bytes // in_flight
+
+    def measured_cache(self, inputs: Sequence[tf.Tensor]) -> tuple[BatchCache, int | None]:
+        """:meth:`cache`, and the growth of TensorFlow's peak allocation while it ran (the
+        forward pass and gradient's transients and the cache they leave); None where the
+        device keeps no allocator statistics. Resets the device's peak statistic."""
+        with _PeakGrowth(_statistics_device(inputs)) as growth:
+            cache = self.cache(inputs)
+        return cache, growth.bytes
 
     def loss_and_gradient(self, inputs: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """The batch loss and its flat gradient, without keeping a cache."""
@@ -399,6 +439,49 @@ class _Source(NamedTuple):
 
     from_cache: bool
     position: int
+
+
+def _statistics_device(tensors: Sequence[Any]) -> str:
+    """The device of the first placed tensor as ``tf.config.experimental`` names it
+    (``"CPU:0"``, ``"GPU:1"``); ``"CPU:0"`` when none says."""
+    for t in tensors:
+        name = getattr(t, "device", "") or ""
+        if name:
+            spec = tf.DeviceSpec.from_string(name)
+            if spec.device_type:
+                return f"{spec.device_type}:{spec.device_index or 0}"
+    return "CPU:0"
+
+
+class _PeakGrowth:
+    """Context: ``bytes``, the growth of TensorFlow's peak allocation on ``device`` over
+    the memory in use on entry (``tf.config.experimental.reset_memory_stats`` then
+    ``get_memory_info``, which count a CPU's allocations as well as a GPU's); None where
+    the device keeps no statistics or the block raised."""
+
+    _ERRORS = (ValueError, RuntimeError, KeyError, TypeError, tf.errors.OpError)
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.bytes: int | None = None
+        self._before: int | None = None
+
+    def __enter__(self) -> _PeakGrowth:
+        try:
+            tf.config.experimental.reset_memory_stats(self.device)
+            self._before = int(tf.config.experimental.get_memory_info(self.device)["current"])
+        except self._ERRORS:
+            self._before = None
+        return self
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        if self._before is None or kind is not None:
+            return
+        try:
+            peak = int(tf.config.experimental.get_memory_info(self.device)["peak"])
+        except self._ERRORS:
+            return
+        self.bytes = max(0, peak - self._before)
 
 
 def _pick(cache: BatchCache, source: _Source) -> tf.Tensor:

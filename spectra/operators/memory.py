@@ -7,20 +7,24 @@ An operator holds, besides the model itself:
   back-propagated signals), at most the cache budget; a batch that does not fit is
   *streamed*: its cache is recomputed in every pass and lives while its products run;
 * per **block product** of k vectors: the tangents of the vector-dependent part for the
-  vectors in flight, and the block's (k, n) arrays (:func:`product_bytes`). The
-  compiled block product is a ``tf.map_fn`` over the vectors running at most
-  :data:`PARALLEL_VECTORS` of them at once, so min(k, 10) vectors' tangents are alive
-  together. A product's second backward creates, per stored frontier tensor, a tangent of
-  the same shape, plus the workspaces of its kernels, so one vector's tangents are
-  estimated as :data:`TANGENT_FACTOR` times the bytes of one batch's frontier, measured
-  on the first pass (the largest batch cache seen). The factor was measured (growth of
-  the resident high-water mark, products of 8 vectors, one malloc arena) at about 1.0
-  on an MLP 256-1024-1024-10 and 1.2 to 1.6 on a two-convolution CNN, whose convolution
-  gradients need workspaces beyond their outputs. The estimate
-  comes from the measured cache rather than from the graph's static shapes because the
-  batch dimension of the traced graph is usually unknown, and from the cache rather than
-  a measured peak because the CPU allocator offers no per-call peak
-  (``tf.config.experimental.get_memory_info`` is GPU-only).
+  vectors in flight, and the block's (k, n) arrays (:func:`product_bytes`). On a batch
+  whose cache is at least :data:`LOOP_BLOCK_BYTES`, the block's vectors run one after
+  another through the single-vector product (one vector's tangents alive at a time: on
+  ResNet-20 a block of 4 as one ``tf.map_fn`` held 1.7 GiB of tangents against 1.0 GiB for
+  one vector, at the same time per vector); on smaller batches, where a call's overhead
+  is what a vector costs, the compiled block product, a ``tf.map_fn`` running at most
+  :data:`PARALLEL_VECTORS` of them at once (the results are bitwise the same).
+* **One vector's tangents** are measured on the operator's first product, from
+  TensorFlow's allocator statistics of the device (``tf.config.experimental``'s
+  ``reset_memory_stats`` and ``get_memory_info``, which count the CPU's allocations as
+  well as a GPU's): the growth of the peak over the memory in use before the call, per
+  vector in flight. Before that product, or where the statistics are not available, they
+  are estimated as :data:`TANGENT_FACTOR` times the bytes of one batch's frontier (a
+  product's second backward creates, per stored frontier tensor, a tangent of the same
+  shape, plus the workspaces of its kernels). Measured per vector, in units of one
+  batch's frontier: 1.06 on a two-convolution CNN, 0.65 on ResNet-20 and 0.26 on a
+  two-block GPT (whose frontier holds the attention's saved tensors, most of which the
+  tangents do not copy); the factor, an upper estimate, is what a first plan assumes.
 
 A block larger than the sub-block size is multiplied in sub-blocks, one after another on
 each batch of the same pass over the data, so that one sub-block's product memory + the
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 __all__ = [
     "BLOCK_COPIES",
     "DEFAULT_MEMORY_FRACTION",
+    "LOOP_BLOCK_BYTES",
     "PARALLEL_VECTORS",
     "TANGENT_FACTOR",
     "MemoryPlan",
@@ -48,13 +53,20 @@ __all__ = [
 #: Fraction of the memory available to the process (or of the accelerator's memory) that
 #: an operator's default ``memory_budget`` takes.
 DEFAULT_MEMORY_FRACTION = 0.5
-#: Arrays of shape (k, n) alive during a block product: the input block, the product of a
-#: batch, the running sum per replica, and the host copy.
-BLOCK_COPIES = 4
+#: Arrays of shape (k, n) a block product holds: the input block's host and device
+#: copies, the running sums, and one batch's product during the pass, or the host
+#: result and its transposed copy after it.
+BLOCK_COPIES = 5
 #: Vectors of a block whose products run at once (``tf.map_fn``'s ``parallel_iterations``).
 PARALLEL_VECTORS = 10
-#: One vector's tangents in a product, in units of one batch's cache (see above).
+#: One vector's tangents in a product, in units of one batch's cache, until measured
+#: (see above).
 TANGENT_FACTOR = 1.15
+#: Batch caches of at least this many bytes run a block's vectors one at a time. Below
+#: it, the compiled block is faster (digits MLP, 0.2 MiB: 1.8x); above, a vector costs
+#: the same either way (MLP 64-256-256-10 at 0.8 to 11 MiB, a CNN at 14 MiB, ResNet-20
+#: and the GPT at 1.5 GiB: 0.93x to 1.03x) and holds one vector's tangents, not several.
+LOOP_BLOCK_BYTES = 4 * 1024**2
 #: The largest sub-block; larger blocks gain no speed on the measured models.
 LARGEST_SUB_BLOCK = 64
 
@@ -112,25 +124,25 @@ def default_memory_budget() -> int:
     return int(available_memory() * DEFAULT_MEMORY_FRACTION)
 
 
-def product_bytes(k: int, per_vector: int, per_row: int) -> int:
-    """Memory of a block product of k vectors, ``per_row`` = n·itemsize.
-
-    During a batch's product: min(k, :data:`PARALLEL_VECTORS`) vectors' tangents
-    (``per_vector`` each) and two (k, n) arrays (the input block and the running sums);
-    after the pass, with the tangents freed, :data:`BLOCK_COPIES` of them (the sums, the
-    concatenated and transposed host copies). The larger of the two.
-    """
-    during = min(k, PARALLEL_VECTORS) * per_vector + 2 * k * per_row
-    return max(during, BLOCK_COPIES * k * per_row)
+def product_bytes(k: int, per_vector: int, per_row: int, parallel: int = PARALLEL_VECTORS) -> int:
+    """Memory of a block product of k vectors, ``per_row`` = n·itemsize: min(k,
+    ``parallel``) vectors' tangents (``per_vector`` each; ``parallel`` is 1 where a block
+    runs one vector at a time) and :data:`BLOCK_COPIES` (k, n) arrays (an upper estimate:
+    while the tangents are alive, one of those arrays is not yet allocated)."""
+    return min(k, parallel) * per_vector + BLOCK_COPIES * k * per_row
 
 
 def sub_block_size(
-    per_vector: int, room: int, largest: int = LARGEST_SUB_BLOCK, per_row: int = 0
+    per_vector: int,
+    room: int,
+    largest: int = LARGEST_SUB_BLOCK,
+    per_row: int = 0,
+    parallel: int = PARALLEL_VECTORS,
 ) -> int:
     """The largest power of two k ≤ ``largest`` whose :func:`product_bytes` fit ``room``
     (at least 1)."""
     k = 1
-    while 2 * k <= largest and product_bytes(2 * k, per_vector, per_row) <= room:
+    while 2 * k <= largest and product_bytes(2 * k, per_vector, per_row, parallel) <= room:
         k *= 2
     return k
 
@@ -150,12 +162,16 @@ class MemoryPlan:
     ``budget``: the memory budget; ``snapshot``: the parameter copies (n numbers per local
     replica); ``cache_per_batch``: the largest batch cache; ``cached``: bytes of the kept
     caches; ``cached_batches``/``streamed_batches``: how many batches (of this process) are
-    kept and recomputed per pass; ``per_vector``: estimated tangents of one vector in
-    flight (:data:`TANGENT_FACTOR` times one batch's frontier); ``per_row``: one row of
+    kept and recomputed per pass; ``per_vector``: the tangents of one vector in flight
+    (measured on the first product, else :data:`TANGENT_FACTOR` times one batch's
+    frontier; ``per_vector_measured`` says which); ``parallel``: the vectors of a block in
+    flight at once (1 where they run one at a time); ``per_row``: one row of
     the block's (k, n) arrays (n·itemsize); ``block_size``: vectors per sub-block of the
-    planned product; ``peak``: the estimated peak, snapshot + cached + (one batch cache if
-    any streams) + :func:`product_bytes`; ``measured``: False until the first pass over
-    the data (the batch figures are then 0).
+    planned product; ``cache_transient``: the growth of the peak while one batch's cache
+    is computed (its forward pass and gradient, and the cache they leave), measured on the
+    first pass (0 where the device keeps no allocator statistics); ``peak``: the
+    estimated peak (see :attr:`peak`); ``measured``: False until the first pass over the
+    data (the batch figures are then 0).
     """
 
     budget: int
@@ -168,11 +184,14 @@ class MemoryPlan:
     per_row: int
     block_size: int
     measured: bool
+    parallel: int = PARALLEL_VECTORS
+    per_vector_measured: bool = False
+    cache_transient: int = 0
 
     @property
     def products(self) -> int:
         """Bytes of one sub-block's product (:func:`product_bytes`)."""
-        return product_bytes(self.block_size, self.per_vector, self.per_row)
+        return product_bytes(self.block_size, self.per_vector, self.per_row, self.parallel)
 
     @property
     def streaming_batch(self) -> int:
@@ -180,10 +199,20 @@ class MemoryPlan:
         return self.cache_per_batch if self.streamed_batches else 0
 
     @property
+    def computing_cache(self) -> int:
+        """Bytes while a batch's cache is computed: the kept caches (less the one being
+        computed, on the first pass of an operator that streams none) and the
+        computation's transient."""
+        overlap = self.cache_per_batch if self.cached_batches and not self.streamed_batches else 0
+        return max(0, self.cached - overlap) + self.cache_transient
+
+    @property
     def peak(self) -> int:
-        """Estimated peak beyond the model itself: snapshot, kept caches, one streamed
-        batch and one sub-block's tangents."""
-        return self.snapshot + self.cached + self.streaming_batch + self.products
+        """Estimated peak beyond the model itself: the snapshot, and the larger of a
+        product (kept caches, one streamed batch, one sub-block's tangents and arrays)
+        and the computation of a batch's cache (:attr:`computing_cache`)."""
+        product = self.cached + self.streaming_batch + self.products
+        return self.snapshot + max(product, self.computing_cache)
 
     def __str__(self) -> str:
         if not self.measured:
@@ -199,10 +228,17 @@ class MemoryPlan:
             f"  snapshot {format_bytes(self.snapshot)}\n"
             f"  cache {format_bytes(self.cache_per_batch)} per batch: cached "
             f"{self.cached_batches} of {total} batches ({format_bytes(self.cached)}), "
-            f"streaming {self.streamed_batches}\n"
-            f"  products: sub-blocks of {self.block_size} ({format_bytes(self.products)}: "
-            f"{format_bytes(self.per_vector)} of tangents per vector in flight, "
-            f"{format_bytes(self.per_row)} per row of the (k, n) arrays)"
+            f"streaming {self.streamed_batches}"
+            + (
+                f"; computing one: {format_bytes(self.cache_transient)} (measured)\n"
+                if self.cache_transient
+                else "\n"
+            )
+            + f"  products: sub-blocks of {self.block_size} ({format_bytes(self.products)}: "
+            f"{format_bytes(self.per_vector)} of tangents per vector in flight"
+            f"{' (measured)' if self.per_vector_measured else ' (estimated)'}, "
+            f"{'one vector' if self.parallel == 1 else f'up to {self.parallel} vectors'} "
+            f"in flight, {format_bytes(self.per_row)} per row of the (k, n) arrays)"
         ) + self._over_budget()
 
     def _over_budget(self) -> str:

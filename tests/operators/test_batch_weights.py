@@ -22,6 +22,7 @@ from _relu_mlp import ReluMLP
 
 from spectra.operators import HessianOperator, block_size_for
 from spectra.operators.batching import Batches
+from spectra.operators.memory import BLOCK_COPIES
 
 RTOL = 1e-11
 NUM_EXAMPLES = 20
@@ -139,10 +140,10 @@ def truth_flat(model) -> np.ndarray:
     "num_parameters, itemsize, budget, expected",
     [
         (1000, 8, 512 * 1024**2, 64),  # capped at 64
-        (10**7, 4, 512 * 1024**2, 2),  # 512 MiB / (4 · 4e7 B) = 3.4 -> 2
-        (100, 8, 4 * 100 * 8 * 5, 4),  # 5 fit -> 4
-        (100, 8, 4 * 100 * 8 * 8, 8),  # exactly 8 fit
-        (100, 8, 4 * 100 * 8 * 8 - 1, 4),  # one byte short of 8
+        (10**7, 4, 512 * 1024**2, 2),  # 512 MiB / (5 copies · 4e7 B) = 2.7 -> 2
+        (100, 8, BLOCK_COPIES * 100 * 8 * 5, 4),  # 5 fit -> 4
+        (100, 8, BLOCK_COPIES * 100 * 8 * 8, 8),  # exactly 8 fit
+        (100, 8, BLOCK_COPIES * 100 * 8 * 8 - 1, 4),  # one byte short of 8
         (100, 8, 1, 1),  # nothing fits: still one vector
     ],
 )
