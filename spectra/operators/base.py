@@ -51,6 +51,7 @@ from spectra.operators.memory import (
     PARALLEL_VECTORS,
     TANGENT_FACTOR,
     MemoryPlan,
+    cache_share,
     default_memory_budget,
     format_bytes,
     sub_block_size,
@@ -513,9 +514,10 @@ class CurvatureOperator(LinearOperator):
         self._cache_policy = cache
         self.memory_budget = default_memory_budget() if memory_budget is None else memory_budget
         self._snapshot_bytes = engine.size * engine.dtype.size * len(replicas.devices)
+        # Without an explicit cache_bytes, the caches' room is set on the first pass from
+        # its first batch (memory.cache_share); half the budget less the snapshot until then.
+        self._share_from_first_batch = cache_bytes is None
         if cache_bytes is None:
-            # Half the budget for the kept caches, less the snapshot; the rest is for the
-            # streamed batch and the products' sub-blocks.
             cache_bytes = max(0, self.memory_budget // 2 - self._snapshot_bytes)
         self.cache_bytes = int(cache_bytes)
         self._block_size_override = max_block_size
@@ -760,6 +762,8 @@ class CurvatureOperator(LinearOperator):
             with _graph_errors(where):
                 if fill.wants(index):
                     cache = self._cache(inputs)
+                    if self._share_from_first_batch:
+                        fill.set_budget_once(self._default_cache_share(cache.nbytes))
                     batch_loss, batch_grad = cache.loss, cache.gradient
                     fill.offer(_CachedBatch(cache, weight, replica, index))
                 else:
@@ -793,6 +797,7 @@ class CurvatureOperator(LinearOperator):
         self._cached_index = {entry.batch_index: entry for entry in self._caches}
         self._num_streamed = fill.num_batches - len(self._caches)
         self._batch_bytes = fill.largest
+        self.cache_bytes = fill.budget
         plan = self.memory_plan()
         if self._cache_policy is True and plan.peak > self.memory_budget:
             warnings.warn(
@@ -950,6 +955,17 @@ class CurvatureOperator(LinearOperator):
             self._raise_non_finite_product(out, blocks)
         return np.ascontiguousarray(out.T)
 
+    def _default_cache_share(self, cache_per_batch: int) -> int:
+        """The caches' room from a batch's cache (:func:`~spectra.operators.memory.
+        cache_share`), once its computation's transient is measured."""
+        return cache_share(
+            self.memory_budget,
+            self._snapshot_bytes,
+            cache_per_batch,
+            self._cache_transient,
+            self._per_row_bytes(),
+        )
+
     def _cache(self, inputs: list[Any]) -> BatchCache:
         """The engine's cache of one batch; the first one measures the growth of the peak
         while it is computed (:meth:`Engine.measured_cache`), for the memory plan."""
@@ -1050,6 +1066,7 @@ class _CacheFill:
     def __init__(self, policy: bool | str, budget: int, num_examples: int) -> None:
         self._policy = policy
         self._budget = budget
+        self._budget_set = False
         self._num_examples = max(num_examples, 1)
         self._used = 0
         self._kept: list[_CachedBatch] = []
@@ -1057,6 +1074,18 @@ class _CacheFill:
         self.largest = 0
         self.num_batches = 0
         self._lock = threading.Lock()
+
+    @property
+    def budget(self) -> int:
+        """The room of the kept caches."""
+        return self._budget
+
+    def set_budget_once(self, budget: int) -> None:
+        """Set the caches' room from the first batch (later calls change nothing)."""
+        with self._lock:
+            if not self._budget_set:
+                self._budget_set = True
+                self._budget = budget
 
     def wants(self, index: int) -> bool:
         """Whether batch ``index`` should be computed with its cache."""

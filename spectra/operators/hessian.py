@@ -77,7 +77,9 @@ class HessianOperator(CurvatureOperator):
         every batch, ``False`` none. The operator is the same matrix in every mode.
     cache_bytes:
         Budget of the kept caches; overrides the share of ``memory_budget`` (default:
-        half of ``memory_budget`` less the snapshot of the parameters).
+        set on the first pass from its first batch, the budget less the snapshot and a
+        reserve for one streamed batch and its product,
+        :func:`spectra.operators.memory.cache_share`).
     max_block_size:
         At most this many vectors go through one compiled product (larger ``matmat``
         blocks are split into sub-blocks; all share one data pass); overrides the size

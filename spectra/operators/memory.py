@@ -44,6 +44,7 @@ __all__ = [
     "TANGENT_FACTOR",
     "MemoryPlan",
     "available_memory",
+    "cache_share",
     "default_memory_budget",
     "format_bytes",
     "product_bytes",
@@ -145,6 +146,21 @@ def sub_block_size(
     while 2 * k <= largest and product_bytes(2 * k, per_vector, per_row, parallel) <= room:
         k *= 2
     return k
+
+
+def cache_share(
+    budget: int, snapshot: int, cache_per_batch: int, transient: int, per_row: int
+) -> int:
+    """The default room of the kept caches (``cache_bytes``), set from the first batch of
+    the first pass: the budget less the snapshot and a reserve for the larger of the
+    computation of a batch's cache (its measured ``transient``) and a product on a
+    streamed batch (its cache, one vector's tangents estimated at :data:`TANGENT_FACTOR`
+    times it, and the :data:`BLOCK_COPIES` arrays of one vector). Products need no more:
+    a block runs in sub-blocks in what is left, and on large batches its vectors run one
+    at a time anyway, at the same cost per vector."""
+    streamed = cache_per_batch + int(TANGENT_FACTOR * cache_per_batch)
+    reserve = max(transient, streamed) + BLOCK_COPIES * per_row
+    return max(0, budget - snapshot - reserve)
 
 
 def format_bytes(n: float) -> str:

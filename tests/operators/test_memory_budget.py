@@ -454,12 +454,49 @@ def test_cache_true_over_a_tiny_budget_warns_once_and_keeps_its_products_right()
     assert f"sub-blocks of {planned} vectors" in messages[0]
     np.testing.assert_allclose(first, expected, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(second, expected, rtol=1e-12, atol=1e-14)
-    # The products' room counts the caches only up to their share of the budget.
-    share = 4000 // 2 - plan.snapshot
-    assert op._block_room() == 4000 - plan.snapshot - min(op.cache_nbytes, share)
+    # The products' room counts the caches only up to their share of the budget: what
+    # it leaves after the snapshot and a reserve for a streamed batch (its cache of 1,064
+    # B, tangents estimated at 1.15 times it, five rows of 248 B) or computing one.
+    reserve = max(plan.cache_transient, 1064 + int(TANGENT_FACTOR * 1064)) + 5 * 248
+    assert plan.cache_per_batch == 1064 and plan.per_row == 248
+    assert op.cache_bytes == max(0, 4000 - plan.snapshot - reserve)
+    assert op._block_room() == 4000 - plan.snapshot - min(op.cache_nbytes, op.cache_bytes)
     # cache="auto" stays within what it can and does not warn.
     auto = spectra.HessianOperator.from_keras(model, loss, data, memory_budget=4000)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         auto.loss()
     assert not [w for w in caught if "cache=True" in str(w.message)]
+
+
+def test_the_default_cache_share_leaves_room_for_one_streamed_product(problem, monkeypatch):
+    """By default the caches get what the budget leaves after the snapshot and a reserve
+    for one streamed batch's product (set from the first batch), not half the budget: a
+    budget with room for the four caches and that reserve keeps all four, where half of it
+    would keep three."""
+    model, x, y, full, V = problem
+    plan = full.memory_plan()
+    per_batch, per_row = plan.cache_per_batch, plan.per_row
+    assert plan.cached_batches == 4 and plan.cached == 4 * per_batch
+
+    def unavailable(device):  # no measured transient: the reserve is the streamed product
+        raise ValueError(f"no memory statistics for {device}")
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", unavailable)
+    reserve = per_batch + int(TANGENT_FACTOR * per_batch) + memory.BLOCK_COPIES * per_row
+    budget = plan.snapshot + 4 * per_batch + reserve + 100
+    assert budget // 2 - plan.snapshot < 4 * per_batch  # the former share: three batches
+    op = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, memory_budget=budget
+    )
+    op.loss()
+    assert op.cache_bytes == 4 * per_batch + 100
+    assert op.num_cached_batches == 4 and op.num_streamed_batches == 0
+    assert op.memory_plan().peak <= budget
+    np.testing.assert_array_equal(op.matmat(V[:, :2]), full.matmat(V[:, :2]))
+    # An explicit cache_bytes is kept as given.
+    given = HessianOperator.from_keras(
+        model, LOSS, (x, y), batch_size=BATCH, dtype=np.float64, cache_bytes=2 * per_batch + 1
+    )
+    given.loss()
+    assert given.cache_bytes == 2 * per_batch + 1 and given.num_cached_batches == 2
