@@ -80,6 +80,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cli_help.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/approximations.py
+	$(BIN)/python benchmarks/product_ops.py --json $(OUT)/product_ops.json
 	$(BIN)/python benchmarks/scale.py --json $(OUT)/scale.json
 
 # The reduced scale benchmark: ResNet-20 at 256 images and the GPT at 128 sequences.
