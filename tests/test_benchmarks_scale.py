@@ -254,6 +254,7 @@ def _row(scale, model: str, runs: dict | None) -> dict:
         runs = {k: v for k, v in _runs((True,)).items() if not k.startswith("pyhessian")}
     else:
         row["memory"] = {"default": {"peak_mib": 5368.4, "budget_mib": 9550.0}}
+        row["lambda_1_twin"], row["lambda_1_twin_bound"] = 4.99996, 3e-6
     row["estimators"] = scale.summarize_runs(runs, 5.0, 60)
     return row
 
@@ -272,6 +273,11 @@ def test_summary_table(scale):
     assert cells["peak memory, default mode / operator's budget"] == [
         "5,368 MiB / 9,550 MiB",
         "not measured / 9,600 MiB",
+    ]
+    assert cells["λ₁ (tol 1e-6, certified bound)"] == ["5 ± 2.0e-06"] * 2
+    assert cells["λ₁ of the PyHessian side's twin (Lanczos on its products)"] == [
+        "4.99996 ± 3.0e-06",
+        "—",
     ]
     assert cells["top-1, tol 1e-6"] == ["10.50 s, 12 products", "10.00 s, 12 products"]
     assert cells["top-1, tol 1e-6: x PyHessian at its own tol"] == [
