@@ -9,36 +9,87 @@ statistics calibrated on the data). For every configuration, in one process:
   vector, in the operator's default mode (``cache="auto"``: the batches that fit half the
   memory budget are cached, the others streamed), each timed alternately with a gradient
   (median of the paired ratios);
-* ``top-1``: ``spectra.eigenvalues(op, k=1, tol=...)`` at tol 1e-3 and 1e-6;
-* ``trace``: Hutchinson with a fixed number of products (100; fewer with ``--quick``);
+* ``top-1``: ``spectra.eigenvalues(op, k=1, tol=...)`` at tol 1e-6 and 1e-3;
+* ``trace``: Hutchinson with a fixed number of products (100; ``--trace-products``);
 * ``density``: stochastic Lanczos quadrature (one probe of a fixed number of steps, as
-  PyHessian's default ``density(iter=100, n_v=1)``; fewer steps with ``--quick``);
-* peak resident memory per mode, each mode in its own subprocess (``default``,
+  PyHessian's default ``density(iter=100, n_v=1)``; ``--density-steps``);
+* peak resident memory per mode, each mode in its own subprocess (``--modes``; ``default``,
   ``streaming``: ``cache=False``, ``recompute``: ``SPECTRA_GRAPH_SPLIT=0``), beside the
   operator's memory plan (its estimated peak and budget) and the resident memory of the
   model alone.
 
-On ResNet-20 the PyHessian side runs on a PyTorch twin with the same weights (logits
-checked to agree to 1e-4 before anything is timed): ``pyhessian_compare``'s power
-iteration (one full batch, gradient graph kept; stopping at a relative change of the
-Rayleigh quotient below tol, at most 100 products), and, added here in the same style
-(PyHessian's ``trace`` and ``density``), Hutchinson with the same number of Rademacher
-products and SLQ with full reorthogonalisation. The two sides alternate within each
-repeat and medians are reported. "Equal accuracy": the top-1 errors of both sides are
-measured against spectra's tol-1e-6 value (whose certified bound is printed); trace and
-density use the same number of products on both sides.
+On ResNet-20 (up to 1,024 examples) the PyHessian side runs on a PyTorch twin with the
+same weights (logits checked to agree to 1e-4 before anything is timed):
+``pyhessian_compare``'s power iteration (one full batch, gradient graph kept), and, added
+here in the same style (PyHessian's ``trace`` and ``density``), Hutchinson with the same
+number of Rademacher products and SLQ with full reorthogonalisation. The two sides
+alternate within each repeat and medians are reported. Top-1 is compared twice:
+
+* at each side's own tol: the power iteration stops when the relative change of its
+  Rayleigh quotient is below tol (at most ``--power-max`` products). These are not equal
+  accuracies: on ResNet-20 it stops after 5-6 products about 1e-5 off, while spectra
+  certifies about 1e-6 in 10-12;
+* at equal accuracy: for each tol, the power iteration stops at the first product whose
+  Rayleigh quotient θ is within the certified bound spectra returned at that tol
+  (``error_bounds[0]``) of the top eigenvalue of the matrix it works on, λ_twin, or after
+  ``--power-max`` products ("not reached"; the ratio is then an upper bound). λ_twin is
+  computed first, untimed, by spectra's Lanczos on the PyHessian-style products (tol
+  1e-6). It is not spectra's own tol-1e-6 value λ_ref, because the twin's float32 Hessian
+  is the Keras model's only up to rounding: on ResNet-20 at 256 images the two λ₁ differ
+  by 3.8e-3 (1.1e-5 relative), ten times spectra's tol-1e-6 bound (4.0e-4), so no method
+  on the twin comes within that bound of λ_ref (the power iteration's θ settles 3.8e-3
+  from it; PyHessian's normalisation v/(‖v‖ + 1e-6) also keeps θ about 2e-6 below λ).
+  This oracle stopping rule knows the answer, so it favours the power iteration: no
+  practical test stops as early at that accuracy. Errors are still reported against
+  λ_ref, and the closest |θ − λ_twin| of a run that does not reach its target.
+
+The trace and density rows use the same number of products on both sides. The run ends
+with a Markdown summary, one column per configuration (also in the ``--json`` report).
 
 Both frameworks get one thread (``--threads``), as in ``pyhessian_compare.py``. The
-machine's load average is printed before and after; peak memory is the resident
-high-water mark (``VmHWM``). PyTorch is optional (the PyHessian columns are skipped
-without it): ``pip install torch==2.13.0`` (CPU build).
+machine's load average is printed before and after each configuration; peak memory is
+the resident high-water mark (``VmHWM``). PyTorch is optional (the PyHessian columns are
+skipped without it): ``pip install torch==2.13.0`` (CPU build).
 
-    python benchmarks/scale.py [--quick] [--repeats 3] [--json out.json]
+    python benchmarks/scale.py [--quick] [--configs resnet20:1024:256,gpt:512:128]
+        [--trace-products N] [--density-steps N] [--power-max N]
+        [--modes default,streaming,recompute | none] [--repeats 3]
+        [--estimator-repeats 3] [--block 16] [--json out.json]
 
-``--quick``: ResNet-20 at 256 images and the GPT at 128 sequences (no ResNet-18), 3
-repeats of the product timings, one run of each estimator, trace with 10 products,
-density with 10 Lanczos steps, power iteration capped at 30 products; about 10 minutes
-on a busy 2-core CPU.
+The full run (no options): ResNet-20 at 1,024 and 4,096 images and ResNet-18 at 256
+(batches of 256, 256, 64), the GPT at 512 sequences (batches of 128); 100 trace products,
+100 density steps, power iteration capped at 100 products, 3 estimator repeats, all three
+memory modes: many hours on a 2-core CPU. ``--quick``: ResNet-20 at 256 images and the
+GPT at 128 sequences, one estimator run, 10 trace products, 10 density steps, power
+iteration capped at 30, memory modes default and streaming (ResNet-20), default (GPT);
+about 10 minutes on a busy 2-core CPU. Options given explicitly override what
+``--quick`` sets.
+
+**Sizing a run.** Let g be one compiled gradient over a configuration's examples, p one
+``HessianOperator`` product and q one PyHessian-style product. Measured on this
+project's 2-core machine at load average about 5, one thread each: ResNet-20 g = 1.2-2.0
+s per 256 images, p = 1.3-1.9 g, q = 3.3-3.9 g; GPT g = 0.4-0.55 s per 128 sequences, p =
+2.1-2.2 g; all grow linearly with the examples (ResNet-18 is not measured: by
+multiply-adds about 14x ResNet-20 per image). A block of k costs about 2 g per vector.
+Per configuration:
+
+* memory, per mode: a fresh process (TensorFlow's start, about 20 s), the model, a first
+  pass (about 1.1 g), a matvec and a block of k: about 1 g + (1 + k) p;
+* product timings: a warm-up and ``--repeats`` rounds of a gradient, a matvec and a block
+  of k: (repeats + 1)(g + (1 + k) p), plus one first pass;
+* per estimator repeat (``--estimator-repeats``): top-1 at tol 1e-6 and 1e-3 (12 and 10
+  products on ResNet-20, 31 and 25 on the GPT), ``--trace-products`` and
+  ``--density-steps`` products: (22 + T + D) p on ResNet-20;
+* the PyHessian side (ResNet-20 up to 1,024 images), per estimator repeat: 5-6 products
+  per tol at its own tol, up to ``--power-max`` per tol at equal accuracy, T + D for
+  trace and density: at most (12 + 2 P + T + D) q; plus a setup, repeats + 1 products
+  timed and about 12 q (untimed) for λ_twin.
+
+For example ``--configs resnet20:1024:256 --estimator-repeats 1 --trace-products 20
+--density-steps 20 --power-max 60 --modes default``: g is about 6 s and p about 10 s, so
+the memory subprocess takes about 3 min, the product timings (k = 16, 3 repeats) 4 (g +
+17 p) = 12 min, spectra's estimators 62 p = 10 min and the PyHessian side up to 184 q =
+65 min: about 1.5 hours.
 
 ``--profile``: where ResNet-20's products spend their time (256 images, one batch): the
 compiled forward pass and gradient, the engine's cache part and apply parts (one vector,
@@ -71,33 +122,169 @@ PAUSE = 0.25
 # (model, examples, batch size): batches of 256 keep one ResNet batch cache near 1.5 GiB.
 FULL = [("resnet20", 1024, 256), ("resnet20", 4096, 256), ("resnet18", 256, 64), ("gpt", 512, 128)]
 QUICK = [("resnet20", 256, 256), ("gpt", 128, 128)]
+MODELS = ("resnet20", "resnet18", "gpt")
 MODES = ("default", "streaming", "recompute")
+# Memory modes of the reduced run (each a subprocess of some 30 s); other models: MODES.
+QUICK_MODES = {"resnet20": ("default", "streaming"), "gpt": ("default",)}
 # Largest ResNet-20 configuration compared with the PyHessian side (one full batch).
 PYHESSIAN_MAX_EXAMPLES = 1024
+# spectra's tolerances of the top-1 rows; the first is the reference (λ_ref) of the
+# equal-accuracy comparison, so it runs first.
+TOLS = (1e-6, 1e-3)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the reduced run (minutes)")
-    parser.add_argument("--repeats", type=int, default=None, help="product timings (3)")
-    parser.add_argument("--estimator-repeats", type=int, default=None, help="(3; quick 1)")
-    parser.add_argument("--threads", type=int, default=1, help="threads of each framework")
-    parser.add_argument("--block", type=int, default=None, help="block size k (16; quick 4)")
+def parse_configs(text: str) -> list[tuple[str, int, int]]:
+    """``model:examples:batch_size`` items, comma-separated, as (model, examples,
+    batch_size) tuples (argparse ``type``: a bad item raises ``ArgumentTypeError``)."""
+    configs = []
+    for item in text.split(","):
+        parts = [part.strip() for part in item.split(":")]
+        if len(parts) != 3 or not all(part.isdigit() for part in parts[1:]):
+            raise argparse.ArgumentTypeError(
+                f"malformed item {item!r}: expected model:examples:batch_size, "
+                "comma-separated, e.g. resnet20:1024:256,gpt:512:128"
+            )
+        name, examples, batch_size = parts[0], int(parts[1]), int(parts[2])
+        if name not in MODELS:
+            raise argparse.ArgumentTypeError(
+                f"unknown model {name!r} in {item!r}: expected one of {', '.join(MODELS)}"
+            )
+        if examples < 1 or batch_size < 1:
+            raise argparse.ArgumentTypeError(
+                f"item {item!r}: examples and batch size must be at least 1"
+            )
+        if batch_size > examples:
+            raise argparse.ArgumentTypeError(
+                f"item {item!r}: batch size {batch_size} exceeds the {examples} examples; "
+                f"use a batch size of at most {examples}"
+            )
+        configs.append((name, examples, batch_size))
+    return configs
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """Comma-separated memory modes (a subset of ``MODES``, in the order given), or
+    ``none`` for no memory subprocess (argparse ``type``)."""
+    names = [name.strip() for name in text.split(",")]
+    if names == ["none"]:
+        return ()
+    if "none" in names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: none (no memory subprocess) cannot be combined with other modes"
+        )
+    unknown = [name for name in names if name not in MODES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode {unknown[0]!r} in {text!r}: expected a comma-separated subset of "
+            f"{','.join(MODES)}, or none"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def at_least(minimum: int):
+    """An argparse ``type``: an integer of at least ``minimum``."""
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer of at least {minimum}, got {text!r}"
+            )
+        return value
+
+    return integer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; options left out take the full run's values, or the reduced
+    run's with ``--quick`` (an option given explicitly wins over ``--quick``)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Costs, to size a run: see the module docstring (benchmarks/scale.py).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the reduced run (about 10 minutes): resnet20:256:256,gpt:128:128, one "
+        "estimator run, 10 trace products, 10 density steps, power iteration capped at 30, "
+        "memory modes default,streaming (ResNet-20) and default (GPT)",
+    )
+    parser.add_argument(
+        "--configs",
+        type=parse_configs,
+        metavar="MODEL:EXAMPLES:BATCH,...",
+        help="the configurations, comma-separated model:examples:batch_size items with "
+        f"model one of {', '.join(MODELS)} (default: {format_configs(FULL)}; quick: "
+        f"{format_configs(QUICK)})",
+    )
+    parser.add_argument(
+        "--trace-products",
+        type=at_least(2),
+        metavar="N",
+        help="Hutchinson products of the trace rows, each side (100; quick 10)",
+    )
+    parser.add_argument(
+        "--density-steps",
+        type=at_least(1),
+        metavar="N",
+        help="Lanczos steps (products) of the one-probe density, each side (100; quick 10)",
+    )
+    parser.add_argument(
+        "--power-max",
+        type=at_least(1),
+        metavar="N",
+        help="the most products of one PyHessian-style power iteration, at its own tol and "
+        "at equal accuracy (100; quick 30)",
+    )
+    parser.add_argument(
+        "--modes",
+        type=parse_modes,
+        metavar="MODE,...",
+        help="memory modes measured per configuration, each in a subprocess: a "
+        f"comma-separated subset of {','.join(MODES)}, or none to skip them (all three; "
+        "quick: default,streaming for ResNet-20, default for the GPT)",
+    )
+    parser.add_argument("--repeats", type=at_least(1), help="product timings (3)")
+    parser.add_argument(
+        "--estimator-repeats", type=at_least(1), help="runs of each estimator (3; quick 1)"
+    )
+    parser.add_argument(
+        "--threads", type=at_least(1), default=1, help="threads of each framework (1)"
+    )
+    parser.add_argument("--block", type=at_least(1), help="block size k (16; quick 4)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--profile", action="store_true", help="time a product's parts")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     quick = args.quick
-    args.configs = QUICK if quick else FULL
-    args.repeats = args.repeats or 3
-    args.estimator_repeats = args.estimator_repeats or (1 if quick else 3)
-    args.block = args.block or (4 if quick else 16)
-    args.trace_products = 10 if quick else 100
-    args.density_steps = 10 if quick else 100
-    args.power_max = 30 if quick else 100
-    # Memory modes measured per configuration (each a subprocess of some 30 s).
-    args.modes = {"resnet20": ("default", "streaming"), "gpt": ("default",)} if quick else None
+
+    def default(name: str, full, reduced) -> None:
+        if getattr(args, name) is None:
+            setattr(args, name, reduced if quick else full)
+
+    default("configs", FULL, QUICK)
+    default("repeats", 3, 3)
+    default("estimator_repeats", 3, 1)
+    default("block", 16, 4)
+    default("trace_products", 100, 10)
+    default("density_steps", 100, 10)
+    default("power_max", 100, 30)
     return args
+
+
+def format_configs(configs: list[tuple[str, int, int]]) -> str:
+    """The ``--configs`` spelling of ``configs``."""
+    return ",".join(f"{name}:{examples}:{batch}" for name, examples, batch in configs)
+
+
+def modes_for(name: str, args: argparse.Namespace) -> tuple[str, ...]:
+    """The memory modes measured for model ``name``: ``--modes``, else the run's default."""
+    if args.modes is not None:
+        return args.modes
+    return QUICK_MODES.get(name, MODES) if args.quick else MODES
 
 
 def resident_peak_mib() -> float:
@@ -124,6 +311,8 @@ def build(name: str, examples: int):
     import models
 
     keras.utils.set_random_seed(0)
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
     if name == "gpt":
         data = models.token_sequences(examples)
         model = models.gpt()
@@ -175,7 +364,7 @@ def memory_child(name: str, examples: int, batch_size: int, mode: str, block: in
 
 def memory_by_mode(name: str, examples: int, batch_size: int, args) -> dict:
     rows = {}
-    for mode in args.modes.get(name, MODES) if args.modes else MODES:
+    for mode in modes_for(name, args):
         env = dict(os.environ)
         if mode == "recompute":
             env["SPECTRA_GRAPH_SPLIT"] = "0"
@@ -257,6 +446,23 @@ def pyhessian_side(torch, model, x, y):
     return side
 
 
+def twin_operator(torch, power):
+    """The PyHessian side's Hessian as a float32 ``LinearOperator`` (its products, in the
+    twin's parameter order: the eigenvalues are those of the same matrix)."""
+    from scipy.sparse.linalg import LinearOperator
+
+    shapes = [p.shape for p in power.params]
+    sizes = [p.numel() for p in power.params]
+
+    def matvec(vector):
+        flat = torch.from_numpy(np.ascontiguousarray(vector, np.float32).reshape(-1))
+        pieces = [c.reshape(s) for c, s in zip(torch.split(flat, sizes), shapes)]
+        return torch.cat([h.reshape(-1) for h in power.product(pieces)]).numpy()
+
+    n = sum(sizes)
+    return LinearOperator((n, n), matvec=matvec, dtype=np.float32)
+
+
 # -- one configuration ------------------------------------------------------------------------
 def timed(fn) -> tuple[float, object]:
     time.sleep(PAUSE)
@@ -271,10 +477,15 @@ def bench(name: str, examples: int, batch_size: int, args, torch, memories: dict
 
     import spectra
 
+    load_before = os.getloadavg()
     model, (x, y), loss = build(name, examples)
-    print(f"\n{name}, {examples} examples in batches of {batch_size}:")
+    print(
+        f"\n{name}, {examples} examples in batches of {batch_size} (load average "
+        f"{load_before[0]:.2f}):"
+    )
     row: dict = {"model": name, "examples": examples, "batch_size": batch_size}
-    row["memory"] = memories[(name, examples)]
+    row["load_before"] = load_before
+    row["memory"] = memories[(name, examples, batch_size)]
     op = operator(model, loss, (x, y), batch_size, "default")
     n = op.shape[0]
     row["parameters"] = n
@@ -323,7 +534,9 @@ def bench(name: str, examples: int, batch_size: int, args, torch, memories: dict
         f"({row['matvec_x_gradient']:.2f}x); block of {args.block}: {med['block']:.2f} s per "
         f"vector ({row['block_x_gradient']:.2f}x); first pass (cache fill) {setup:.2f} s"
     )
-    print(f"  {op.memory_plan(args.block)}".replace("\n", "\n  "))
+    plan = op.memory_plan(args.block)
+    row["plan"] = {"peak_mib": plan.peak / 2**20, "budget_mib": plan.budget / 2**20}
+    print(f"  {plan}".replace("\n", "\n  "))
 
     power = None
     # PyHessian's side holds one full batch's gradient graph: at 4,096 images that is
@@ -352,31 +565,55 @@ def bench(name: str, examples: int, batch_size: int, args, torch, memories: dict
             f"({row['pyhessian_product_seconds'] / med['gradient']:.2f}x spectra's gradient)"
         )
 
+    twin_reference = None
+    if power is not None:
+        # Untimed, first: the top eigenvalue of the matrix the power iteration works on
+        # (float32 products of another framework are not the Keras model's Hessian to the
+        # last digits), the reference of its equal-accuracy runs.
+        twin = spectra.eigenvalues(twin_operator(torch, power), k=1, tol=1e-6, progress=False)
+        twin_reference, twin_bound = float(twin.eigenvalues[0]), float(twin.error_bounds[0])
+        row["lambda_1_twin"], row["lambda_1_twin_bound"] = twin_reference, twin_bound
+        print(
+            f"  the twin's λ₁ (spectra's Lanczos on PyHessian-style products, tol 1e-6, "
+            f"{twin.num_products} products, untimed) = {twin_reference:.6g} ± {twin_bound:.1e}"
+        )
     runs: dict[str, list] = {}
 
     def record(key, seconds, products, value, extra=None):
         runs.setdefault(key, []).append((seconds, products, value, extra))
 
+    reference = None  # λ_ref: the first repeat's tol-1e-6 value (TOLS[0] runs first)
     for r in range(args.estimator_repeats):
         seed = r
-        for tol in (1e-3, 1e-6):
+        for tol in TOLS:
             s, res = timed(
                 lambda tol=tol, seed=seed: spectra.eigenvalues(
                     op, k=1, tol=tol, seed=seed, progress=False
                 )
             )
-            record(
-                f"top1_{tol:g}",
-                s,
-                res.num_products,
-                float(res.eigenvalues[0]),
-                float(res.error_bounds[0]),
+            value, bound = float(res.eigenvalues[0]), float(res.error_bounds[0])
+            record(f"top1_{tol:g}", s, res.num_products, value, bound)
+            if reference is None:
+                reference = value
+            if power is None:
+                continue
+            s, (value, products) = timed(
+                lambda tol=tol, seed=seed: power.top_eigenvalue(seed, args.power_max, tol)
             )
-            if power is not None:
-                s, (value, products) = timed(
-                    lambda tol=tol, seed=seed: power.top_eigenvalue(seed, args.power_max, tol)
+            record(f"pyhessian_top1_{tol:g}", s, products, value)
+            if not np.isfinite(bound):
+                print(f"  top-1 at tol {tol:g}: spectra's bound is {bound}, no equal-accuracy run")
+                continue
+            target = (twin_reference, bound)
+            s, (value, products) = timed(
+                lambda tol=tol, seed=seed, target=target: power.top_eigenvalue(
+                    seed, args.power_max, tol, target=target
                 )
-                record(f"pyhessian_top1_{tol:g}", s, products, value)
+            )
+            closest = min(abs(theta - twin_reference) for theta in power.history)
+            reached = abs(value - twin_reference) <= bound
+            extra = {"target": bound, "reached": reached, "closest": closest}
+            record(f"pyhessian_top1_{tol:g}_equal_accuracy", s, products, value, extra)
         s, res = timed(
             lambda seed=seed: spectra.trace(
                 op, num_products=args.trace_products, seed=seed, progress=False
@@ -395,33 +632,179 @@ def bench(name: str, examples: int, batch_size: int, args, torch, memories: dict
         if power is not None:
             s, (nodes, _) = timed(lambda seed=seed: power.density(args.density_steps, seed))
             record("pyhessian_density", s, args.density_steps, float(np.max(nodes)))
-    reference = runs["top1_1e-06"][0][2]
+    assert reference is not None
     row["lambda_1"], row["lambda_1_bound"] = reference, runs["top1_1e-06"][0][3]
-    est = {}
+    row["estimators"] = summarize_runs(runs, reference, args.power_max)
+    print(f"  λ₁ = λ_ref = {reference:.6g} ± {row['lambda_1_bound']:.1e} (spectra, tol 1e-6)")
+    if twin_reference is not None:
+        gap = abs(twin_reference - reference)
+        print(
+            f"  the twin's λ₁ is {gap:.1e} from λ_ref (relative {gap / abs(reference):.1e}); the "
+            "equal-accuracy runs stop at the first product within spectra's bound at that tol "
+            "of the twin's λ₁ (an oracle rule that favours the power iteration)"
+        )
+    for key, e in row["estimators"].items():
+        extra = f", rel. error {e['relative_error']:.1e}" if "relative_error" in e else ""
+        if "reached" in e:
+            extra += f"; target ± {e['target']:.1e}"
+            if not e["reached"]:
+                extra += (
+                    f", not reached in {args.power_max} products (closest |θ − λ_twin| "
+                    f"{e['closest']:.1e})"
+                )
+        extra += f", {e['x_pyhessian']:.2f}x PyHessian" if "x_pyhessian" in e else ""
+        if e.get("x_pyhessian_equal_accuracy") is not None:
+            extra += f", {e['x_pyhessian_equal_accuracy']:.2f}x PyHessian at equal accuracy"
+        elif "x_pyhessian_equal_accuracy_at_most" in e:
+            extra += (
+                f", at most {e['x_pyhessian_equal_accuracy_at_most']:.2f}x PyHessian at "
+                "equal accuracy (not reached)"
+            )
+        print(
+            f"  {key:38s} {e['seconds']:8.2f} s {e['products']:5.0f} products, "
+            f"value {e['value']:.5g}{extra}"
+        )
+    row["load_after"] = os.getloadavg()
+    row["process_peak_mib"] = resident_peak_mib()
+    return row
+
+
+def summarize_runs(runs: dict[str, list], reference: float, power_max: int) -> dict:
+    """Medians over the estimator repeats of each key's (seconds, products, value, extra)
+    runs, the top-1 rows' worst relative error against ``reference``, and spectra's time
+    over the PyHessian side's (``x_pyhessian``; top-1 also ``x_pyhessian_equal_accuracy``,
+    None when the power iteration did not reach spectra's accuracy in every repeat, with
+    ``x_pyhessian_equal_accuracy_at_most`` then: the power iteration would need more time
+    than its capped runs took, so the ratio is at most that)."""
+    est: dict[str, dict] = {}
     for key, values in runs.items():
-        est[key] = {
+        e = est[key] = {
             "seconds": statistics.median(v[0] for v in values),
             "products": statistics.median(v[1] for v in values),
             "value": statistics.median(v[2] for v in values),
         }
         if key.startswith(("top1", "pyhessian_top1")):
-            est[key]["relative_error"] = max(abs(v[2] - reference) / abs(reference) for v in values)
+            e["relative_error"] = max(abs(v[2] - reference) / abs(reference) for v in values)
+        if key.startswith("top1"):
+            e["error_bound"] = statistics.median(v[3] for v in values)
+        if key.endswith("_equal_accuracy"):
+            e["target"] = statistics.median(v[3]["target"] for v in values)
+            e["reached"] = all(v[3]["reached"] for v in values)
+            # The worst repeat's closest |θ − λ_twin| (above the target iff it missed it).
+            e["closest"] = max(v[3]["closest"] for v in values)
+            e["power_max"] = power_max
         if key == "trace":
-            est[key]["stderr"] = statistics.median(v[3] for v in values)
+            e["stderr"] = statistics.median(v[3] for v in values)
+    for tol in TOLS:
+        key = f"top1_{tol:g}"
+        equal = est.get(f"pyhessian_{key}_equal_accuracy")
+        if key in est and equal is not None:
+            ratio = est[key]["seconds"] / equal["seconds"]
+            est[key]["x_pyhessian_equal_accuracy"] = ratio if equal["reached"] else None
+            if not equal["reached"]:
+                est[key]["x_pyhessian_equal_accuracy_at_most"] = ratio
     for key in ("top1_0.001", "top1_1e-06", "trace", "density"):
-        if f"pyhessian_{key}" in est:
+        if key in est and f"pyhessian_{key}" in est:
             est[key]["x_pyhessian"] = est[key]["seconds"] / est[f"pyhessian_{key}"]["seconds"]
-    row["estimators"] = est
-    print(f"  λ₁ = {reference:.6g} ± {row['lambda_1_bound']:.1e} (spectra, tol 1e-6)")
-    for key, e in est.items():
-        extra = f", rel. error {e['relative_error']:.1e}" if "relative_error" in e else ""
-        extra += f", {e['x_pyhessian']:.2f}x PyHessian" if "x_pyhessian" in e else ""
-        print(
-            f"  {key:24s} {e['seconds']:8.2f} s {e['products']:5.0f} products, "
-            f"value {e['value']:.5g}{extra}"
+    return est
+
+
+def summary(rows: list[dict]) -> dict:
+    """The end-of-run table, one column per configuration: ``{"columns": [...], "rows":
+    {label: [cell per configuration]}, "markdown": text}``. "—": not measured (no
+    PyHessian side for that configuration, or no memory subprocess of that mode)."""
+    columns = [f"{r['model']}, {r['examples']:,} ({r['batch_size']} per batch)" for r in rows]
+    table: dict[str, list[str]] = {}
+
+    def add(label: str, cell) -> None:
+        table[label] = [cell(r) for r in rows]
+
+    def seconds(r: dict, key: str) -> str:
+        e = r["estimators"][key]
+        return f"{e['seconds']:.2f} s, {e['products']:.0f} products"
+
+    def x_own(r: dict, key: str) -> str:
+        e = r["estimators"][key]
+        if "x_pyhessian" not in e:
+            return "—"
+        ph = r["estimators"][f"pyhessian_{key}"]
+        text = f"{e['x_pyhessian']:.2f}x ({ph['products']:.0f} products"
+        if "relative_error" in ph:
+            text += f", rel. error {ph['relative_error']:.1e}"
+        return text + ")"
+
+    def x_equal(r: dict, key: str) -> str:
+        e = r["estimators"][key]
+        ph = r["estimators"].get(f"pyhessian_{key}_equal_accuracy")
+        if ph is None:
+            return "—"
+        if ph["reached"]:
+            return (
+                f"{e['x_pyhessian_equal_accuracy']:.2f}x ({ph['products']:.0f} products to "
+                f"± {ph['target']:.1e})"
+            )
+        return (
+            f"not reached in {ph['power_max']} products (≤ "
+            f"{e['x_pyhessian_equal_accuracy_at_most']:.2f}x; closest {ph['closest']:.1e} of "
+            f"± {ph['target']:.1e})"
         )
-    row["process_peak_mib"] = resident_peak_mib()
-    return row
+
+    def same_products(r: dict, key: str) -> str:
+        x = r["estimators"][key].get("x_pyhessian")
+        return seconds(r, key) + ("" if x is None else f", {x:.2f}x")
+
+    def memory(r: dict) -> str:
+        default = r["memory"].get("default")
+        if default is None:
+            peak = "not measured"
+        elif "error" in default:
+            peak = "failed"
+        else:
+            peak = f"{default['peak_mib']:,.0f} MiB"
+        budget = (default or {}).get("budget_mib", r["plan"]["budget_mib"])
+        return f"{peak} / {budget:,.0f} MiB"
+
+    k = rows[0]["block_k"] if rows else 0
+    add("parameters", lambda r: f"{r['parameters']:,}")
+    add("gradient (compiled)", lambda r: f"{r['seconds']['gradient']:.2f} s")
+    add(
+        "matvec (x gradient)",
+        lambda r: f"{r['seconds']['matvec']:.2f} s ({r['matvec_x_gradient']:.2f}x)",
+    )
+    add(
+        f"block of {k}, per vector (x gradient)",
+        lambda r: f"{r['seconds']['block']:.2f} s ({r['block_x_gradient']:.2f}x)",
+    )
+    add("first pass (cache fill)", lambda r: f"{r['cache_fill_seconds']:.2f} s")
+    add("peak memory, default mode / operator's budget", memory)
+    add(
+        "λ₁ (tol 1e-6, certified bound)",
+        lambda r: f"{r['lambda_1']:.6g} ± {r['lambda_1_bound']:.1e}",
+    )
+    add(
+        "λ₁ of the PyHessian side's twin (Lanczos on its products)",
+        lambda r: (
+            f"{r['lambda_1_twin']:.6g} ± {r['lambda_1_twin_bound']:.1e}"
+            if "lambda_1_twin" in r
+            else "—"
+        ),
+    )
+    for tol, key in (("1e-3", "top1_0.001"), ("1e-6", "top1_1e-06")):
+        add(f"top-1, tol {tol}", lambda r, key=key: seconds(r, key))
+        add(f"top-1, tol {tol}: x PyHessian at its own tol", lambda r, key=key: x_own(r, key))
+        add(
+            f"top-1, tol {tol}: x PyHessian at equal accuracy",
+            lambda r, key=key: x_equal(r, key),
+        )
+    for key in ("trace", "density"):
+        add(f"{key} (x PyHessian, same products)", lambda r, key=key: same_products(r, key))
+    add(
+        "load average before / after",
+        lambda r: f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}",
+    )
+    lines = ["| | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in table.items()]
+    return {"columns": columns, "rows": table, "markdown": "\n".join(lines)}
 
 
 # -- where a block product spends its time (--profile) ----------------------------------------
@@ -558,12 +941,24 @@ def main() -> None:
         + f"; {args.threads} thread(s) each; {os.cpu_count()} CPU cores; load average "
         f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}"
     )
-    report = {"quick": args.quick, "threads": args.threads, "load_before": load_before}
+    report: dict = {"quick": args.quick, "threads": args.threads, "load_before": load_before}
+    report["settings"] = {
+        "configs": format_configs(args.configs),
+        "repeats": args.repeats,
+        "estimator_repeats": args.estimator_repeats,
+        "block": args.block,
+        "trace_products": args.trace_products,
+        "density_steps": args.density_steps,
+        "power_max": args.power_max,
+        "modes": {name: list(modes_for(name, args)) for name, _, _ in args.configs},
+    }
     # Memory first, each mode in a subprocess, while this process is still small.
     memories = {}
-    for name, examples, batch_size in args.configs:
-        print(f"\nmemory by mode, {name}, {examples} examples in batches of {batch_size}:")
-        memories[(name, examples)] = memory_by_mode(name, examples, batch_size, args)
+    for config in args.configs:
+        name, examples, batch_size = config
+        if modes_for(name, args):
+            print(f"\nmemory by mode, {name}, {examples} examples in batches of {batch_size}:")
+        memories[config] = memory_by_mode(name, examples, batch_size, args)
     report["rows"] = [bench(*config, args, torch, memories) for config in args.configs]
     report["load_after"] = os.getloadavg()
     report["seconds"] = time.perf_counter() - started
@@ -571,6 +966,9 @@ def main() -> None:
         f"\nload average after: {report['load_after'][0]:.2f} {report['load_after'][1]:.2f} "
         f"{report['load_after'][2]:.2f}; {report['seconds']:.0f} s in all"
     )
+    report["summary"] = summary(report["rows"])
+    print("\nsummary (medians; x: spectra's time over the other's):\n")
+    print(report["summary"]["markdown"])
     if args.json:
         write_json(args.json, report)
 
