@@ -497,14 +497,7 @@ def resolve_builder(builder: Builder) -> Callable[[], keras.Model]:
     try:
         function = getattr(module, attribute)
     except AttributeError as err:
-        # The names the module defines, not those it imports (modules, imported classes).
-        public = sorted(
-            name
-            for name, value in vars(module).items()
-            if not name.startswith("_")
-            and not isinstance(value, types.ModuleType)
-            and getattr(value, "__module__", module.__name__) == module.__name__
-        )
+        public = _defined_names(module)
         raise ValueError(
             f"Module '{location}' has no '{attribute}' (builder '{builder}'); it defines "
             f"{public[:_NAMES_SHOWN]}"
@@ -589,14 +582,7 @@ def resolve_custom_objects(spec: str) -> dict[str, Any]:
     if not attribute:
         return _keras_classes_of(module)
     if not hasattr(module, attribute):
-        # The names the module defines, not those it imports (modules, imported classes).
-        public = sorted(
-            name
-            for name, value in vars(module).items()
-            if not name.startswith("_")
-            and not isinstance(value, types.ModuleType)
-            and getattr(value, "__module__", module.__name__) == module.__name__
-        )
+        public = _defined_names(module)
         raise ValueError(
             f"Module '{location}' has no '{attribute}' (custom objects '{spec}'); it defines "
             f"{public[:_NAMES_SHOWN]}"
@@ -609,6 +595,18 @@ def resolve_custom_objects(spec: str) -> dict[str, Any]:
     raise TypeError(
         f"'{attribute}' in '{location}' (custom objects '{spec}') is a "
         f"{type(named).__name__}; name a dict {{name: class}} or a list of classes."
+    )
+
+
+def _defined_names(module: Any) -> list[str]:
+    """The public names a module defines, not those it imports (modules, imported
+    classes), sorted."""
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and getattr(value, "__module__", module.__name__) == module.__name__
     )
 
 
