@@ -8,7 +8,8 @@ larger ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,41 @@ def batchnorm(dtype: str, width: int = 4) -> keras.Model:
     bn.moving_mean.assign(rng.standard_normal(width).astype(dtype))
     bn.moving_variance.assign(rng.uniform(0.5, 2.0, width).astype(dtype))
     return model
+
+
+def layernorm(dtype: str, width: int = 5) -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((4,), dtype=dtype),
+            keras.layers.Dense(width, activation="tanh", dtype=dtype),
+            keras.layers.LayerNormalization(dtype=dtype),
+            keras.layers.Dense(3, dtype=dtype),
+        ]
+    )
+
+
+def groupnorm(dtype: str, width: int = 6) -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((4,), dtype=dtype),
+            keras.layers.Dense(width, activation="tanh", dtype=dtype),
+            keras.layers.GroupNormalization(groups=2, dtype=dtype),
+            keras.layers.Dense(3, dtype=dtype),
+        ]
+    )
+
+
+def transformer(dtype: str, width: int = 4) -> keras.Model:
+    """One post-norm transformer block on 4 tokens: self-attention, residual,
+    LayerNormalization, a Dense feed-forward, residual, LayerNormalization, then pooling."""
+    inp = keras.Input((4, width), dtype=dtype)
+    att = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, dtype=dtype)(inp, inp)
+    h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([inp, att]))
+    ff = keras.layers.Dense(2 * width, activation="gelu", dtype=dtype)(h)
+    ff = keras.layers.Dense(width, dtype=dtype)(ff)
+    h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([h, ff]))
+    pooled = keras.layers.GlobalAveragePooling1D(dtype=dtype)(h)
+    return keras.Model(inp, keras.layers.Dense(3, dtype=dtype)(pooled))
 
 
 def attention(dtype: str, width: int = 4) -> keras.Model:
@@ -370,6 +406,24 @@ ZOO = [
     ZooEntry("cnn", cnn, lambda rng, n, w: (_floats(rng, n, 5, 5, 1), _classes(rng, n))),
     ZooEntry("batchnorm", batchnorm, _dense_data, batch_size=5),
     ZooEntry("attention", attention, lambda rng, n, w: (_floats(rng, n, 3, w), _classes(rng, n))),
+    # Normalization by batch or feature statistics (tf.nn.moments): nested tapes get their
+    # second derivatives wrong, the finite-difference truth does not.
+    ZooEntry("layernorm", layernorm, _dense_data, batch_size=5),
+    ZooEntry("groupnorm", groupnorm, _dense_data),
+    # Training mode: batch statistics, so the operator is defined per batch (DESIGN.md).
+    ZooEntry("batchnorm-training", batchnorm, _dense_data, kwargs={"training": True}),
+    ZooEntry(
+        "batchnorm-training-batches",
+        batchnorm,
+        _dense_data,
+        batch_size=4,
+        kwargs={"training": True},
+    ),
+    ZooEntry(
+        "transformer",
+        transformer,
+        lambda rng, n, w: (_floats(rng, n, 4, w), _classes(rng, n)),
+    ),
     ZooEntry("lstm-masked", lstm, _token_data),
     ZooEntry("gru", gru, _sequence_data),
     ZooEntry("simple-rnn", simple_rnn, _sequence_data),
@@ -443,7 +497,9 @@ def cast(tree, dtype):
 
 
 def dense_reference(entry: ZooEntry, model64: keras.Model, data: tuple):
-    """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy."""
+    """Dense Hessian, gradient and loss of Σ_b (n_b/N) L_b for the float64 copy; the
+    Hessian by central finite differences of the gradient (``_dense.dense_hessian``), never
+    by nested tapes, whose second derivatives through ``tf.nn.moments`` are wrong."""
     x, y = cast(data, "float64")
     training = entry.kwargs.get("training", False)
     structured = keras_models.StructuredLoss(entry.loss, entry.loss_weights, tf.float64)
@@ -458,7 +514,8 @@ def dense_reference(entry: ZooEntry, model64: keras.Model, data: tuple):
 
         def batch_loss(take=take, seeds=seeds):
             # Dropout (training=True) draws from the documented seeds: each seed generator
-            # state as the operator snapshotted it, plus [batch index, 0].
+            # state as the operator snapshotted it, plus [batch index, 0]. The scope also
+            # keeps BatchNormalization's moving statistics from being updated.
             with keras.StatelessScope(state_mapping=seeds, collect_losses=True):
                 outputs = model64(take(x), training=training)
                 extra = list(model64.losses)
@@ -468,7 +525,28 @@ def dense_reference(entry: ZooEntry, model64: keras.Model, data: tuple):
         terms.append((batch_loss, min(bs, N - start) / N))
     fn = batch_weighted(terms)
     variables = model64.trainable_variables
-    return dense_hessian(fn, variables), flat_gradient(fn, variables), float(fn())
+    with refusing_nested_tapes():
+        hessian = dense_hessian(fn, variables)
+    return hessian, flat_gradient(fn, variables), float(fn())
+
+
+@contextlib.contextmanager
+def refusing_nested_tapes() -> Iterator[None]:
+    """``tf.GradientTape.jacobian`` and ``batch_jacobian`` raise inside: a truth computed
+    with nested tapes would share TensorFlow's second-derivative bugs."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            "a truth used tf.GradientTape.jacobian (nested tapes); "
+            "use _dense.dense_hessian (finite differences of the gradient)"
+        )
+
+    saved = tf.GradientTape.jacobian, tf.GradientTape.batch_jacobian
+    tf.GradientTape.jacobian = tf.GradientTape.batch_jacobian = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tf.GradientTape.jacobian, tf.GradientTape.batch_jacobian = saved  # type: ignore[method-assign]
 
 
 def seed_states(model: keras.Model, batch_index: int) -> list:
@@ -477,5 +555,4 @@ def seed_states(model: keras.Model, batch_index: int) -> list:
         if str(v.path).endswith("seed_generator_state"):
             base = np.asarray(v.numpy())
             mapping.append((v, tf.constant(base + np.array([batch_index, 0], base.dtype))))
-    assert mapping
     return mapping

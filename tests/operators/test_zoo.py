@@ -1,19 +1,25 @@
-"""Every supported architecture against its dense Hessian (tf.GradientTape.jacobian).
+"""Every supported architecture against its dense Hessian (finite differences).
 
 For each model of tests/_zoo.py: the float64 operator's products, gradient and loss agree
-with the Hessian of a float64 copy of the model to 1e-9 relative (round-off is ~1e-14, a
-real bug is O(1)), the float32 operator's products to 1e-4 (float32 round-off through a
-few layers is ~1e-6), and the top eigenvalue from spectra.eigenvalues to 1e-8. The
+with the Hessian of a float64 copy of the model to 1e-9 relative, the float32 operator's
+products to 1e-4 (float32 round-off through a few layers is ~1e-6), and the top eigenvalue
+from spectra.eigenvalues to 1e-8. The truth is central finite differences of the float64
+gradient with Richardson extrapolation (tests/_dense.py), ~5e-12 relative to the exact
+Hessian on these models (float64 products round at ~1e-15), so 1e-9 keeps a margin of
+~100 and still catches a 1e-4 bug by 10⁵. Nested tapes cannot be the truth: their
+second derivatives through tf.nn.moments (LayerNormalization, GroupNormalization,
+training-mode BatchNormalization) are wrong, and ``dense_reference`` refuses them. The
 reference calls the float64 copy directly, ``model(x, training=...)``, with Keras' loss
 and ``model.losses`` — none of spectra's machinery.
 """
 
 from __future__ import annotations
 
+import _zoo
 import keras
 import numpy as np
 import pytest
-from _dense import relative_error
+from _dense import nested_tape_hessian, relative_error
 from _zoo import ZOO, N, ZooEntry, operator_for, zoo_case
 
 import spectra
@@ -53,6 +59,14 @@ def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
     top = spectra.eigenvalues(op64, k=1, tol=1e-12, seed=0, progress=False)
     exact = np.linalg.eigvalsh(H)[-1]
     assert abs(top.eigenvalues[0] - exact) <= 1e-8 * abs(exact)
+
+
+def test_a_zoo_truth_by_nested_tapes_is_refused(rng, monkeypatch):
+    entry = next(e for e in ZOO if e.name == "layernorm")
+    model = entry.build("float64")
+    monkeypatch.setattr(_zoo, "dense_hessian", nested_tape_hessian)
+    with pytest.raises(AssertionError, match="nested tapes"):
+        _zoo.dense_reference(entry, model, entry.data(rng, N, 4))
 
 
 @pytest.mark.parametrize("name", ["mlp", pytest.param("lstm-masked", marks=pytest.mark.slow)])
