@@ -140,6 +140,69 @@ def dense_hessian(loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable
     return finite_difference_hessian(loss, variables).hessian
 
 
+def finite_difference_products(
+    loss: Callable[[], tf.Tensor],
+    variables: Sequence[tf.Variable],
+    vectors: np.ndarray,
+    *,
+    step: float = FD_STEP,
+    rtol: float = FD_RTOL,
+) -> np.ndarray:
+    """H V for the (n, k) ``vectors``, by central differences of the float64 gradient
+    along each column: 4 gradients per vector instead of the 4n of a dense truth.
+
+    Column v: ‖v‖ (g(θ + h v̂) − g(θ − h v̂)) / (2h) at h and h/2, Richardson-extrapolated
+    as in :func:`finite_difference_hessian` (same error terms, h = ``step``·max(1, ‖θ‖∞));
+    raises if the two steps disagree by more than ``rtol`` relative (a kink within a step).
+    """
+    variables = _flat_variables(variables)
+    if any(v.dtype != tf.float64 for v in variables):
+        raise TypeError("finite-difference truths need float64 variables: use a float64 copy")
+    originals = [v.numpy().copy() for v in variables]
+    sizes = [o.size for o in originals]
+    theta_scale = max(1.0, max(float(np.abs(o).max()) for o in originals if o.size))
+
+    @tf.function
+    def gradient() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tape.gradient(value, variables, unconnected_gradients="zero")
+        return tf.concat([tf.reshape(tf.convert_to_tensor(g), [-1]) for g in grads], axis=0)
+
+    def at(direction: np.ndarray) -> np.ndarray:
+        for variable, original, part in zip(
+            variables, originals, np.split(direction, np.cumsum(sizes)[:-1])
+        ):
+            variable.assign(original + part.reshape(original.shape))
+        return gradient().numpy()
+
+    vectors = np.asarray(vectors, dtype=np.float64).reshape(sum(sizes), -1)
+    products = np.empty_like(vectors)
+    try:
+        for j, v in enumerate(vectors.T):
+            norm = float(np.linalg.norm(v))
+            if norm == 0.0:
+                products[:, j] = 0.0
+                continue
+            unit = v / norm
+            D = {}
+            for h in (step * theta_scale, step * theta_scale / 2):
+                D[h] = norm * (at(h * unit) - at(-h * unit)) / (2 * h)
+            coarse, fine = D.values()
+            products[:, j] = (4.0 * fine - coarse) / 3.0
+            error, scale = np.linalg.norm(coarse - fine), np.linalg.norm(products[:, j])
+            if not np.isfinite(scale) or error > rtol * scale + 1e-12 * norm:
+                raise FloatingPointError(
+                    f"finite-difference product {j} not converged: the steps differ by "
+                    f"{error:.3g} against {scale:.3g}; a kink lies within a step of the "
+                    "weights, or the gradient is not finite"
+                )
+    finally:
+        for variable, original in zip(variables, originals):
+            variable.assign(original)
+    return products
+
+
 def nested_tape_hessian(
     loss: Callable[[], tf.Tensor], variables: Sequence[tf.Variable]
 ) -> np.ndarray:
