@@ -114,12 +114,22 @@ class _ProductCounter(LinearOperator):
 
     Symmetry (``check_symmetry``): the first two non-parallel input vectors u, v the
     estimator multiplies, with their images, must satisfy
-    ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n)`` (tol 1e-8 for float64, 1e-3
-    for lower precision): both sides scale like 1/sqrt(n) for random vectors, so the
-    test is equally sensitive at every size; it runs on the scaled products, so it is
-    equally sensitive at every scale, and it allows the absolute rounding of products in
-    the operator's subnormal range (a nearly zero operator). It costs no product; only an estimator
-    that multiplies a single vector in total gets one extra product (:meth:`finish`).
+    ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n) + 100·eps·(‖Au‖‖v‖ + ‖Av‖‖u‖)``
+    (tol 1e-8 for float64, 3·sqrt(eps) of the dtype otherwise: 1.0e-3 for float32; eps the
+    products' resolution): the first term scales like 1/sqrt(n) for random vectors, so the
+    test is equally sensitive at every size, the second allows the products' own rounding
+    (which does not shrink with n); it runs on the scaled products, so it is equally
+    sensitive at every scale, and it allows the absolute rounding of products in the
+    operator's subnormal range (a nearly zero operator). An asymmetry within 100 times the
+    rounding allowance is reported as likely rounding, not asymmetry. It costs no product;
+    only an estimator that multiplies a single vector in total gets one extra product
+    (:meth:`finish`).
+
+    Underflow (:meth:`_check_underflow`): a first nonzero product below tiny/eps of the
+    dtype relative to its vector (9.9e-32 in float32) is compared with the product of the
+    same vector scaled up by a power of two (one extra product): refused when they differ
+    by more than 1e-3, else the difference becomes ``eps``. An all-zero product gets the
+    same check once (a nonzero scaled twin is refused as underflow).
     """
 
     def __init__(self, operator: LinearOperator, label: str, check_symmetry: bool):
@@ -468,6 +478,13 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
+def _check_progress(progress: Any) -> bool | None:
+    """``progress`` if it is None, True or False, else a ``TypeError``."""
+    if progress is not None and not is_bool(progress):
+        raise TypeError(f"progress must be None, True or False, got {progress!r}")
+    return None if progress is None else bool(progress)
+
+
 def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqdm:
     """A tqdm bar on ``sys.stderr`` over ``total`` planned items, per ``progress``.
 
@@ -476,11 +493,9 @@ def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqd
     or not; ``False``: never. The bar is removed when it closes (``leave=False``). Anything
     else for ``progress`` is a ``TypeError``.
     """
-    if progress is None:
+    if _check_progress(progress) is None:
         enabled, delay = _stderr_is_terminal(), _PROGRESS_DELAY_S
     else:
-        if not is_bool(progress):
-            raise TypeError(f"progress must be None, True or False, got {progress!r}")
         enabled, delay = bool(progress), 0.0
     return tqdm(
         total=total,

@@ -64,8 +64,10 @@ from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
+    _check_progress,
     _one_blas_thread,
     _ProductCounter,
+    _Progress,
     _seed_setting,
 )
 from spectra.estimators.results import InverseSolve
@@ -133,6 +135,7 @@ class _Shifted:
         self.maxiter = maxiter
         self.tol = tol
         self._exponent: int | None = None
+        self.bar: _Progress | None = None  # updated after each product (see _solve)
 
     @property
     def scale(self) -> float:
@@ -141,6 +144,8 @@ class _Shifted:
 
     def __call__(self, block: np.ndarray) -> np.ndarray:
         product = self.counter.matmat(block)  # sets counter.scale on the first nonzero one
+        if self.bar is not None:
+            self.bar.update()
         shift = self.damping / self.counter.scale
         if self._exponent is None:
             # 2^e at or below λ/s when that is beyond 2^64 (exact, as the counter's scale)
@@ -472,6 +477,7 @@ class InverseOperator(LinearOperator):
         scale: float | None,
         setup_products: int,
         settings: dict[str, Any],
+        progress: bool | None = None,
     ):
         self.counter = counter
         self.damping = damping
@@ -482,6 +488,7 @@ class InverseOperator(LinearOperator):
         self.scale = scale
         self.setup_products = setup_products
         self.settings = settings
+        self.progress = progress
         self.last: InverseSolve | None = None
         self.history: list[InverseSolve] = []
         super().__init__(dtype=np.float64, shape=(counter.n, counter.n))
@@ -585,6 +592,16 @@ class InverseOperator(LinearOperator):
         # Unit right-hand sides: solve M y = b/‖b‖ with M = (C + λI)/s, then x = y·‖b‖/s.
         rhs = block / np.where(norms > 0, norms, 1.0)
         apply = _Shifted(self.counter, self.damping, self.method, self.maxiter, self.tol)
+        # The bar plans maxiter iterations per column (LSMR: two products each), and ends
+        # at the products made.
+        per_iteration = 2 if self.method == "lsmr" else 1
+        bar = _Progress(
+            self.counter,
+            per_iteration * self.maxiter * k,
+            f"inverse ({self.method})",
+            self.progress,
+        )
+        apply.bar = bar
         targets = np.full(k, self.tol)
         y = np.zeros((n, k))
         residual = rhs.copy()
@@ -597,7 +614,7 @@ class InverseOperator(LinearOperator):
         best_y = y.copy()
         best_residual = residual.copy()
         best_norms = residual_norms.copy()
-        with _one_blas_thread():
+        with _one_blas_thread(), bar:
             while np.any(pending):
                 idx = np.flatnonzero(pending)
                 budget = self.maxiter - int(iterations[idx].max())
@@ -725,6 +742,7 @@ def inverse(
     scale: float | None = None,
     seed: SeedLike = 0,
     check_symmetry: bool = True,
+    progress: bool | None = None,
 ) -> InverseOperator:
     """``(C + λI)⁻¹`` as a ``LinearOperator``: ``inverse(H, 1e-3) @ g`` solves
     ``(H + 10⁻³I) x = g`` iteratively, and tells when it could not.
@@ -760,6 +778,10 @@ def inverse(
         seed of that eigenvalue run.
     check_symmetry
         test C's symmetry on its first products (no extra product).
+    progress : None, True or False
+        a bar over the products of each application (and of the Neumann scale's eigenvalue
+        run): None (default) on a terminal for applications longer than ~2 s; True: at
+        once; False: none.
 
     Returns
     -------
@@ -793,6 +815,7 @@ def inverse(
     on_failure = check_choice("on_failure", on_failure, ("raise", "warn"))
     scale = check_float("scale", scale, allow_none=True)
     check_seed("seed", seed)
+    progress = _check_progress(progress)
     if scale is not None and method != "neumann":
         raise ValueError(
             f"scale is the Neumann series' step, for method='neumann' only, got method={method!r}"
@@ -807,7 +830,13 @@ def inverse(
         from spectra.estimators.eigensolvers import eigenvalues
 
         result = eigenvalues(
-            op, k=1, which="largest", tol=_SCALE_TOL, seed=seed, check_symmetry=check_symmetry
+            op,
+            k=1,
+            which="largest",
+            tol=_SCALE_TOL,
+            seed=seed,
+            check_symmetry=check_symmetry,
+            progress=progress,
         )
         setup_products = result.num_products
         top = float(result.eigenvalues[0] + result.error_bounds[0]) + damping
@@ -830,5 +859,14 @@ def inverse(
         "dimension": n,
     }
     return InverseOperator(
-        counter, damping, method, tol, maxiter, on_failure, scale, setup_products, settings
+        counter,
+        damping,
+        method,
+        tol,
+        maxiter,
+        on_failure,
+        scale,
+        setup_products,
+        settings,
+        progress,
     )

@@ -88,7 +88,8 @@ def logdet(
         message gives the value and the damping that would lift it. A Ritz value within
         ``100·eps·max|θ|`` of 0 (or below it): C + λI is singular (or numerically so), its
         log det is −∞ for a positive semidefinite C (or dominated by rounding); the message
-        suggests a damping of about ``1e-8·λ_max``. Also bad argument values.
+        suggests a damping of ``max(1e-8, 1000·eps)·λ_max`` (eps of the operator's dtype),
+        which lifts every node above that level. Also bad argument values.
     TypeError
         an argument of the wrong type.
 
