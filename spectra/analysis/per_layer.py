@@ -55,7 +55,12 @@ from spectra.estimators._products import (
     _rng,
     _seed_setting,
 )
-from spectra.estimators.eigensolvers import _DEFAULT_FAILURE_PROBABILITY, _KrylovSchur, _Pairs
+from spectra.estimators.eigensolvers import (
+    _DEFAULT_FAILURE_PROBABILITY,
+    _KrylovSchur,
+    _Pairs,
+    _unresolved_zero,
+)
 from spectra.estimators.results import Result
 from spectra.operators.block_diagonal import layer_groups
 
@@ -386,6 +391,10 @@ def layerwise(
     with _Progress(counter, planned, "layerwise", progress) as bar:
         final, residual_norms = passes.run(bar)
     eigenvalues, error_bounds, converged = _group_pairs(counter, states, final)
+    unresolved = _unresolved_zero(counter)
+    if unresolved is not None:  # float32 zeros: the zero operator, or flushed products
+        error_bounds = [np.full_like(bounds, np.inf) for bounds in error_bounds]
+        converged = [np.zeros_like(flags) for flags in converged]
     traces = trace_stderr = None
     if trace:
         traces, trace_stderr = _block_traces(counter, passes.samples)
@@ -414,6 +423,7 @@ def layerwise(
             "check_symmetry": bool(check_symmetry),
             "dimension": n,
             "failure_probability": failure_probability,
+            **({"not_converged_reason": unresolved} if unresolved is not None else {}),
         },
         failure_probability=min(1.0, probability),
     )

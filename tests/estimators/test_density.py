@@ -334,3 +334,27 @@ def test_a_psd_claim_contradicted_by_a_negative_ritz_value_is_not_applied():
     density = spectral_density(_ClaimsPSD(matrix), num_steps=30, num_probes=4, seed=1)
     assert not density.positive_semidefinite and density.nodes.min() < -0.4
     assert "negative eigenvalue" in density.settings["positive_semidefinite_note"]
+
+
+def test_a_singular_ggn_operator_gets_a_psd_density():
+    """A GGN of 3 examples (rank 6 of 31 parameters): GGNOperator and FisherOperator say
+    ``is_positive_semidefinite``, so the density has no mass below 0 (truth: none)."""
+    keras = pytest.importorskip("keras")
+    from spectra.operators import FisherOperator, GGNOperator
+
+    assert GGNOperator.is_positive_semidefinite and FisherOperator.is_positive_semidefinite
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    data = (rng.standard_normal((3, 3)).astype("float32"), rng.integers(0, 3, 3))
+    op = GGNOperator.from_keras(model, "sparse_categorical_crossentropy", data)
+    density = spectral_density(op, num_steps=4, num_probes=4, seed=0)
+    assert density.positive_semidefinite and density.nodes.min() >= 0.0
+    mass = spectral_mass_below(density)
+    assert (mass.estimate, mass.error) == (0.0, 0.0)
