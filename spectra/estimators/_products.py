@@ -247,10 +247,14 @@ class _ProductCounter(LinearOperator):
         reference_norm = float(_safe_norms(reference[:, None])[0])
         ratio = reference_norm / float(in_norms[column])
         dtype = self.boundary_dtype
+        # A factor that brings ‖A‖ near 1, at most 2^(maxexp/2) (a float32 constant above
+        # 2^127 overflows).
+        lift = int(finfo.maxexp) // 2
+        if ratio > 0:
+            lift = min(lift, -int(np.frexp(ratio)[1]))
         advice = (
-            "build the operator in float64, or scale the loss up (e.g. by "
-            f"2^{-int(np.frexp(ratio)[1]) if ratio > 0 else 100}) and divide the results by "
-            "the same factor"
+            f"build the operator in float64, or scale the loss up (e.g. by 2^{lift}) and "
+            "divide the results by the same factor"
         )
         if not nonzero.size:
             self._zero_checked = True

@@ -110,17 +110,28 @@ def test_a_keras_hessian_of_a_scaled_loss():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1, use_bias=False)])
     top = np.linalg.eigvalsh(2.0 * x.T.astype(np.float64) @ x / len(x))[-1]
-    kinds = {}
-    for scale in (1e-30, 1e-33, 1e-34, 1e-36, 1e-38, 1e-40, 1e-45):
 
-        def loss(batch, scale=scale):
+    def operator(scale):
+        def loss(batch):
             inputs, targets = batch
             return keras.ops.mean((model(inputs) - targets) ** 2) * scale
 
-        op = HessianOperator(loss, model.trainable_variables, (x, y))
-        kinds[scale] = _answer_or_refusal(op, scale * top)
+        return HessianOperator(loss, model.trainable_variables, (x, y))
+
+    kinds = {}
+    for scale in (1e-30, 1e-33, 1e-34, 1e-36, 1e-38, 1e-40, 1e-45):
+        kinds[scale] = _answer_or_refusal(operator(scale), scale * top)
     assert kinds[1e-30] == "right", kinds
     assert kinds[1e-38] != "right" and kinds[1e-45] != "right", kinds
+    assert "refused" in kinds.values(), kinds
+    # The refusal's advice works: the loss scaled up by the 2^k it names.
+    refused = next(scale for scale, kind in kinds.items() if kind == "refused")
+    with pytest.raises(ValueError, match=UNDERFLOW) as info:
+        eigenvalues(operator(refused))
+    lift = 2.0 ** int(str(info.value).split("scale the loss up (e.g. by 2^")[1].split(")")[0])
+    result = eigenvalues(operator(refused * lift), tol=1e-6, seed=1)
+    assert result.all_converged
+    assert abs(result.eigenvalues[0] / lift - refused * top) <= result.error_bounds[0] / lift
 
 
 class _Cancelling(LinearOperator):
