@@ -50,11 +50,17 @@ from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
     _one_blas_thread,
+    _Progress,
     _rademacher,
     _rng,
     _seed_setting,
 )
-from spectra.estimators.eigensolvers import _DEFAULT_FAILURE_PROBABILITY, _KrylovSchur, _Pairs
+from spectra.estimators.eigensolvers import (
+    _DEFAULT_FAILURE_PROBABILITY,
+    _KrylovSchur,
+    _Pairs,
+    _unresolved_zero,
+)
 from spectra.estimators.results import Result
 from spectra.operators.block_diagonal import layer_groups
 
@@ -64,6 +70,8 @@ __all__ = ["LayerwiseResult", "layerwise"]
 _MIN_BASIS = 20
 # Trace probes per group and pass once every group's Lanczos run has stopped.
 _TRACE_BLOCK = 16
+# The progress bar plans about this many Lanczos products per wanted value and group.
+_PLANNED_STEPS_PER_VALUE = 20
 
 
 @dataclass
@@ -303,6 +311,7 @@ def layerwise(
     seed: SeedLike = 0,
     check_symmetry: bool = True,
     failure_probability: float = _DEFAULT_FAILURE_PROBABILITY,
+    progress: bool | None = None,
 ) -> LayerwiseResult:
     """Top-k eigenvalues (and traces) of each diagonal block H_ll, all groups at once.
 
@@ -343,6 +352,9 @@ def layerwise(
         the reported ones by more than the error bounds; all bounds of all groups then
         hold together with probability at least ``1 − result.failure_probability``
         (default 1e-4).
+    progress : None, True or False
+        None (default): a bar on a terminal for runs longer than ~2 s; True: at once;
+        False: none. It counts products (every group's column of a pass).
 
     Notes
     -----
@@ -372,8 +384,17 @@ def layerwise(
     share = failure_probability / len(parts)
     states = _start_states(parts, k, tol, counter.eps, num_products, lanczos_rng, share)
     passes = _LockstepPasses(counter, parts, states, num_probes if trace else 0, probe_rng)
-    final, residual_norms = passes.run()
+    planned = sum(
+        min(num_products, _PLANNED_STEPS_PER_VALUE * k, int(part.size)) + min(k, int(part.size))
+        for part in parts
+    ) + (len(parts) * num_probes if trace else 0)
+    with _Progress(counter, planned, "layerwise", progress) as bar:
+        final, residual_norms = passes.run(bar)
     eigenvalues, error_bounds, converged = _group_pairs(counter, states, final)
+    unresolved = _unresolved_zero(counter)
+    if unresolved is not None:  # float32 zeros: the zero operator, or flushed products
+        error_bounds = [np.full_like(bounds, np.inf) for bounds in error_bounds]
+        converged = [np.zeros_like(flags) for flags in converged]
     traces = trace_stderr = None
     if trace:
         traces, trace_stderr = _block_traces(counter, passes.samples)
@@ -402,6 +423,7 @@ def layerwise(
             "check_symmetry": bool(check_symmetry),
             "dimension": n,
             "failure_probability": failure_probability,
+            **({"not_converged_reason": unresolved} if unresolved is not None else {}),
         },
         failure_probability=min(1.0, probability),
     )
@@ -477,11 +499,13 @@ class _LockstepPasses:
             self.symmetry_probes = np.random.default_rng(_SYMMETRY_SEED).standard_normal((n, 2))
             self.symmetry_probes /= np.linalg.norm(self.symmetry_probes, axis=0)
 
-    def run(self) -> tuple[list[_Pairs], list[np.ndarray]]:
-        """All passes: each group's final pairs and their residual norms (scaled units)."""
+    def run(self, bar: Any = None) -> tuple[list[_Pairs], list[np.ndarray]]:
+        """All passes: each group's final pairs and their residual norms (scaled units);
+        ``bar`` (a ``_Progress``) is updated after each pass."""
         with _one_blas_thread():
             while self._next_pass():
-                pass
+                if bar is not None:
+                    bar.update()
             self.counter.finish()
         assert self.final is not None
         return self.final, self.residual_norms

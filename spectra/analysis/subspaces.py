@@ -108,6 +108,7 @@ def gradient_overlap(
     tol: float = 1e-6,
     max_products: int | None = None,
     seed: int | np.random.Generator | None = 0,
+    progress: bool | None = None,
 ) -> GradientOverlapResult:
     """Fraction of the gradient ``op.gradient()`` in the top-k eigenspace of ``op``
     (Gur-Ari, Roberts & Dyer 2018), with k the number of classes in their setting.
@@ -115,7 +116,9 @@ def gradient_overlap(
     The eigenvectors come from ``spectra.eigenvalues(op, k, tol=tol, ...)`` (Lanczos, the
     k largest eigenvalues); cost: that run's products, and the gradient from the
     operator's first data pass. ``op`` needs a ``gradient()`` method (a
-    :class:`~spectra.HessianOperator`, or a preconditioned one).
+    :class:`~spectra.HessianOperator`, or a preconditioned one). ``progress``: that of
+    :func:`spectra.eigenvalues` (None: a bar on a terminal for runs longer than ~2 s;
+    True: at once; False: none).
     """
     started = time.perf_counter()
     gradient_method = getattr(op, "gradient", None)
@@ -131,7 +134,13 @@ def gradient_overlap(
     if gradient_norm == 0:
         raise ValueError("the gradient is zero: its overlap with any subspace is undefined")
     top = eigenvalues(
-        op, k=k, tol=tol, max_products=max_products, return_eigenvectors=True, seed=seed
+        op,
+        k=k,
+        tol=tol,
+        max_products=max_products,
+        return_eigenvectors=True,
+        seed=seed,
+        progress=progress,
     )
     vectors = top.eigenvectors
     assert vectors is not None  # return_eigenvectors=True

@@ -25,9 +25,25 @@ from spectra._validation import check_bool, check_seed, is_bool
 SeedLike = int | np.random.Generator | None
 
 # Symmetry test tolerance relative to (‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n) (see _ProductCounter):
-# float64 operators are held to 1e-8, lower precision to 1e-3.
+# float64 operators are held to 1e-8, lower precision to 3·sqrt(eps) of their dtype (1.0e-3
+# for float32, 0.094 for float16, 0.27 for bfloat16: half their digits).
 _SYMMETRY_TOL = {np.dtype(np.float64): 1e-8}
-_SYMMETRY_TOL_LOW_PRECISION = 1e-3
+_SYMMETRY_TOL_SQRT_EPS = 3.0
+# The products' own rounding: |u·δ(Av)| <= ‖u‖·‖δ(Av)‖ with ‖δ(Av)‖ up to this times
+# eps·‖Av‖ (a relative error per product of a few hundred eps covers the sums of a Hessian
+# product), added to the tolerance; an asymmetry within this many times that allowance is
+# reported as the likely rounding it is.
+_SYMMETRY_ROUNDING = 100.0
+_SYMMETRY_ROUNDING_LIKELY = 100.0
+# Underflow: a product whose norm is below tiny/eps of the operator's dtype (‖Av‖/‖v‖ <
+# 9.9e-32 in float32, 1.0e-292 in float64) may have lost intermediate terms to underflow
+# (TensorFlow flushes float32 subnormals to zero on CPU: each lost term is an absolute
+# error up to tiny, i.e. eps relative to tiny/eps). The counter then makes one extra
+# product with the vector scaled up by 2^(max exponent / 2), which lifts every term that
+# depends on the vector out of the underflow range, and compares: a relative difference
+# above _UNDERFLOW_TOL is refused, a smaller one becomes the products' resolution
+# (``_ProductCounter.eps``), which floors the error bounds.
+_UNDERFLOW_TOL = 1e-3
 # Two vectors whose cosine exceeds this are too close to parallel for the symmetry test.
 _SYMMETRY_MAX_COSINE = 0.9
 # Products whose largest entry lies outside [2^-_SAFE_EXPONENT, 2^_SAFE_EXPONENT] are
@@ -98,12 +114,22 @@ class _ProductCounter(LinearOperator):
 
     Symmetry (``check_symmetry``): the first two non-parallel input vectors u, v the
     estimator multiplies, with their images, must satisfy
-    ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n)`` (tol 1e-8 for float64, 1e-3
-    for lower precision): both sides scale like 1/sqrt(n) for random vectors, so the
-    test is equally sensitive at every size; it runs on the scaled products, so it is
-    equally sensitive at every scale, and it allows the absolute rounding of products in
-    the operator's subnormal range (a nearly zero operator). It costs no product; only an estimator
-    that multiplies a single vector in total gets one extra product (:meth:`finish`).
+    ``|u·Av − v·Au| <= tol·(‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n) + 100·eps·(‖Au‖‖v‖ + ‖Av‖‖u‖)``
+    (tol 1e-8 for float64, 3·sqrt(eps) of the dtype otherwise: 1.0e-3 for float32; eps the
+    products' resolution): the first term scales like 1/sqrt(n) for random vectors, so the
+    test is equally sensitive at every size, the second allows the products' own rounding
+    (which does not shrink with n); it runs on the scaled products, so it is equally
+    sensitive at every scale, and it allows the absolute rounding of products in the
+    operator's subnormal range (a nearly zero operator). An asymmetry within 100 times the
+    rounding allowance is reported as likely rounding, not asymmetry. It costs no product;
+    only an estimator that multiplies a single vector in total gets one extra product
+    (:meth:`finish`).
+
+    Underflow (:meth:`_check_underflow`): a first nonzero product below tiny/eps of the
+    dtype relative to its vector (9.9e-32 in float32) is compared with the product of the
+    same vector scaled up by a power of two (one extra product): refused when they differ
+    by more than 1e-3, else the difference becomes ``eps``. An all-zero product gets the
+    same check once (a nonzero scaled twin is refused as underflow).
     """
 
     def __init__(self, operator: LinearOperator, label: str, check_symmetry: bool):
@@ -116,14 +142,25 @@ class _ProductCounter(LinearOperator):
         self.norm_estimate = 0.0
         self.scale = 1.0
         self._scale_exponent: int | None = None
+        # The relative accuracy of the products: the dtype's unit roundoff, raised to the
+        # measured loss to underflow for products below tiny/eps (see _check_underflow).
+        self.resolution = float(np.finfo(self.boundary_dtype).eps)
+        self._underflow_checked = False
+        self._zero_checked = False
         self.symmetry_pending = bool(check_symmetry) and self.n > 1
         self._first_pair: tuple[np.ndarray, np.ndarray] | None = None
         super().__init__(dtype=np.float64, shape=(self.n, self.n))
 
     @property
     def eps(self) -> float:
-        """Unit roundoff of the operator's arithmetic."""
-        return float(np.finfo(self.boundary_dtype).eps)
+        """Relative accuracy of the operator's products: the unit roundoff of its dtype, or
+        the relative error measured by the underflow check when that is larger."""
+        return self.resolution
+
+    @property
+    def saw_nonzero(self) -> bool:
+        """Whether any product so far had a nonzero entry."""
+        return self._scale_exponent is not None
 
     def _multiply(self, block: np.ndarray) -> np.ndarray:
         """A (n, b) float64 block through the operator, checked and counted."""
@@ -154,6 +191,8 @@ class _ProductCounter(LinearOperator):
                 "The operator is not finite here: check that the weights, the loss and "
                 "the data it is built from are finite."
             )
+        if not self._underflow_checked:
+            self._check_underflow(cast, result)
         result = self._scaled(result)
         norms = np.linalg.norm(result, axis=0) / np.maximum(
             np.linalg.norm(block, axis=0), np.finfo(float).tiny
@@ -162,6 +201,82 @@ class _ProductCounter(LinearOperator):
         if self.symmetry_pending:
             self._test_symmetry(cast.astype(np.float64), result)
         return result
+
+    def _check_underflow(self, cast: np.ndarray, result: np.ndarray) -> None:
+        """Refuse products that underflow the operator's dtype, or measure what they lose.
+
+        Runs on the first nonzero product (and once on an all-zero one): when its norm is
+        below tiny/eps of the dtype relative to its vector's, one extra product with that
+        vector scaled up by a power of two (exact) lifts every term that depends on the
+        vector out of the underflow range. For a linear operator the two agree to rounding
+        unless the small one lost terms to underflow (gradual, or flushed to zero as
+        TensorFlow does on CPU): a relative difference above ``_UNDERFLOW_TOL``, or an
+        exactly zero product whose scaled twin is not zero, is refused in one line; a
+        smaller difference becomes ``resolution``. Ordinary products pass at no cost.
+        """
+        finfo = np.finfo(self.boundary_dtype)
+        threshold = float(finfo.tiny) / float(finfo.eps)
+        inputs = cast.astype(np.float64)
+        in_norms = _safe_norms(inputs)
+        out_norms = _safe_norms(result)
+        nonzero = np.flatnonzero(out_norms > 0)
+        if nonzero.size:
+            column = int(nonzero[0])
+            if out_norms[column] >= threshold * in_norms[column]:
+                self._underflow_checked = True
+                return
+        else:
+            candidates = np.flatnonzero(in_norms > 0)
+            if self._zero_checked or candidates.size == 0:
+                return
+            column = int(candidates[0])
+        vector = inputs[:, column]
+        # Entries up to 2^(maxexp/2): 2^64 for float32, 2^512 for float64.
+        shift = int(finfo.maxexp) // 2 - int(np.frexp(np.max(np.abs(vector)))[1])
+        lifted = np.ldexp(vector, shift).astype(self.boundary_dtype)
+        reference = np.asarray(self.operator.matvec(lifted), dtype=np.float64).reshape(self.n)
+        self.num_products += 1
+        self.num_operator_calls += 1
+        if not np.all(np.isfinite(reference)):
+            raise ValueError(
+                f"{self.label}: the underflow check's product (a vector scaled by 2^{shift}) "
+                "returned non-finite values (NaN or Inf): the operator is not finite or not "
+                "linear here"
+            )
+        reference = np.ldexp(reference, -shift)
+        reference_norm = float(_safe_norms(reference[:, None])[0])
+        ratio = reference_norm / float(in_norms[column])
+        dtype = self.boundary_dtype
+        # A factor that brings ‖A‖ near 1, at most 2^(maxexp/2) (a float32 constant above
+        # 2^127 overflows).
+        lift = int(finfo.maxexp) // 2
+        if ratio > 0:
+            lift = min(lift, -int(np.frexp(ratio)[1]))
+        advice = (
+            f"build the operator in float64, or scale the loss up (e.g. by 2^{lift}) and "
+            "divide the results by the same factor"
+        )
+        if not nonzero.size:
+            self._zero_checked = True
+            if reference_norm == 0.0:
+                return  # zero at every scale: the zero operator of this arithmetic
+            raise ValueError(
+                f"{self.label}: the operator's products underflow {dtype}: a vector gives an "
+                f"exactly zero product, but the same vector scaled by 2^{shift} gives "
+                f"‖Av‖/‖v‖ ≈ {ratio:.3g}, below the {threshold:.3g} (tiny/eps) that {dtype} "
+                f"resolves: {advice}"
+            )
+        self._underflow_checked = True
+        difference = float(_safe_norms((result[:, column] - reference)[:, None])[0])
+        delta = difference / reference_norm if reference_norm > 0 else math.inf
+        if not delta <= _UNDERFLOW_TOL:
+            raise ValueError(
+                f"{self.label}: the operator's products underflow {dtype}: ‖Av‖/‖v‖ ≈ "
+                f"{float(out_norms[column] / in_norms[column]):.3g}, below the "
+                f"{threshold:.3g} (tiny/eps) that {dtype} resolves, changes by {delta:.3g} "
+                f"(relative) when the vector is scaled by 2^{shift}: {advice}"
+            )
+        self.resolution = max(self.resolution, delta)
 
     def _scaled(self, result: np.ndarray) -> np.ndarray:
         """``result / scale``, fixing the scale at the first nonzero product."""
@@ -234,23 +349,48 @@ class _ProductCounter(LinearOperator):
                 continue
             self.symmetry_pending = False
             self._first_pair = None
-            tol = _SYMMETRY_TOL.get(self.boundary_dtype, _SYMMETRY_TOL_LOW_PRECISION)
+            tol = _SYMMETRY_TOL.get(
+                self.boundary_dtype,
+                _SYMMETRY_TOL_SQRT_EPS * math.sqrt(float(np.finfo(self.boundary_dtype).eps)),
+            )
             asymmetry = abs(float(first @ image) - float(vector @ first_image))
-            scale = (
-                float(np.linalg.norm(first_image)) * norm
-                + float(np.linalg.norm(image)) * float(np.linalg.norm(first))
-            ) / math.sqrt(self.n)
+            norms = float(np.linalg.norm(first_image)) * norm + float(
+                np.linalg.norm(image)
+            ) * float(np.linalg.norm(first))
+            scale = norms / math.sqrt(self.n)
+            # The products' rounding (relative error up to _SYMMETRY_ROUNDING·eps each, eps
+            # the measured resolution when underflow costs more): |u·δ(Av)| <= ‖u‖‖δ(Av)‖.
+            rounding = _SYMMETRY_ROUNDING * self.eps * norms
             # Products in the operator's subnormal range (a nearly zero operator, such as
             # the Hessian of a nearly constant loss in float32) carry absolute errors up
             # to its smallest subnormal per entry, whatever their size: in the scaled
             # units, |Σ u_i δ_i| <= sqrt(n)·‖u‖·smallest_subnormal / scale.
             subnormal = float(np.finfo(self.boundary_dtype).smallest_subnormal) / self.scale
             slack = 2.0 * math.sqrt(self.n) * (norm + float(np.linalg.norm(first))) * subnormal
-            if not asymmetry <= tol * scale + slack:
+            allowed = tol * scale + rounding + slack
+            if not asymmetry <= allowed:
+                if asymmetry <= _SYMMETRY_ROUNDING_LIKELY * (rounding + slack):
+                    raise ValueError(
+                        f"{self.label}: the operator fails the symmetry test: |u·Av − v·Au| = "
+                        f"{asymmetry:.3e} exceeds {allowed:.3e} for the first two vectors "
+                        f"multiplied, but only by {asymmetry / (rounding + slack):.3g} times "
+                        f"what {self.boundary_dtype} rounding of the products can give: likely "
+                        "rounding (cancellation in the products), not asymmetry; build the "
+                        "operator in float64 to tell, or pass check_symmetry=False"
+                    )
+                if self.boundary_dtype == np.dtype(np.float64):
+                    advice = "pass check_symmetry=False to skip this test"
+                else:
+                    advice = (
+                        f"or its {self.boundary_dtype} rounding exceeds eps·‖Av‖ (cancellation "
+                        "in the products): build the operator in float64 to tell, or pass "
+                        "check_symmetry=False"
+                    )
                 raise ValueError(
                     f"{self.label}: the operator is not symmetric: |u·Av − v·Au| = "
-                    f"{asymmetry:.3e} exceeds {tol:.1e} × {scale:.3e} for the first two "
-                    "vectors multiplied (pass check_symmetry=False to skip this test)"
+                    f"{asymmetry:.3e} exceeds {allowed:.3e} ({tol:.1e} × {scale:.3e} plus "
+                    f"{self.boundary_dtype} rounding) for the first two vectors multiplied "
+                    f"({advice})"
                 )
             return
 
@@ -264,6 +404,15 @@ class _ProductCounter(LinearOperator):
         probe -= first * (first @ probe) / (first @ first)
         if np.linalg.norm(probe) > 0:
             self._matvec(probe)
+
+
+def _safe_norms(block: np.ndarray) -> np.ndarray:
+    """Euclidean norms of the columns of a float64 block, without the underflow (or
+    overflow) of their squares: each column is divided by its largest |entry| first."""
+    largest = np.max(np.abs(block), axis=0, initial=0.0)
+    safe = np.where(largest > 0, largest, 1.0)
+    with np.errstate(over="ignore"):  # a norm above float64's range is inf
+        return np.linalg.norm(block / safe, axis=0) * largest
 
 
 def _as_symmetric_operator(op: Any, label: str, check_symmetry: bool = True) -> _ProductCounter:
@@ -333,6 +482,13 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
+def _check_progress(progress: Any) -> bool | None:
+    """``progress`` if it is None, True or False, else a ``TypeError``."""
+    if progress is not None and not is_bool(progress):
+        raise TypeError(f"progress must be None, True or False, got {progress!r}")
+    return None if progress is None else bool(progress)
+
+
 def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqdm:
     """A tqdm bar on ``sys.stderr`` over ``total`` planned items, per ``progress``.
 
@@ -341,11 +497,9 @@ def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqd
     or not; ``False``: never. The bar is removed when it closes (``leave=False``). Anything
     else for ``progress`` is a ``TypeError``.
     """
-    if progress is None:
+    if _check_progress(progress) is None:
         enabled, delay = _stderr_is_terminal(), _PROGRESS_DELAY_S
     else:
-        if not is_bool(progress):
-            raise TypeError(f"progress must be None, True or False, got {progress!r}")
         enabled, delay = bool(progress), 0.0
     return tqdm(
         total=total,

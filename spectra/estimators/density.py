@@ -35,6 +35,8 @@ __all__ = ["log_spectral_density", "spectral_density", "spectral_mass_below"]
 
 # Default τ of spectral_mass_below: the mass below −1% of λ_max.
 _DEFAULT_TAU = 0.01
+# A node of a PSD operator within this times eps·max|θ| below 0 is rounding (raised to 0).
+_PSD_ROUNDING = 100.0
 
 
 def spectral_density(
@@ -59,6 +61,14 @@ def spectral_density(
     The recurrences run on products scaled by a power of two when they are far from 1
     (exact; see ``_ProductCounter``): nodes are right for operators from 1e-300 to 1e300,
     and a zero operator gives one node at 0 per probe (its Krylov space breaks down).
+
+    An operator with ``is_positive_semidefinite = True`` (GGN, Fisher, K-FAC) gets a PSD
+    density (``positive_semidefinite``): nodes within rounding below 0 (100·eps·max|θ|,
+    eps of the operator's dtype) are raised to 0, the smoothing is reflected at 0 and the
+    mass below any threshold <= 0 is 0. Clipping moves a node by at most that rounding,
+    so the moments change by rounding only. A node further below 0 disproves the claim:
+    the density is then left as computed, with the reason in
+    ``settings["positive_semidefinite_note"]``.
 
     Cost: num_probes · min(num_steps, n) products in min(num_steps, n) calls
     (fewer after breakdowns); the symmetry check uses the first products (no extra
@@ -94,6 +104,10 @@ def spectral_density(
         nodes[probe, :m] = theta
         nodes[probe, m:] = theta[-1]
         weights[probe, :m] = probe_weights
+    claimed = getattr(op, "is_positive_semidefinite", False) is True
+    psd, note = _positive_semidefinite(nodes, weights, counter.eps) if claimed else (False, None)
+    if psd:
+        nodes = np.maximum(nodes, 0.0)
     return SpectralDensity(
         nodes=nodes,
         weights=weights,
@@ -108,7 +122,32 @@ def spectral_density(
             "distribution": distribution,
             "seed": _seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
+            **(
+                {"positive_semidefinite_claimed": True, "positive_semidefinite_note": note}
+                if claimed
+                else {}
+            ),
         },
+        positive_semidefinite=psd,
+    )
+
+
+def _positive_semidefinite(
+    nodes: np.ndarray, weights: np.ndarray, eps: float
+) -> tuple[bool, str | None]:
+    """Whether the nodes of an operator that says it is PSD agree: Ritz values lie in
+    [λ_min, λ_max], so a node below −100·eps·max|θ| (beyond the rounding of products whose
+    relative accuracy is ``eps``) proves a negative eigenvalue. Returns (agree, a one-line
+    note when they do not)."""
+    used = nodes[weights > 0]
+    rounding = _PSD_ROUNDING * eps * float(np.abs(used).max(initial=0.0))
+    lowest = float(used.min(initial=0.0))
+    if lowest >= -rounding:
+        return True, None
+    return False, (
+        f"the operator says it is positive semidefinite, but a Ritz value {lowest:.6g} lies "
+        f"below its rounding level −{rounding:.3g}: it has a negative eigenvalue, so the "
+        "density is left unclipped"
     )
 
 

@@ -1346,6 +1346,13 @@ def eigenvalues(
     reason = _not_converged_reason(
         method, reported, probability, failure_probability, counter.num_products, max_products
     )
+    unresolved = _unresolved_zero(counter)
+    if unresolved is not None:
+        reported = reported._replace(
+            error_bounds=np.full_like(reported.error_bounds, np.inf),
+            converged=np.zeros_like(reported.converged),
+        )
+        reason = unresolved
     return EigenResult(
         eigenvalues=reported.values,
         residual_norms=reported.residuals,
@@ -1370,6 +1377,21 @@ def eigenvalues(
             "not_converged_reason": reason,
         },
         eigenvectors=reported.vectors if return_eigenvectors else None,
+    )
+
+
+def _unresolved_zero(counter: Any) -> str | None:
+    """Why the zeros of a lower-precision operator whose every product was exactly 0 are
+    not certified (None otherwise): float32 cannot tell the zero operator from one whose
+    products flush to zero (a float32 loss scaled by 1e-38 has a nonzero Hessian whose
+    TensorFlow products are exact zeros on CPU, at any scale of the vector). A float64
+    zero is the zero operator (its range ends at 1e-308): its zeros are certified."""
+    if counter.saw_nonzero or counter.boundary_dtype == np.dtype(np.float64):
+        return None
+    return (
+        f"every product was exactly 0 in {counter.boundary_dtype}: the zero operator, or one "
+        f"whose products underflow {counter.boundary_dtype} (flushed to zero, e.g. a loss "
+        "scaled below about 1e-37): build the operator in float64 to tell"
     )
 
 

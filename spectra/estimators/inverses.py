@@ -64,8 +64,10 @@ from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.estimators._products import (
     SeedLike,
     _as_symmetric_operator,
+    _check_progress,
     _one_blas_thread,
     _ProductCounter,
+    _Progress,
     _seed_setting,
 )
 from spectra.estimators.results import InverseSolve
@@ -114,35 +116,97 @@ def _norms(block: np.ndarray) -> np.ndarray:
 
 
 class _Shifted:
-    """``M = C/s + (λ/s)·I`` on the counter's scaled products (s = counter.scale, fixed at
-    the first nonzero product), so that ``M y = b`` gives ``x = y/s``."""
+    """``M = (C/s + (λ/s)·I)/t`` on the counter's scaled products (s = counter.scale, fixed
+    at the first nonzero product; t = 2^e, 1 unless λ/s exceeds 2^64, e.g. a damping of
+    1e200, whose squares would overflow), so that ``M y = b`` gives ``x = y/(s·t)``.
+    ``method``, ``maxiter`` and ``tol`` are the solve's, for the advice of its messages."""
 
-    def __init__(self, counter: _ProductCounter, damping: float):
+    def __init__(
+        self,
+        counter: _ProductCounter,
+        damping: float,
+        method: str = "cg",
+        maxiter: int = _DEFAULT_MAXITER,
+        tol: float = 1e-5,
+    ):
         self.counter = counter
         self.damping = damping
+        self.method = method
+        self.maxiter = maxiter
+        self.tol = tol
+        self._exponent: int | None = None
+        self.bar: _Progress | None = None  # updated after each product (see _solve)
+
+    @property
+    def scale(self) -> float:
+        """s·t: M times this is C + λI (a power of two)."""
+        return math.ldexp(self.counter.scale, self._exponent or 0)
 
     def __call__(self, block: np.ndarray) -> np.ndarray:
         product = self.counter.matmat(block)  # sets counter.scale on the first nonzero one
-        return product + (self.damping / self.counter.scale) * block
+        if self.bar is not None:
+            self.bar.update()
+        shift = self.damping / self.counter.scale
+        if self._exponent is None:
+            # 2^e at or below λ/s when that is beyond 2^64 (exact, as the counter's scale)
+            large = math.isfinite(shift) and shift > 2.0**64
+            self._exponent = int(np.frexp(shift)[1]) - 1 if large else 0
+        if not self._exponent:
+            return product + shift * block
+        return np.ldexp(product, -self._exponent) + math.ldexp(shift, -self._exponent) * block
+
+    def unscale(self, solution: np.ndarray) -> np.ndarray:
+        """x = y/(s·t), refused by the counter if it overflows float64."""
+        return np.ldexp(
+            self.counter.unscale(solution, "the solution", power=-1), -(self._exponent or 0)
+        )
 
 
-def _singular_reason(norm_estimate: float, scale: float, damping: float, what: str) -> str:
-    """The message for a numerically singular C + λI: ``what`` happened at the rounding
-    level of ‖C + λI‖ (≈ ``norm_estimate`` on the scaled products)."""
-    size = norm_estimate * scale
+def _advised_damping(apply: _Shifted) -> str:
+    """A damping that makes a singular C + λI solvable by ``apply``'s method within its
+    maxiter and tol: λ' with κ = (λ_max + λ')/λ' at most the condition number the method
+    solves in half of maxiter (CG, MINRES: ½·√κ·ln(2/tol) iterations; LSMR, Neumann:
+    κ·ln(1/tol)) and whose rounding κ·eps stays below tol/10, and at least 1000 times the
+    rounding of the products (eps·λ_max), so
+    that no direction of C's null space is at its rounding level. λ_max is estimated by
+    the largest ‖Cp‖/‖p‖ seen by the product counter."""
+    top = apply.counter.norm_estimate * apply.counter.scale  # ‖C‖ from C's own products
+    if apply.method in ("cg", "minres"):
+        kappa = (apply.maxiter / math.log(2.0 / apply.tol)) ** 2
+    else:
+        kappa = 0.5 * apply.maxiter / math.log(1.0 / apply.tol)
+    # and κ·eps (the relative residual the products' rounding allows) within tol/10
+    kappa = max(min(kappa, 0.1 * apply.tol / apply.counter.eps), 2.0)
+    advised = max(top / (kappa - 1.0), 1e3 * apply.counter.eps * top, np.finfo(float).tiny)
     return (
-        f"C + λI is singular (or numerically so): {what}, at the rounding level of "
-        f"‖C + λI‖ ≈ {size:.3g}; a singular C has no inverse: add a damping ≳ 1e-8·λ_max "
-        f"≈ {max(1e-8 * size, np.finfo(float).tiny):.3g} (damping is now {damping:g}), or "
-        "take the best iterate with on_failure='warn' (a least-squares-like answer)"
+        f"add a damping ≳ {advised:.3g} (damping is now {apply.damping:g}; then κ <= "
+        f"{(top + advised) / advised:.3g}, which {apply.method} solves within "
+        f"maxiter={apply.maxiter}; a smaller damping needs a larger maxiter)"
     )
 
 
-def _stagnation_reason(relative_residual: float) -> str:
+def _singular_reason(apply: _Shifted, norm_estimate: float, what: str) -> str:
+    """The message for a numerically singular C + λI: ``what`` happened at the rounding
+    level of ‖C + λI‖ (≈ ``norm_estimate`` on M's units)."""
+    size = norm_estimate * apply.scale
+    if apply.method == "cg":
+        # CG's residual grows from its first step on an inconsistent singular system: its
+        # best iterate is x = 0, no answer.
+        alternative = "or use method='lsmr' with on_failure='warn' for a least-squares answer"
+    else:
+        alternative = "or take the best iterate with on_failure='warn' (a least-squares answer)"
+    return (
+        f"C + λI is singular (or numerically so): {what}, at the rounding level of "
+        f"‖C + λI‖ ≈ {size:.3g}; a singular C has no inverse: "
+        f"{_advised_damping(apply)}, {alternative}"
+    )
+
+
+def _stagnation_reason(apply: _Shifted, relative_residual: float) -> str:
     return (
         f"the residual stagnates at {relative_residual:.3g}·‖b‖ (the rounding of the "
         "products is reached: a float32 operator, or C + λI nearly singular): use a larger "
-        "tol or damping"
+        f"tol, or {_advised_damping(apply)}"
     )
 
 
@@ -150,9 +214,10 @@ def _stagnation_reason(relative_residual: float) -> str:
 # rotation γ at most this times eps·‖T_k‖ is a singular tridiagonal.
 _ROUNDING = 100.0
 # MINRES's least-squares stop: ‖M r‖ <= 1000·eps·‖M‖·‖r‖ (r in M's numerical null space,
-# at the rounding level of the products); a nonsingular M with κ(M) below 1/(1000·eps)
-# ≈ 4.5e12 never meets it.
-_LEAST_SQUARES = 1e3 * np.finfo(float).eps
+# at the rounding level of the products, eps theirs); a nonsingular M with κ(M) below
+# 1/(1000·eps) (4.5e12 in float64) never meets it.
+_LEAST_SQUARES_FACTOR = 1e3
+_LEAST_SQUARES = _LEAST_SQUARES_FACTOR * np.finfo(float).eps  # LSMR's (float64 arithmetic)
 
 
 def _cg(
@@ -171,8 +236,12 @@ def _cg(
     iterations = np.zeros(k, dtype=np.int64)
     reasons: list[str | None] = [None] * k
     norm_estimate = np.zeros(k)
-    eps = np.finfo(float).eps
+    eps = apply.counter.eps  # the products' resolution (float32: 1.2e-7)
     active = np.sqrt(rs) > targets
+    # The iterate with the smallest recurrence residual so far (x = 0 first): what a
+    # column that stops short of its target returns.
+    best_x = x.copy()
+    best_rs = rs.copy()
     for _ in range(budget):
         idx = np.flatnonzero(active)
         if idx.size == 0:
@@ -188,12 +257,11 @@ def _cg(
         bad = ~(curvature > rounding)
         for j, c, p2, level in zip(idx[bad], curvature[bad], pp[bad], rounding[bad]):
             # The Rayleigh quotient of p bounds λ_min(C + λI) from above.
-            quotient = float(c / p2) * apply.counter.scale
+            quotient = float(c / p2) * apply.scale
             if abs(c) <= level:
                 reasons[j] = _singular_reason(
+                    apply,
                     float(norm_estimate[j]),
-                    apply.counter.scale,
-                    apply.damping,
                     f"a direction p has pᵀ(C + λI)p/pᵀp = {quotient:.3g} at iteration "
                     f"{iterations[j]}",
                 )
@@ -215,7 +283,12 @@ def _cg(
         p[:, idx] = r[:, idx] + (new / rs[idx]) * p[:, idx]
         rs[idx] = new
         active[idx] = np.sqrt(new) > targets[idx]
-    return x, iterations, reasons
+        improved = idx[new < best_rs[idx]]
+        best_x[:, improved] = x[:, improved]
+        best_rs[improved] = rs[improved]
+    # A column that met its target ends at its last iterate; the others at their best.
+    met = np.sqrt(rs) <= targets
+    return np.where(met, x, best_x), iterations, reasons
 
 
 def _minres(
@@ -251,7 +324,8 @@ def _minres(
     tnorm2 = np.zeros(k)
     gmax = np.zeros(k)
     gmin = np.full(k, np.inf)
-    eps = np.finfo(float).eps
+    eps = apply.counter.eps  # the products' resolution (float32: 1.2e-7)
+    least_squares = _LEAST_SQUARES_FACTOR * eps
     tiny = np.finfo(float).tiny
     beta = safe
     for _ in range(budget):
@@ -277,11 +351,11 @@ def _minres(
         gamma = np.hypot(gbar, new_beta)
         level = _ROUNDING * eps * anorm
         cond = np.maximum(gmax[idx], gamma) / np.maximum(np.minimum(gmin[idx], gamma), tiny)
-        singular = (gamma <= level) | (cond >= 0.1 / eps) | (root <= _LEAST_SQUARES * anorm)
+        singular = (gamma <= level) | (cond >= 0.1 / eps) | (root <= least_squares * anorm)
         singular &= anorm > 0
         for position in np.flatnonzero(singular):
             j = idx[position]
-            if root[position] <= _LEAST_SQUARES * anorm[position]:
+            if root[position] <= least_squares * anorm[position]:
                 what = (
                     f"the residual ‖r‖ = {phibar[j]:.3g}·‖b‖ lies in its numerical null space "
                     f"(‖(C + λI)r‖/(‖C + λI‖·‖r‖) = {root[position] / anorm[position]:.3g}, "
@@ -292,9 +366,7 @@ def _minres(
                     f"the Lanczos tridiagonal's condition number reached "
                     f"{max(cond[position], anorm[position] / max(gamma[position], tiny)):.3g}"
                 )
-            reasons[j] = _singular_reason(
-                float(anorm[position]), apply.counter.scale, apply.damping, what
-            )
+            reasons[j] = _singular_reason(apply, float(anorm[position]), what)
         active[idx[singular]] = False
         ok = ~singular
         idx, alpha, new_beta, delta, gbar = idx[ok], alpha[ok], new_beta[ok], delta[ok], gbar[ok]
@@ -314,10 +386,27 @@ def _minres(
         w1 = w2[:, idx]
         w2[:, idx] = w[:, idx]
         w[:, idx] = (v - old_epsilon * w1 - delta * w2[:, idx]) / gamma
-        x[:, idx] += phi * w[:, idx]
+        # The step φ·w reduces the residual by ‖M φw‖ = |φ| (M W_k = V_{k+1} T̄_k R_k⁻¹),
+        # so M acts on the direction w like an eigenvalue 1/‖w‖: at most 100·eps·‖M‖, w
+        # runs along M's numerical null space (a near-zero γ of a singular M), and the step
+        # would add a huge null-space component that barely moves the residual (MINRES
+        # on an inconsistent singular system): the column stops at its previous iterate,
+        # a least-squares-like answer of moderate norm.
+        w_norms = _norms(w[:, idx])
+        blown = (w_norms * _ROUNDING * eps * anorm >= 1.0) & (anorm > 0)
+        for position in np.flatnonzero(blown):
+            j = idx[position]
+            reasons[j] = _singular_reason(
+                apply,
+                float(anorm[position]),
+                f"a MINRES direction w has ‖(C + λI)w‖/‖w‖ ≈ "
+                f"{apply.scale / w_norms[position]:.3g} at iteration {iterations[j]}",
+            )
+        keep = ~blown
+        x[:, idx[keep]] += phi[keep] * w[:, idx[keep]]
         invariant = new_beta <= _ROUNDING * eps * anorm
         beta[idx] = np.where(invariant, 1.0, new_beta)
-        active[idx] = (phibar[idx] > targets[idx]) & ~invariant
+        active[idx] = (phibar[idx] > targets[idx]) & ~invariant & keep
     return x, iterations, reasons
 
 
@@ -341,7 +430,7 @@ def _neumann(
             break
         mr = apply(r[:, idx])
         # α is for C + λI; the products are of M = (C + λI)/s, so α·s is M's scale.
-        scaled_alpha = alpha * apply.counter.scale
+        scaled_alpha = alpha * apply.scale
         iterations[idx] += 1
         x[:, idx] += scaled_alpha * r[:, idx]
         r[:, idx] -= scaled_alpha * mr
@@ -388,6 +477,7 @@ class InverseOperator(LinearOperator):
         scale: float | None,
         setup_products: int,
         settings: dict[str, Any],
+        progress: bool | None = None,
     ):
         self.counter = counter
         self.damping = damping
@@ -398,6 +488,7 @@ class InverseOperator(LinearOperator):
         self.scale = scale
         self.setup_products = setup_products
         self.settings = settings
+        self.progress = progress
         self.last: InverseSolve | None = None
         self.history: list[InverseSolve] = []
         super().__init__(dtype=np.float64, shape=(counter.n, counter.n))
@@ -465,15 +556,14 @@ class InverseOperator(LinearOperator):
                 if true <= targets[j]:
                     break
                 if true > _STAGNATION * previous and float(solution[3]) < true / 2:
-                    reasons[j] = _stagnation_reason(true / norm)
+                    reasons[j] = _stagnation_reason(apply, true / norm)
                     break
                 # ‖Mᵀr‖ <= 1000·eps·‖M‖·‖r‖: r in M's numerical null space, as in MINRES.
                 normar, norma = float(solution[4]), float(solution[5])
                 if normar <= _LEAST_SQUARES * norma * float(solution[3]):
                     reasons[j] = _singular_reason(
+                        apply,
                         norma,
-                        apply.counter.scale,
-                        apply.damping,
                         f"the residual ‖r‖ = {true / norm:.3g}·‖b‖ lies in its numerical "
                         "null space (a least-squares solution)",
                     )
@@ -501,7 +591,17 @@ class InverseOperator(LinearOperator):
         norms = _norms(block)
         # Unit right-hand sides: solve M y = b/‖b‖ with M = (C + λI)/s, then x = y·‖b‖/s.
         rhs = block / np.where(norms > 0, norms, 1.0)
-        apply = _Shifted(self.counter, self.damping)
+        apply = _Shifted(self.counter, self.damping, self.method, self.maxiter, self.tol)
+        # The bar plans maxiter iterations per column (LSMR: two products each), and ends
+        # at the products made.
+        per_iteration = 2 if self.method == "lsmr" else 1
+        bar = _Progress(
+            self.counter,
+            per_iteration * self.maxiter * k,
+            f"inverse ({self.method})",
+            self.progress,
+        )
+        apply.bar = bar
         targets = np.full(k, self.tol)
         y = np.zeros((n, k))
         residual = rhs.copy()
@@ -514,7 +614,7 @@ class InverseOperator(LinearOperator):
         best_y = y.copy()
         best_residual = residual.copy()
         best_norms = residual_norms.copy()
-        with _one_blas_thread():
+        with _one_blas_thread(), bar:
             while np.any(pending):
                 idx = np.flatnonzero(pending)
                 budget = self.maxiter - int(iterations[idx].max())
@@ -537,19 +637,19 @@ class InverseOperator(LinearOperator):
                         and new_norms[position] <= best_norms[j]
                         and iterations[j] < self.maxiter
                     ):
-                        reasons[j] = _stagnation_reason(float(new_norms[position]))
+                        reasons[j] = _stagnation_reason(apply, float(new_norms[position]))
                 worse = new_norms > best_norms[idx]
                 for spot in np.flatnonzero(worse):
                     column = idx[spot]
                     if new_norms[spot] <= _DIVERGENCE * best_norms[column]:
                         if reasons[column] is None:
-                            reasons[column] = _stagnation_reason(float(best_norms[column]))
+                            reasons[column] = _stagnation_reason(apply, float(best_norms[column]))
                     elif reasons[column] is None:
                         reasons[column] = (
                             "C + λI is singular (or numerically so): the true residual grew "
                             f"to {new_norms[spot]:.3g}·‖b‖, above the best iterate's "
-                            f"{best_norms[column]:.3g}·‖b‖ (returned instead): add a damping ≳ "
-                            "1e-8·λ_max(C)"
+                            f"{best_norms[column]:.3g}·‖b‖ (returned instead): "
+                            + _advised_damping(apply)
                         )
                 better, revert = idx[~worse], idx[worse]
                 best_y[:, better] = y[:, better]
@@ -575,9 +675,7 @@ class InverseOperator(LinearOperator):
                     f"{residual_norms[j]:.3g} > tol={self.tol:g}: raise maxiter or damping "
                     f"(the method needs {self._cost_note()})"
                 )
-        solution = self.counter.unscale(y, "the solution", power=-1) * np.where(
-            norms > 0, norms, 0.0
-        )
+        solution = apply.unscale(y) * np.where(norms > 0, norms, 0.0)
         if not np.all(np.isfinite(solution)):
             raise ValueError(
                 "inverse: the solution overflows float64 (C + λI is nearly singular at this "
@@ -644,6 +742,7 @@ def inverse(
     scale: float | None = None,
     seed: SeedLike = 0,
     check_symmetry: bool = True,
+    progress: bool | None = None,
 ) -> InverseOperator:
     """``(C + λI)⁻¹`` as a ``LinearOperator``: ``inverse(H, 1e-3) @ g`` solves
     ``(H + 10⁻³I) x = g`` iteratively, and tells when it could not.
@@ -679,6 +778,10 @@ def inverse(
         seed of that eigenvalue run.
     check_symmetry
         test C's symmetry on its first products (no extra product).
+    progress : None, True or False
+        a bar over the products of each application (and of the Neumann scale's eigenvalue
+        run): None (default) on a terminal for applications longer than ~2 s; True: at
+        once; False: none.
 
     Returns
     -------
@@ -712,6 +815,7 @@ def inverse(
     on_failure = check_choice("on_failure", on_failure, ("raise", "warn"))
     scale = check_float("scale", scale, allow_none=True)
     check_seed("seed", seed)
+    progress = _check_progress(progress)
     if scale is not None and method != "neumann":
         raise ValueError(
             f"scale is the Neumann series' step, for method='neumann' only, got method={method!r}"
@@ -726,7 +830,13 @@ def inverse(
         from spectra.estimators.eigensolvers import eigenvalues
 
         result = eigenvalues(
-            op, k=1, which="largest", tol=_SCALE_TOL, seed=seed, check_symmetry=check_symmetry
+            op,
+            k=1,
+            which="largest",
+            tol=_SCALE_TOL,
+            seed=seed,
+            check_symmetry=check_symmetry,
+            progress=progress,
         )
         setup_products = result.num_products
         top = float(result.eigenvalues[0] + result.error_bounds[0]) + damping
@@ -749,5 +859,14 @@ def inverse(
         "dimension": n,
     }
     return InverseOperator(
-        counter, damping, method, tol, maxiter, on_failure, scale, setup_products, settings
+        counter,
+        damping,
+        method,
+        tol,
+        maxiter,
+        on_failure,
+        scale,
+        setup_products,
+        settings,
+        progress,
     )

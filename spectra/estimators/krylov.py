@@ -31,6 +31,7 @@ from spectra.estimators._products import (
     _one_blas_thread,
     _orthogonalize,
     _ProductCounter,
+    _Progress,
     _rng,
     _seed_setting,
 )
@@ -53,6 +54,7 @@ def _lanczos_recurrence(
     num_steps: int,
     reorthogonalize: bool,
     keep_basis: bool,
+    progress_bar: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, float, bool, np.ndarray | None]:
     """Run up to ``num_steps`` Lanczos steps from ``start`` (one matvec per step).
 
@@ -72,6 +74,8 @@ def _lanczos_recurrence(
         if basis is not None:
             basis[step] = q
         w = counter.matvec(q)
+        if progress_bar is not None:
+            progress_bar.update()
         alpha = float(q @ w)
         w -= alpha * q + beta_previous * q_previous
         if reorthogonalize:
@@ -99,6 +103,7 @@ def lanczos(
     return_basis: bool = False,
     seed: SeedLike = 0,
     check_symmetry: bool = True,
+    progress: bool | None = None,
 ) -> LanczosResult:
     """Lanczos tridiagonalization with optional full reorthogonalization.
 
@@ -115,7 +120,8 @@ def lanczos(
     vectors are kept
     (unless ``return_basis``), and T shows the well-known spurious copies of
     converged Ritz values. The symmetry check uses the first two products (no
-    extra one unless m = 1).
+    extra one unless m = 1). ``progress``: None (default) a bar on a terminal for runs
+    longer than ~2 s; True at once; False none.
     """
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)
@@ -130,9 +136,12 @@ def lanczos(
             raise ValueError(f"v0 must have length {n}, got {start.shape[0]}")
         if not np.linalg.norm(start) > 0 or not np.all(np.isfinite(start)):
             raise ValueError("v0 must be a finite, nonzero vector")
-    with _one_blas_thread():
+    with (
+        _one_blas_thread(),
+        _Progress(counter, min(num_steps, n), "lanczos", progress) as bar,
+    ):
         alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
-            counter, start, min(num_steps, n), reorthogonalize, return_basis
+            counter, start, min(num_steps, n), reorthogonalize, return_basis, bar
         )
         counter.finish()
     # The recurrence ran on the counter's scaled products (A / scale, a power of two).

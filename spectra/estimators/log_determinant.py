@@ -33,8 +33,12 @@ from spectra.estimators.results import LogDetResult
 
 __all__ = ["logdet"]
 
-# A Ritz value of C + λI within this times eps·max|θ| of 0 is rounding (numerically singular).
+# A Ritz value of C + λI within this times eps·max|θ| of 0 is rounding (numerically singular),
+# eps the resolution of the operator's products (its dtype's unit roundoff: 1.2e-7 for
+# float32); the damping advised for a singular C is this many times that level, so that
+# following it lifts every node above it.
 _ROUNDING = 100.0
+_ADVISED_DAMPING = 10.0
 
 
 def logdet(
@@ -84,7 +88,8 @@ def logdet(
         message gives the value and the damping that would lift it. A Ritz value within
         ``100·eps·max|θ|`` of 0 (or below it): C + λI is singular (or numerically so), its
         log det is −∞ for a positive semidefinite C (or dominated by rounding); the message
-        suggests a damping of about ``1e-8·λ_max``. Also bad argument values.
+        suggests a damping of ``max(1e-8, 1000·eps)·λ_max`` (eps of the operator's dtype),
+        which lifts every node above that level. Also bad argument values.
     TypeError
         an argument of the wrong type.
 
@@ -117,10 +122,11 @@ def logdet(
     per_probe = np.empty(num_probes)
     smallest = math.inf
     rules = run.rules()
-    # Ritz values carry absolute errors of order eps·‖C‖ (≈ eps·max|θ|): a node of C + λI
-    # within _ROUNDING·eps·max|θ| of 0 is rounding, not a spectrum value.
+    # Ritz values carry absolute errors of order eps·‖C‖ (≈ eps·max|θ|), eps that of the
+    # operator's products (float32: 1.2e-7): a node of C + λI within _ROUNDING·eps·max|θ|
+    # of 0 is rounding, not a spectrum value.
     top = max(float(np.abs(theta).max()) if theta.size else 0.0 for theta, _ in rules)
-    rounding = _ROUNDING * np.finfo(float).eps * max(top, damping)
+    rounding = _ROUNDING * counter.eps * max(top, damping)
     for probe, (theta, weights) in enumerate(rules):
         nodes = theta + damping
         used = nodes[weights > 0] if np.any(weights > 0) else nodes
@@ -128,11 +134,12 @@ def logdet(
         smallest = min(smallest, lowest)
         if not lowest > rounding:
             if abs(lowest) <= rounding:
+                advised = max(1e-8 * top, _ADVISED_DAMPING * rounding) + max(damping, 0.0)
                 raise ValueError(
                     f"logdet: C + λI is singular (or numerically so): it has a Ritz value "
                     f"{lowest:.3g}, at the rounding level {rounding:.3g} of λ_max ≈ {top:.3g} "
-                    f"(damping {damping:g}), so log det(C + λI) is −∞ for a positive "
-                    f"semidefinite C: add a damping ≳ 1e-8·λ_max ≈ {max(1e-8 * top, rounding):.3g}"
+                    f"in {counter.boundary_dtype} (damping {damping:g}), so log det(C + λI) is "
+                    f"−∞ for a positive semidefinite C: use a damping ≳ {advised:.3g}"
                 )
             raise ValueError(
                 f"logdet: C + λI is not positive definite: it has a Ritz value {lowest:.6g} "

@@ -451,6 +451,12 @@ class SpectralDensity(Result):
     the Ritz vectors (each row sums to 1). It approximates the spectral measure
     ``(1/n) Σ_i δ(t − λ_i)``. Probes that broke down early (``steps_taken`` <
     ``num_steps``) are padded with zero-weight copies of their last node.
+
+    ``positive_semidefinite``: the operator is PSD (a GGN, a Fisher, K-FAC: it says so
+    with ``is_positive_semidefinite = True``) and no node contradicted it beyond rounding.
+    Its nodes are then >= 0 (those within rounding below 0 raised to 0), :meth:`density`
+    reflects the Gaussian kernel at 0 (no mass below 0, still integrating to 1) and
+    :meth:`mass_below` any threshold <= 0 is exactly 0.
     """
 
     nodes: np.ndarray
@@ -461,6 +467,7 @@ class SpectralDensity(Result):
     num_operator_calls: int
     wall_time: float
     settings: dict[str, Any] = field(default_factory=dict)
+    positive_semidefinite: bool = False
 
     @property
     def num_probes(self) -> int:
@@ -520,6 +527,12 @@ class SpectralDensity(Result):
         [min node − 5σ, max node + 5σ] with at least 1000 points and at least 5
         points per σ (capped at 200 000). The band is mean ∓ 2 standard errors
         of the per-probe densities (a single probe gives a zero-width band).
+
+        For a positive semidefinite density the kernel is reflected at 0:
+        ``φ_σ(x) = Σ_i w_i [N(x; θ_i, σ²) + N(−x; θ_i, σ²)]`` for x >= 0 and 0 below, so
+        no mass leaks below 0 (a null space's node at 0 would put half of its weight
+        there) and the curve still integrates to 1; the default grid starts at 0.
+        Reflection, not truncation: it keeps every node's whole weight on [0, ∞).
         """
         if sigma is None:
             sigma = self.default_sigma()
@@ -529,10 +542,15 @@ class SpectralDensity(Result):
         if grid is None:
             used = self.nodes[self.weights > 0]
             low, high = float(used.min()) - 5 * sigma, float(used.max()) + 5 * sigma
+            if self.positive_semidefinite:
+                low = max(low, 0.0)
             points = int(min(200_000, max(1000, math.ceil(5 * (high - low) / sigma))))
             grid = np.linspace(low, high, points)
         grid = np.asarray(grid, dtype=np.float64).ravel()
         per_probe = _gaussian_kernel_sums(grid, self.nodes, self.weights, sigma)
+        if self.positive_semidefinite:
+            per_probe += _gaussian_kernel_sums(-grid, self.nodes, self.weights, sigma)
+            per_probe[:, grid < 0] = 0.0
         values = per_probe.mean(axis=0)
         if per_probe.shape[0] > 1:
             stderr = per_probe.std(axis=0, ddof=1) / math.sqrt(per_probe.shape[0])
@@ -586,10 +604,26 @@ class SpectralDensity(Result):
         error across probes (the sampling error of E[μ_p] = the spectral mass), and
         ``error = resolution + 2·stderr``. A probe whose Krylov space is invariant
         has an exact rule (zero width).
+
+        For a positive semidefinite density, the mass below a threshold <= 0 is 0 with a
+        zero error bar: the operator has no eigenvalue below 0 (the Gauss bracket, which
+        does not know it, would put up to the weight of the node at 0 there).
         """
         threshold = float(threshold)
         if not math.isfinite(threshold):
             raise ValueError(f"threshold must be finite, got {threshold}")
+        if self.positive_semidefinite and threshold <= 0:
+            return SpectralMass(
+                threshold=threshold,
+                estimate=0.0,
+                stderr=0.0,
+                resolution=0.0,
+                error=0.0,
+                lower=0.0,
+                upper=0.0,
+                num_probes=self.num_probes,
+                num_steps=int(self.steps_taken.max()),
+            )
         below = self.nodes < threshold
         cumulative = np.cumsum(self.weights, axis=1)
         counts = below.sum(axis=1)

@@ -426,6 +426,7 @@ class FisherOperator(CurvatureOperator):
     """
 
     curvature_class = FisherCurvature
+    is_positive_semidefinite = True  # sums of outer products (read by spectral_density)
     #: The sampled labels need a seed; it also fixes the Dropout masks in training mode.
     default_seed = 0
 

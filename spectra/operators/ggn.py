@@ -241,3 +241,4 @@ class GGNOperator(CurvatureOperator):
     """
 
     curvature_class = GGN
+    is_positive_semidefinite = True  # for a loss convex in z (spectral_density checks)

@@ -268,3 +268,17 @@ def test_layers_with_the_same_path_get_separate_spectra(same_named_layers):
         np.testing.assert_allclose(values, exact, rtol=1e-8, atol=1e-12)
     whole = np.linalg.eigvalsh(dense)[-1]
     assert result.eigenvalues[0][0] < whole - 1e-3  # not the merged matrix's top value
+
+
+def test_float32_zero_blocks_are_zeros_but_not_certified():
+    """float32 cannot tell a zero operator from one whose products flush to zero (a loss
+    scaled by 1e-38): zeros, not converged, with the reason; float64 zeros stay certified."""
+    from spectra import layerwise
+
+    groups = {"a": range(0, 4), "b": range(4, 10)}
+    zero32 = layerwise(np.zeros((10, 10), dtype=np.float32), groups=groups)
+    assert [values[0] for values in zero32.eigenvalues] == [0.0, 0.0]
+    assert not zero32.all_converged
+    assert "exactly 0 in float32" in zero32.settings["not_converged_reason"]
+    zero64 = layerwise(np.zeros((10, 10)), groups=groups)
+    assert zero64.all_converged and [b[0] for b in zero64.error_bounds] == [0.0, 0.0]

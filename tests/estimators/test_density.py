@@ -12,6 +12,7 @@ from _matrices import (
     timed_with_defaults,
     with_spectrum,
 )
+from scipy.sparse.linalg import LinearOperator
 
 from spectra.estimators.density import spectral_density, spectral_mass_below
 from spectra.estimators.krylov import lanczos
@@ -275,3 +276,85 @@ def test_mass_below_needs_a_positive_lambda_max():
         spectral_mass_below(small, tau=0.0)
     with pytest.raises(ValueError, match=r"^lambda_max must be a positive finite number"):
         spectral_mass_below(small, lambda_max=-1.0)
+
+
+class _ClaimsPSD(LinearOperator):
+    """A float32 Gauss-Newton-like Jᵀ(J v) (rank 20 of 60: singular) that says it is PSD,
+    as GGNOperator, FisherOperator and K-FAC do."""
+
+    is_positive_semidefinite = True
+
+    def __init__(self, matrix):
+        self.matrix = matrix.astype(np.float32)
+        super().__init__(dtype=np.float32, shape=matrix.shape)
+
+    def _matvec(self, v):
+        return self.matrix @ v.astype(np.float32)
+
+    def _matmat(self, block):
+        return self.matrix @ block.astype(np.float32)
+
+
+def _singular_gauss_newton():
+    jacobian = np.random.default_rng(0).standard_normal((20, 60))
+    return jacobian.T @ jacobian / 20
+
+
+def test_a_psd_operator_gets_a_psd_density():
+    """Before: the same density as for any matrix: the smoothed curve put 0.30 of its mass
+    below 0 and spectral_mass_below gave 0.31 ± 0.36 for a PSD matrix (the bracket puts
+    up to the null space's weight 2/3 below any negative threshold). Truth: 0."""
+    matrix = _singular_gauss_newton()
+    plain = spectral_density(matrix.astype(np.float32), num_steps=10, num_probes=6, seed=1)
+    assert not plain.positive_semidefinite
+    assert spectral_mass_below(plain).estimate > 0.1  # the bracket cannot see PSD
+    density = spectral_density(_ClaimsPSD(matrix), num_steps=10, num_probes=6, seed=1)
+    assert density.positive_semidefinite and density.settings["positive_semidefinite_claimed"]
+    assert density.nodes.min() >= 0.0
+    # clipping moved nodes by rounding only: the same nodes as the plain run, to float32
+    np.testing.assert_allclose(density.nodes, np.maximum(plain.nodes, 0), atol=1e-4)
+    mass = spectral_mass_below(density)
+    assert (mass.estimate, mass.error, mass.upper) == (0.0, 0.0, 0.0)
+    assert density.mass_below(0.0).estimate == 0.0
+    # above 0 the bracket still works: the null space's weight 2/3 sits at 0
+    half = density.mass_below(0.01 * np.linalg.eigvalsh(matrix)[-1])
+    assert abs(half.estimate - 40 / 60) <= half.error
+    curve = density.density()
+    assert curve.grid.min() >= 0.0
+    below = density.density(grid=np.linspace(-1.0, -1e-9, 50))
+    np.testing.assert_array_equal(below.values, 0.0)
+    # reflected, not truncated: the curve still integrates to 1 on [0, ∞)
+    assert np.trapezoid(curve.values, curve.grid) == pytest.approx(1.0, abs=2e-3)
+    restored = type(density).from_dict(density.to_dict())
+    assert restored.positive_semidefinite
+
+
+def test_a_psd_claim_contradicted_by_a_negative_ritz_value_is_not_applied():
+    matrix = _singular_gauss_newton() - 0.5 * np.eye(60)
+    density = spectral_density(_ClaimsPSD(matrix), num_steps=30, num_probes=4, seed=1)
+    assert not density.positive_semidefinite and density.nodes.min() < -0.4
+    assert "negative eigenvalue" in density.settings["positive_semidefinite_note"]
+
+
+def test_a_singular_ggn_operator_gets_a_psd_density():
+    """A GGN of 3 examples (rank 6 of 31 parameters): GGNOperator and FisherOperator say
+    ``is_positive_semidefinite``, so the density has no mass below 0 (truth: none)."""
+    keras = pytest.importorskip("keras")
+    from spectra.operators import FisherOperator, GGNOperator
+
+    assert GGNOperator.is_positive_semidefinite and FisherOperator.is_positive_semidefinite
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    data = (rng.standard_normal((3, 3)).astype("float32"), rng.integers(0, 3, 3))
+    op = GGNOperator.from_keras(model, "sparse_categorical_crossentropy", data)
+    density = spectral_density(op, num_steps=4, num_probes=4, seed=0)
+    assert density.positive_semidefinite and density.nodes.min() >= 0.0
+    mass = spectral_mass_below(density)
+    assert (mass.estimate, mass.error) == (0.0, 0.0)

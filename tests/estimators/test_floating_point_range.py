@@ -34,6 +34,12 @@ MATRIX = with_spectrum(SPECTRUM, seed=5)
 SAME = 1e-9
 
 
+def _check_products(scale):
+    """The counter's underflow check costs one product where ‖Av‖/‖v‖ falls below float64's
+    tiny/eps (1.0e-292): at scale 1e-300 here, nowhere else."""
+    return int(scale < 1e-290)
+
+
 def _close(scaled, reference, scale, rtol=SAME):
     np.testing.assert_allclose(np.asarray(scaled) / scale, reference, rtol=rtol, atol=0)
 
@@ -65,7 +71,7 @@ def test_eigenvalues_across_the_float64_range(method, which):
         if method != "power":
             _close(result.eigenvalues, truth, scale, rtol=1e-9)
         _close(result.eigenvalues, base.eigenvalues, scale)
-        assert result.num_products == base.num_products, scale
+        assert result.num_products == base.num_products + _check_products(scale), scale
 
 
 def test_the_issues_diagonal_with_entries_near_the_top_of_float64():
@@ -142,7 +148,8 @@ def test_trace_scales_with_the_operator_same_seed(method):
         result = trace(MATRIX * scale, method=method, num_products=30, seed=4)
         _close(result.estimate, base.estimate, scale)
         _close(result.stderr, base.stderr, scale)
-        assert np.isfinite(result.stderr) and result.num_products == base.num_products
+        assert np.isfinite(result.stderr)
+        assert result.num_products == base.num_products + _check_products(scale)
 
 
 def test_diagonal_scales_with_the_operator_same_seed():

@@ -114,3 +114,48 @@ def test_the_cli_bar_follows_the_same_rule(monkeypatch, short_delay, capsys):
 def test_the_cli_bar_is_off_without_a_terminal(monkeypatch):
     _stderr_is_a_terminal(monkeypatch, False)
     assert _console().bar(3, "checkpoints", "checkpoint").disable
+
+
+class _WithGradient(LinearOperator):
+    """A symmetric matrix with a gradient, as gradient_overlap needs."""
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self.matrix = matrix
+        super().__init__(dtype=np.float64, shape=matrix.shape)
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self.matrix @ x
+
+    def gradient(self) -> np.ndarray:
+        return np.arange(1.0, self.shape[0] + 1.0)
+
+
+def _every_estimator_taking_progress():
+    """The estimators the guide lists as taking ``progress=``, each on a 12 × 12 matrix,
+    called with the given ``progress``."""
+    from spectra import gradient_overlap, inverse, lanczos, layerwise
+
+    matrix = random_symmetric(12, seed=3) + 4 * np.eye(12)
+    groups = {"a": range(0, 6), "b": range(6, 12)}
+    return {
+        "layerwise": lambda p: layerwise(matrix, groups=groups, progress=p),
+        "inverse (cg)": lambda p: inverse(matrix, 0.1, progress=p) @ np.ones(12),
+        "eigenvalues (lanczos)": lambda p: gradient_overlap(_WithGradient(matrix), 2, progress=p),
+        "lanczos": lambda p: lanczos(matrix, 6, progress=p),
+    }
+
+
+@pytest.mark.parametrize("label", list(_every_estimator_taking_progress()))
+def test_layerwise_inverse_gradient_overlap_and_lanczos_take_progress(monkeypatch, capsys, label):
+    """Before: layerwise, inverse and gradient_overlap refused ``progress=`` (TypeError:
+    unexpected keyword), although every estimator takes it."""
+    run = _every_estimator_taking_progress()[label]
+    _stderr_is_a_terminal(monkeypatch, False)
+    run(True)
+    assert f"{label}: " in capsys.readouterr().err
+    run(False)
+    _stderr_is_a_terminal(monkeypatch, True)
+    run(False)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TypeError, match=r"progress must be None, True or False, got 1"):
+        run(1)
