@@ -141,9 +141,9 @@ def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, fl
     ``_ROUNDING_UNITS``·eps are rounding, so F has that many eigenvalues exactly 0, each of
     true size at most ``_ROUNDING_UNITS``·eps·‖D Ṽₙ‖² (the returned bound; Ṽₙ those
     eigenvectors of F̃). The others
-    come from ``eigh(F)``, which resolves them only to about 1e-16·‖F‖ absolute; when the
-    smallest kept one is below 1.5e-8·‖F‖ (a graded factor, e.g. inputs of very different
-    scales beside the bias coordinate) they come instead from F = B Bᵀ,
+    come from ``eigh(F)``, which resolves them only to about 1e-16·‖F‖ absolute; when that
+    is coarser than both 1e-8 and what the data determine (a graded factor, e.g. inputs
+    of very different scales beside the bias coordinate) they come instead from F = B Bᵀ,
     B = D Ṽ diag(w̃)^½ (the kept eigenpairs of F̃), as the squared singular values and
     right singular vectors of the column-scaled Bᵀ by the preconditioned Jacobi SVD
     (LAPACK ``dgejsv``, JOBA='F'), which computes both to relative precision, small
@@ -170,7 +170,11 @@ def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, fl
     bound = _ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
     w, V = np.linalg.eigh(sub)
     w[: m - rank] = 0.0
-    if rank and w[m - rank] < math.sqrt(np.finfo(np.float64).eps) * w[-1]:
+    # eigh resolves the smallest kept eigenvalue to a relative eps64 ‖F‖ / λ; the data
+    # determine it only to about eps / w̃ (w̃ the smallest kept of F̃). The Jacobi SVD (a
+    # few times the cost) when eigh is the worse of the two and worse than 1e-8.
+    f64 = float(np.finfo(np.float64).eps)
+    if rank and f64 * w[-1] > w[m - rank] * max(1e-8, eps / scaled_values[keep].min()):
         # Bᵀ = diag(w̃)^½ Ṽᵀ D, padded with zero rows to m × m: a column-scaled matrix,
         # whose right singular vectors (the eigenvectors of F) Jacobi computes accurately
         # down to their smallest components.
@@ -420,8 +424,12 @@ class KFACOperator(LinearOperator):
       GGN with the expectation factorized. One backward pass per output dimension C.
     * ``kind="mc"``: s_is = ∇_z ℓ_i(ŷ_s)/√(κS) for S = ``num_samples`` labels drawn from the
       model's predictive distribution (as :class:`~spectra.operators.FisherOperator`,
-      ``kind="mc"``; κ = 1 for cross-entropy, 2/d for MSE), seeded by ``seed`` and the batch
-      index: the K-FAC of the Monte Carlo Fisher, whose expectation is type-2.
+      ``kind="mc"``; κ = 1 for cross-entropy, 2/d for MSE), each example's seeded by
+      ``seed`` and its index in the dataset (so the matrix does not depend on
+      ``batch_size``): the K-FAC of the Monte Carlo Fisher, whose expectation is type-2.
+      Type-2 needs a loss convex in z: Keras' cross-entropies (at the logits) and MSE are;
+      for another loss a negative output-Hessian eigenvalue beyond the dtype's rounding
+      (relative to the largest over the whole dataset) is refused.
     * ``kind="empirical"``: s_i = ∇_z ℓ_i(y_i) at the true labels: K-FAC of the empirical
       Fisher.
 
@@ -474,6 +482,15 @@ class KFACOperator(LinearOperator):
     the host, computed as A V G per layer without forming
     the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
     once) give the exact spectrum, trace, log-determinant, Frobenius norm and damped inverse.
+
+    **Precision.** A factor's eigenvalue that is rounding of the dtype the factors were
+    computed in (judged on the factor scaled to a unit diagonal, so independent of the
+    data's scale; e.g. the all-ones direction of G under softmax cross-entropy) is exactly
+    0 in :meth:`eigenvalues`, and :meth:`logdet` and :meth:`inverse` refuse a damping
+    below the bound on those zeros (one line with a damping that works). Graded factors
+    (inputs of very different magnitudes beside the bias coordinate) are decomposed by a
+    Jacobi SVD accurate to relative precision, and the log-determinant is summed in log
+    space.
     The factors are computed at construction: the operator is a snapshot (training on
     changes nothing in it).
 
@@ -566,7 +583,8 @@ class KFACOperator(LinearOperator):
         num_samples:
             Labels drawn per example for ``kind="mc"`` (an int ≥ 1; 1 for the other kinds).
         seed:
-            An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
+            An int ≥ 0 seeding the labels of ``kind="mc"`` (with each example's index in
+            the dataset).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
             trainable variables outside Dense, Conv1D, Conv2D and Embedding layers.
