@@ -1062,12 +1062,16 @@ class KFACOperator(LinearOperator):
         if damping > bound:
             return damping
         largest = float(values[0])
-        suggestion = _round_up(max(1e-3 * largest, 100.0 * bound) or 1.0)
-        within = f" (true size at most {bound:.2g}, {self.dtype} rounding)" if bound else ""
+        shown = _round_up(bound) if bound else 0.0  # printed rounded up: a safe threshold
+        if 1e-3 * largest >= 100.0 * bound and largest > 0:
+            suggestion, why = _round_up(1e-3 * largest), "1e-3 of the largest eigenvalue"
+        else:
+            suggestion, why = _round_up(100.0 * bound or 1.0), "100 times the rounding bound"
+        within = f" (true size at most {shown:.2g}, {self.dtype} rounding)" if bound else ""
         raise ValueError(
             f"{method}: K + {damping:g}·I is singular: {zeros} of K's {self.shape[0]} "
             f"eigenvalues are 0{within}, the largest is {largest:.3g}; pass damping > "
-            f"{bound:.2g}, e.g. damping={suggestion:.2g} (1e-3 of the largest eigenvalue)."
+            f"{shown:.2g}, e.g. damping={suggestion:.2g} ({why})."
         )
 
     def logdet(self, damping: float = 0.0) -> float:
