@@ -102,6 +102,36 @@ def _as_tf_variable(variable: Any) -> tf.Variable:
     )
 
 
+def validated_block(x: Any, size: int, dtype: Any, name: str) -> np.ndarray:
+    """``x`` as a vector (size,) or block (size, k) of finite reals that fit ``dtype``; a
+    one-line ``ValueError``/``TypeError`` naming ``name`` (the method) otherwise."""
+    a = np.asarray(x)
+    n = size
+    if a.ndim == 1:
+        if a.shape[0] != n:
+            raise ValueError(f"{name}: expected a vector of length {n}, got length {a.shape[0]}.")
+    elif a.ndim == 2:
+        if a.shape[0] != n:
+            raise ValueError(f"{name}: expected an array of shape ({n}, k), got {a.shape}.")
+    else:
+        raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
+        raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
+    # One pass over the input: the largest magnitude is NaN or Inf exactly when an
+    # entry is (np.max propagates NaN).
+    largest = float(np.max(np.abs(a))) if a.size else 0.0
+    if not np.isfinite(largest):
+        raise ValueError(f"{name}: the input contains NaN or Inf.")
+    limit = float(np.finfo(dtype).max)
+    if largest > limit:
+        raise ValueError(
+            f"{name}: the input has entries up to {largest:.3g}, beyond the largest "
+            f"{np.dtype(dtype)} ({limit:.3g}) the operator computes in; scale the vector down "
+            "(products are linear) or build the operator with dtype=np.float64."
+        )
+    return a
+
+
 def _outside_strategy(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` outside any ``tf.distribute`` scope (scopes are thread-local)."""
     if not tf.distribute.has_strategy():
@@ -826,33 +856,7 @@ class CurvatureOperator(LinearOperator):
 
     # -- products -------------------------------------------------------------------
     def _validated_block(self, x: Any, name: str) -> np.ndarray:
-        a = np.asarray(x)
-        n = self.shape[0]
-        if a.ndim == 1:
-            if a.shape[0] != n:
-                raise ValueError(
-                    f"{name}: expected a vector of length {n}, got length {a.shape[0]}."
-                )
-        elif a.ndim == 2:
-            if a.shape[0] != n:
-                raise ValueError(f"{name}: expected an array of shape ({n}, k), got {a.shape}.")
-        else:
-            raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
-        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
-            raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
-        # One pass over the input: the largest magnitude is NaN or Inf exactly when an
-        # entry is (np.max propagates NaN).
-        largest = float(np.max(np.abs(a))) if a.size else 0.0
-        if not np.isfinite(largest):
-            raise ValueError(f"{name}: the input contains NaN or Inf.")
-        limit = float(np.finfo(self.dtype).max)
-        if largest > limit:
-            raise ValueError(
-                f"{name}: the input has entries up to {largest:.3g}, beyond the largest "
-                f"{self.dtype} ({limit:.3g}) the operator computes in; scale the vector down "
-                "(products are linear) or build the operator with dtype=np.float64."
-            )
-        return a
+        return validated_block(x, self.shape[0], self.dtype, name)
 
     def matvec(self, x: Any) -> np.ndarray:
         """C x for a vector x of shape (n,) (or (n, 1))."""

@@ -35,14 +35,16 @@ from typing import Any, cast
 import keras
 import numpy as np
 import tensorflow as tf
+from scipy.linalg import lapack
 from scipy.sparse.linalg import LinearOperator
 
 from spectra import _tf_compat
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.operators import keras_models
+from spectra.operators.base import validated_block
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
-from spectra.operators.data_checks import _loss_function
+from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
 from spectra.operators.fisher import _check_reduction, predictive_distribution
 
 __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
@@ -102,22 +104,112 @@ class KFACBlock:
 
 @dataclasses.dataclass
 class _Eigen:
-    """Eigendecompositions of one block's factors (clipped at 0: A and G are PSD)."""
+    """Eigendecompositions of one block's factors, with the eigenvalues that are zero to
+    the working precision set to exactly 0 (see :func:`_factor_eigen`); ``bound_A``,
+    ``bound_G``: how large such a zeroed eigenvalue may truly be (0 when none is)."""
 
     alpha: np.ndarray
     QA: np.ndarray
     gamma: np.ndarray
     QG: np.ndarray
+    bound_A: float = 0.0
+    bound_G: float = 0.0
+
+    def zero_bound(self) -> float:
+        """How large the block's zeroed eigenvalues α_i γ_j (α_i or γ_j zeroed) may truly
+        be: bound_A γ_max + α_max bound_G + bound_A bound_G."""
+        alpha_max = float(self.alpha.max(initial=0.0))
+        gamma_max = float(self.gamma.max(initial=0.0))
+        return self.bound_A * gamma_max + alpha_max * self.bound_G + self.bound_A * self.bound_G
 
 
-def _psd_eigh(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    values, vectors = np.linalg.eigh(M)
-    return np.maximum(values, 0.0), vectors
+#: A factor's eigenvalue is zero to working precision when, on the factor scaled to a unit
+#: diagonal (D⁻¹ F D⁻¹, D = diag(F)^½), it is at most this many units of rounding of the
+#: dtype the factor was computed in. The scaled factor's entries carry errors of a few
+#: units of rounding whatever the scale or grading of the data; measured on the digits
+#: MLP: the softmax null direction of G at 0.9-10 units (float32 and float64), the smallest
+#: genuine eigenvalues at 50 units and more (float32).
+_ROUNDING_UNITS = 32
 
 
-def _in_basis(M: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The eigenvalues of M in its known eigenbasis Q (clipped at 0), and Q."""
-    return np.maximum(np.einsum("ij,ik,kj->j", Q, M, Q), 0.0), Q
+def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Eigenvalues (ascending) and orthonormal eigenvectors of a PSD factor F (float64,
+    computed from data in a dtype of unit roundoff ``eps``), and a bound on the zeroed ones.
+
+    Rows with a zero diagonal are exact null directions. On the rest, F = D F̃ D with
+    D = diag(F)^½ and F̃ of unit diagonal: the eigenvalues of F̃ at most
+    ``_ROUNDING_UNITS``·eps are rounding, so F has that many eigenvalues exactly 0, each of
+    true size at most ``_ROUNDING_UNITS``·eps·‖D Ṽₙ‖² (the returned bound; Ṽₙ those
+    eigenvectors of F̃). The others
+    come from ``eigh(F)``, which resolves them only to about 1e-16·‖F‖ absolute; when that
+    is coarser than both 1e-8 and what the data determine (a graded factor, e.g. inputs
+    of very different scales beside the bias coordinate) they come instead from F = B Bᵀ,
+    B = D Ṽ diag(w̃)^½ (the kept eigenpairs of F̃), as the squared singular values and
+    right singular vectors of the column-scaled Bᵀ by the preconditioned Jacobi SVD
+    (LAPACK ``dgejsv``, JOBA='F'), which computes both to relative precision, small
+    eigenvector components included, when Ṽ diag(w̃)^½ is well conditioned (Demmel &
+    Veselić 1992; Drmač & Veselić 2008).
+    """
+    d = F.shape[0]
+    diagonal = np.diag(F)
+    live = np.flatnonzero(diagonal > 0)
+    dead = np.flatnonzero(~(diagonal > 0))
+    values = np.zeros(d)
+    vectors = np.zeros((d, d))
+    vectors[dead, np.arange(len(dead))] = 1.0
+    m = len(live)
+    if m == 0:
+        return values, vectors, 0.0
+    scale = np.sqrt(diagonal[live])
+    sub = F[np.ix_(live, live)]
+    scaled_values, scaled_vectors = np.linalg.eigh(sub / np.outer(scale, scale))
+    keep = scaled_values > _ROUNDING_UNITS * eps
+    rank = int(keep.sum())
+    # The discarded part D Ṽₙ diag(w̃ₙ) Ṽₙᵀ D has norm at most τ ‖D Ṽₙ‖², τ the threshold.
+    null = scale[:, None] * scaled_vectors[:, ~keep]
+    bound = _ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
+    w, V = np.linalg.eigh(sub)
+    w[: m - rank] = 0.0
+    # eigh resolves the smallest kept eigenvalue to a relative eps64 ‖F‖ / λ; the data
+    # determine it only to about eps / w̃ (w̃ the smallest kept of F̃). The Jacobi SVD (a
+    # few times the cost) when eigh is the worse of the two and worse than 1e-8.
+    f64 = float(np.finfo(np.float64).eps)
+    if rank and f64 * w[-1] > w[m - rank] * max(1e-8, eps / scaled_values[keep].min()):
+        # Bᵀ = diag(w̃)^½ Ṽᵀ D, padded with zero rows to m × m: a column-scaled matrix,
+        # whose right singular vectors (the eigenvectors of F) Jacobi computes accurately
+        # down to their smallest components.
+        Bt = np.zeros((m, m))
+        Bt[:rank] = (scaled_vectors[:, keep] * np.sqrt(scaled_values[keep])).T * scale
+        # joba=2: 'F' (row and column pivoting), jobu=3: 'N', jobv=0: 'V', jobr=0: 'N'
+        # (no restricted range), jobt=0: 'N', jobp=0: 'N' (no perturbation).
+        sva, _, Vt, work, _, info = lapack.dgejsv(
+            Bt, joba=2, jobu=3, jobv=0, jobr=0, jobt=0, jobp=0
+        )
+        if info != 0:
+            raise ValueError(
+                f"K-FAC: the Jacobi SVD of a graded factor did not converge (LAPACK dgejsv info "
+                f"{info}); rescale the model's inputs to comparable magnitudes."
+            )
+        sigma = (sva * (work[0] / work[1]))[:rank]
+        if np.any(sigma**2 < np.finfo(np.float64).tiny):
+            raise ValueError(
+                "K-FAC: a factor's eigenvalues underflow float64 (below 2.2e-308): the "
+                "activations or output gradients are too small; rescale the model's inputs."
+            )
+        order = np.argsort(sigma)
+        w = np.concatenate([np.zeros(m - rank), sigma[order] ** 2])
+        V = np.concatenate([Vt[:, rank:], Vt[:, :rank][:, order]], axis=1)
+    values[len(dead) :] = w
+    vectors[np.ix_(live, np.arange(len(dead), d))] = V
+    return values, vectors, bound
+
+
+def _in_basis(M: np.ndarray, Q: np.ndarray, rank: int) -> np.ndarray:
+    """The eigenvalues of M in its known eigenbasis Q (clipped at 0), all but the ``rank``
+    largest set to 0."""
+    values = np.maximum(np.einsum("ij,ik,kj->j", Q, M, Q), 0.0)
+    values[np.argsort(values)[: len(values) - rank]] = 0.0
+    return values
 
 
 class _Capture:
@@ -285,6 +377,12 @@ def _check_embedding(layer: Any) -> None:
         )
 
 
+def _round_up(x: float) -> float:
+    """x rounded up to two significant digits (so that the printed value is ≥ x)."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(x / unit * (1 - 1e-12)) * unit
+
+
 def _sandwich(left: np.ndarray, M: np.ndarray, right: np.ndarray) -> np.ndarray:
     """left @ M[j] @ right for every j of M (k, p, q), as two matrix products over the
     whole block (k·p × q, then p × k·q) instead of 2k small ones: the same
@@ -326,8 +424,12 @@ class KFACOperator(LinearOperator):
       GGN with the expectation factorized. One backward pass per output dimension C.
     * ``kind="mc"``: s_is = ∇_z ℓ_i(ŷ_s)/√(κS) for S = ``num_samples`` labels drawn from the
       model's predictive distribution (as :class:`~spectra.operators.FisherOperator`,
-      ``kind="mc"``; κ = 1 for cross-entropy, 2/d for MSE), seeded by ``seed`` and the batch
-      index: the K-FAC of the Monte Carlo Fisher, whose expectation is type-2.
+      ``kind="mc"``; κ = 1 for cross-entropy, 2/d for MSE), each example's seeded by
+      ``seed`` and its index in the dataset (so the matrix does not depend on
+      ``batch_size``): the K-FAC of the Monte Carlo Fisher, whose expectation is type-2.
+      Type-2 needs a loss convex in z: Keras' cross-entropies (at the logits) and MSE are;
+      for another loss a negative output-Hessian eigenvalue beyond the dtype's rounding
+      (relative to the largest over the whole dataset) is refused.
     * ``kind="empirical"``: s_i = ∇_z ℓ_i(y_i) at the true labels: K-FAC of the empirical
       Fisher.
 
@@ -380,6 +482,15 @@ class KFACOperator(LinearOperator):
     the host, computed as A V G per layer without forming
     the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
     once) give the exact spectrum, trace, log-determinant, Frobenius norm and damped inverse.
+
+    **Precision.** A factor's eigenvalue that is rounding of the dtype the factors were
+    computed in (judged on the factor scaled to a unit diagonal, so independent of the
+    data's scale; e.g. the all-ones direction of G under softmax cross-entropy) is exactly
+    0 in :meth:`eigenvalues`, and :meth:`logdet` and :meth:`inverse` refuse a damping
+    below the bound on those zeros (one line with a damping that works). Graded factors
+    (inputs of very different magnitudes beside the bias coordinate) are decomposed by a
+    Jacobi SVD accurate to relative precision, and the log-determinant is summed in log
+    space.
     The factors are computed at construction: the operator is a snapshot (training on
     changes nothing in it).
 
@@ -472,7 +583,8 @@ class KFACOperator(LinearOperator):
         num_samples:
             Labels drawn per example for ``kind="mc"`` (an int ≥ 1; 1 for the other kinds).
         seed:
-            An int ≥ 0 seeding the labels of ``kind="mc"`` (with the batch index).
+            An int ≥ 0 seeding the labels of ``kind="mc"`` (with each example's index in
+            the dataset).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
             trainable variables outside Dense, Conv1D, Conv2D and Embedding layers.
@@ -536,6 +648,16 @@ class KFACOperator(LinearOperator):
             found is not None
             and found[0].__name__ in _LOGIT_LOSSES
             and not found[1].get("from_logits", False)
+        )
+        # Losses convex at the point K-FAC splits (the logits for Keras' cross-entropies):
+        # a negative eigenvalue of their output Hessian is rounding, by theorem.
+        convex = found is not None and (
+            found[0] in _convex_losses()
+            and (
+                reads_logits
+                or found[0] is keras.losses.mean_squared_error
+                or bool(found[1].get("from_logits", False))
+            )
         )
         run_model = keras_models.model_in_dtype(model, target)
         run_weights = list(run_model.weights)
@@ -608,6 +730,9 @@ class KFACOperator(LinearOperator):
             cast_floats_to=target,
             purpose=f"{cls.__name__} (its factors' data passes)",
         )
+        # Class labels and Embedding indices in range, input dtypes and shapes, before any
+        # graph (as for every operator): one-line errors instead of the graph's.
+        check_keras_data(model, loss, batches)
         num_examples = batches.num_examples
         accumulators = _Accumulators(layout, others, chosen)
         accumulators.conv = conv
@@ -618,6 +743,7 @@ class KFACOperator(LinearOperator):
         split = {"logits": reads_logits}
 
         def data_pass(want_diagonal: bool) -> None:
+            first_index = 0  # of the batch's first example in the dataset
             for index, (batch, _weight) in enumerate(batches):
                 x, y, sample_weight = keras_models.unpack_batch(batch)
                 if sample_weight is not None:
@@ -627,30 +753,34 @@ class KFACOperator(LinearOperator):
                     )
                 for _attempt in range(2):
                     try:
-                        _accumulate_batch(
-                            run_model,
-                            dense_layers,
-                            accumulators,
-                            x,
-                            y,
-                            loss=resolved.call,
-                            reduction=reduction,
-                            kind=kind,
-                            num_samples=num_samples,
-                            distribution=distribution,
-                            reads_logits=split["logits"],
-                            num_examples=num_examples,
-                            # The same labels in every pass: stateless, from the batch index.
-                            seed=tf.random.experimental.stateless_fold_in(
-                                tf.constant([seed, 0], tf.int64), index
-                            ),
-                            want_diagonal=want_diagonal,
-                        )
+                        with graph_errors(batches.describe(index)):
+                            _accumulate_batch(
+                                run_model,
+                                dense_layers,
+                                accumulators,
+                                x,
+                                y,
+                                loss=resolved.call,
+                                reduction=reduction,
+                                kind=kind,
+                                num_samples=num_samples,
+                                distribution=distribution,
+                                reads_logits=split["logits"],
+                                num_examples=num_examples,
+                                # The same labels in every pass and for every batching:
+                                # stateless, from the seed and each example's index.
+                                seed=seed,
+                                first_index=first_index,
+                                want_diagonal=want_diagonal,
+                            )
                         break
                     except _SplitAtLogits:
                         split["logits"] = True  # nothing was accumulated: redo the batch
+                first_index += len(tf.nest.flatten(y)[0])
 
         data_pass(other_variables == "diagonal")
+        if kind == "type-2" and not convex:
+            _check_convex(accumulators, target)
         blocks = []
         for (layer, k, b), A, G in zip(layout, accumulators.A, accumulators.G):
             A = A / num_examples
@@ -674,12 +804,20 @@ class KFACOperator(LinearOperator):
             )
         if cls.eigenvalue_corrected:
             # Second pass: second moments of the per-example gradients in the eigenbasis.
-            bases = [(_psd_eigh(block.A)[1], _psd_eigh(block.G)[1]) for block in blocks]
+            eps = float(np.finfo(target.as_numpy_dtype).eps)
+            factors = [(_factor_eigen(b.A, eps), _factor_eigen(b.G, eps)) for b in blocks]
+            bases = [(fa[1], fg[1]) for fa, fg in factors]
             accumulators.bases = bases
             data_pass(False)
+            # A direction on which A or G is zero to working precision has scaling 0 (its
+            # per-example projections are rounding).
             blocks = [
-                dataclasses.replace(block, scalings=S / num_examples, basis=basis)
-                for block, S, basis in zip(blocks, accumulators.S, bases)
+                dataclasses.replace(
+                    block,
+                    scalings=np.where(np.outer(fa[0] > 0, fg[0] > 0), S / num_examples, 0.0),
+                    basis=basis,
+                )
+                for block, S, basis, (fa, fg) in zip(blocks, accumulators.S, bases, factors)
             ]
             for block, S in zip(blocks, accumulators.S):
                 if not np.all(np.isfinite(S)):
@@ -783,15 +921,12 @@ class KFACOperator(LinearOperator):
             self._put_other(out, per_other(self._other_rows(X)))
         return out
 
-    def _checked(self, X: Any) -> np.ndarray:
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[0] != self.shape[0]:
-            raise ValueError(
-                f"expected a vector of length {self.shape[0]} or a block of shape "
-                f"({self.shape[0]}, k); got shape {X.shape}"
-            )
-        if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
-            raise TypeError(f"expected real numbers, got dtype {X.dtype}")
+    def _checked(self, X: Any, method: str) -> np.ndarray:
+        """X as a float64 block (P, k), refused as the exact operators refuse it (wrong
+        shape, not real numbers, NaN or Inf, beyond the dtype's range)."""
+        X = validated_block(X, self.shape[0], self.dtype, method)
+        if X.ndim != 2:
+            raise ValueError(f"{method}: expected a 2-D array of shape ({self.shape[0]}, k).")
         return X.astype(np.float64)
 
     def matvec(self, x: Any) -> np.ndarray:
@@ -802,7 +937,7 @@ class KFACOperator(LinearOperator):
                 f"expected a vector of length {self.shape[0]} (or shape ({self.shape[0]}, 1)); "
                 f"got shape {array.shape}"
             )
-        return self._matmat(array.reshape(-1, 1)).reshape(array.shape)
+        return self._matmat(array.reshape(-1, 1), "matvec").reshape(array.shape)
 
     def matmat(self, X: Any) -> np.ndarray:
         """K X for a block X of shape (P, k), in the operator's dtype."""
@@ -824,8 +959,8 @@ class KFACOperator(LinearOperator):
         e = self._eigens()[index]
         return _sandwich(e.QA, _sandwich(e.QA.T, M, e.QG) * block.scalings, e.QG.T)
 
-    def _matmat(self, X: np.ndarray) -> np.ndarray:
-        X = self._checked(X)
+    def _matmat(self, X: np.ndarray, method: str = "matmat") -> np.ndarray:
+        X = self._checked(X, method)
         out = self._apply(X, self._block_product, lambda rows: self._other_diagonal[:, None] * rows)
         return out.astype(self.dtype, copy=False)
 
@@ -847,21 +982,25 @@ class KFACOperator(LinearOperator):
     # -- the exact spectrum --------------------------------------------------------------
     def _eigens(self) -> list[_Eigen]:
         if self._eigen is None:
-            self._eigen = [
-                _Eigen(*_psd_eigh(b.A), *_psd_eigh(b.G))
-                if b.basis is None
-                else _Eigen(*_in_basis(b.A, b.basis[0]), *_in_basis(b.G, b.basis[1]))
-                for b in self.blocks
-            ]
+            eps = float(np.finfo(self.dtype).eps)
+            self._eigen = []
+            for b in self.blocks:
+                alpha, QA, bound_A = _factor_eigen(b.A, eps)
+                gamma, QG, bound_G = _factor_eigen(b.G, eps)
+                if b.basis is not None:  # EKFAC: the basis the scalings were measured in
+                    QA, QG = b.basis
+                    alpha = _in_basis(b.A, QA, int(np.count_nonzero(alpha)))
+                    gamma = _in_basis(b.G, QG, int(np.count_nonzero(gamma)))
+                self._eigen.append(_Eigen(alpha, QA, gamma, QG, bound_A, bound_G))
         return self._eigen
 
     def _block_values(self, index: int) -> np.ndarray:
         """The eigenvalues of block ``index`` as a d_a × d_out matrix (entry (i, j) belongs
         to the eigenvector q_A,i ⊗ q_G,j): α γᵀ for K-FAC, the scalings for EKFAC."""
         block = self.blocks[index]
-        if block.scalings is not None:
-            return block.scalings
         e = self._eigens()[index]
+        if block.scalings is not None:
+            return np.where(np.outer(e.alpha > 0, e.gamma > 0), block.scalings, 0.0)
         return np.outer(e.alpha, e.gamma)
 
     def eigenvalues(self) -> np.ndarray:
@@ -893,34 +1032,75 @@ class KFACOperator(LinearOperator):
         ) + float(np.sum(self._other_diagonal**2))
         return math.sqrt(squares)
 
-    def logdet(self, damping: float = 0.0) -> float:
-        """log det(K + δI) = Σ log(α_i γ_j + δ), exact. ``damping`` δ ≥ 0 (as for
-        :meth:`inverse`); ``ValueError`` when δ < 0 or K + δI is singular (K is PSD and
-        usually rank-deficient: pass ``damping`` > 0)."""
+    def _check_invertible(self, damping: Any, method: str) -> float:
+        """``damping`` as a float ≥ 0 for which K + δI is invertible to working precision;
+        a one-line ``ValueError`` otherwise.
+
+        K's eigenvalues that are zero to working precision (a factor's, see
+        :func:`_factor_eigen`; a zero EKFAC scaling or excluded variable) are exactly 0 in
+        :meth:`eigenvalues`, but each may truly be as large as a bound u set by the
+        rounding of the factors' dtype. K + δI is refused when δ ≤ u: its smallest
+        eigenvalue would be rounding, not a number of the matrix. The suggested damping,
+        max(1e-3 λ_max, 100 u), is accepted and puts that rounding below 1 %.
+        """
         damping = check_float("damping", damping, positive=False)
         if damping < 0:
-            raise ValueError(f"damping must be >= 0, got {damping}")
-        shifted = self.eigenvalues() + damping
-        if not np.all(shifted > 0):
-            raise ValueError(
-                f"K + {damping:g}·I is singular or indefinite (smallest eigenvalue "
-                f"{float(shifted.min()):.3g}); pass damping > 0 (e.g. damping=1e-3)."
-            )
-        return float(np.sum(np.log(shifted)))
+            raise ValueError(f"{method}: damping must be >= 0, got {damping}")
+        if not self.shape[0]:
+            return damping
+        values = self.eigenvalues()
+        zeros = int(np.count_nonzero(values == 0))
+        if not zeros:
+            return damping
+        eigens = self._eigens()
+        bounds = [
+            e.zero_bound()
+            for index, e in enumerate(eigens)
+            if np.any(self._block_values(index) == 0)
+        ]
+        bound = max(bounds, default=0.0)
+        if damping > bound:
+            return damping
+        largest = float(values[0])
+        shown = _round_up(bound) if bound else 0.0  # printed rounded up: a safe threshold
+        if 1e-3 * largest >= 100.0 * bound and largest > 0:
+            suggestion, why = _round_up(1e-3 * largest), "1e-3 of the largest eigenvalue"
+        else:
+            suggestion, why = _round_up(100.0 * bound or 1.0), "100 times the rounding bound"
+        within = f" (true size at most {shown:.2g}, {self.dtype} rounding)" if bound else ""
+        raise ValueError(
+            f"{method}: K + {damping:g}·I is singular: {zeros} of K's {self.shape[0]} "
+            f"eigenvalues are 0{within}, the largest is {largest:.3g}; pass damping > "
+            f"{shown:.2g}, e.g. damping={suggestion:.2g} ({why})."
+        )
+
+    def logdet(self, damping: float = 0.0) -> float:
+        """log det(K + δI) = Σ log(α_i γ_j + δ), exact, evaluated as
+        Σ logaddexp(log α_i + log γ_j, log δ) so that neither the products nor the sum
+        underflow (EKFAC: Σ log(s_ij + δ)). ``damping`` δ ≥ 0; a one-line ``ValueError``
+        when K + δI is singular to working precision (K is PSD and usually rank-deficient:
+        the message gives a damping that works)."""
+        damping = self._check_invertible(damping, "logdet")
+        with np.errstate(divide="ignore"):
+            log_damping = math.log(damping) if damping > 0 else -math.inf
+            total = 0.0
+            for index, block in enumerate(self.blocks):
+                e = self._eigens()[index]
+                if block.scalings is None:
+                    logs = np.log(e.alpha)[:, None] + np.log(e.gamma)[None, :]
+                else:
+                    logs = np.log(self._block_values(index))
+                total += float(np.sum(np.logaddexp(logs, log_damping)))
+            total += float(np.sum(np.logaddexp(np.log(self._other_diagonal), log_damping)))
+        return total
 
     def inverse(self, damping: float) -> LinearOperator:
         """(K + δI)⁻¹ as a ``LinearOperator``, exact through the factors'
         eigendecompositions: per block, V ↦ Q_A [(Q_Aᵀ V Q_G) / (α γᵀ + δ)] Q_Gᵀ.
-        ``damping`` δ ≥ 0; ``ValueError`` when K + δI is singular."""
-        damping = check_float("damping", damping, positive=False)
-        if damping < 0:
-            raise ValueError(f"damping must be >= 0, got {damping}")
-        smallest = float(self.eigenvalues().min()) + damping if self.shape[0] else 1.0
-        if not smallest > 0:
-            raise ValueError(
-                f"K + {damping:g}·I is singular (smallest eigenvalue {smallest:.3g}); pass "
-                "damping > 0 (e.g. damping=1e-3)."
-            )
+        ``damping`` δ ≥ 0; a one-line ``ValueError`` when K + δI is singular to working
+        precision (the message gives a damping that works). Vectors with NaN or Inf are
+        refused as :meth:`matvec` refuses them."""
+        damping = self._check_invertible(damping, "inverse")
         eigens = self._eigens()
 
         def per_block(index: int, _block: KFACBlock, M: np.ndarray) -> np.ndarray:
@@ -932,7 +1112,7 @@ class KFACOperator(LinearOperator):
             return rows / (self._other_diagonal + damping)[:, None]
 
         def matmat(X: np.ndarray) -> np.ndarray:
-            return self._apply(self._checked(X), per_block, per_other)
+            return self._apply(self._checked(X, "inverse"), per_block, per_other)
 
         return LinearOperator(
             shape=self.shape,
@@ -1020,6 +1200,11 @@ class _Accumulators:
         self.bases: list[tuple[np.ndarray, np.ndarray]] | None = None
         #: How Conv2D factors treat the output positions: "expand" or "reduce".
         self.conv = "expand"
+        #: Type-2: the most negative eigenvalue of the per-example output Hessians met in
+        #: the pass (0 if none), and their largest eigenvalue magnitude (the scale the
+        #: former is judged against, over the whole dataset so not batch-dependent).
+        self.most_negative = 0.0
+        self.hessian_scale = 0.0
         self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
 
 
@@ -1037,6 +1222,13 @@ class _SplitAtLogits(Exception):
     has no gradient in the softmax/sigmoid output but the output carries Keras logits."""
 
 
+#: Eigenvalues of an example's output Hessian of magnitude at most this many units of
+#: rounding times its largest are rounding (computed through eigh in the model's dtype,
+#: e.g. the softmax's all-ones null direction): they get no column, so the null
+#: direction of G stays at rounding of rounding.
+_HESSIAN_ROUNDING_UNITS = 4
+
+
 def _columns(
     tape: tf.GradientTape,
     inner_gradient: tf.Tensor | None,
@@ -1045,25 +1237,72 @@ def _columns(
     true_value: tf.Tensor | None,
     kind: str,
     scale: float,
+    acc: _Accumulators,
 ) -> tf.Tensor:
     """The cotangents s_ic at the split point, shape (n, C, K): K columns per example."""
     if kind == "type-2":
         hessian = tape.batch_jacobian(inner_gradient, point)
         hessian = 0.5 * (hessian + tf.linalg.matrix_transpose(hessian))
         values, vectors = tf.linalg.eigh(hessian)
-        top = tf.reduce_max(tf.abs(values))
-        most_negative = -tf.reduce_min(values)
-        if float(most_negative) > 1e-6 * max(float(top), np.finfo(np.float64).tiny):
-            raise ValueError(
-                "K-FAC type-2 needs a loss convex in the model's outputs (a PSD output "
-                f"Hessian); this loss has output-Hessian eigenvalue {-float(most_negative):.3g}. "
-                "Use kind='mc' or 'empirical', or GGNOperator."
-            )
-        return vectors * tf.sqrt(tf.maximum(values, 0))[:, None, :]
+        top = tf.reduce_max(tf.abs(values), axis=-1, keepdims=True)
+        acc.most_negative = max(acc.most_negative, float(-tf.reduce_min(values)))
+        acc.hessian_scale = max(acc.hessian_scale, float(tf.reduce_max(top)))
+        eps = float(np.finfo(point.dtype.as_numpy_dtype).eps)
+        kept = tf.where(values > _HESSIAN_ROUNDING_UNITS * eps * top, values, 0)
+        return vectors * tf.sqrt(kept)[:, None, :]
     if kind == "empirical":
         return tape.gradient(true_value, point)[:, :, None]
     grads = [tape.gradient(value, point) for value in sampled]
     return tf.stack(grads, axis=-1) / tf.cast(tf.sqrt(scale * len(sampled)), point.dtype)
+
+
+def _convex_losses() -> frozenset[Any]:
+    """Keras loss functions convex in the logits (cross-entropies) or outputs (MSE)."""
+    return frozenset(
+        [
+            keras.losses.categorical_crossentropy,
+            keras.losses.sparse_categorical_crossentropy,
+            keras.losses.binary_crossentropy,
+            keras.losses.mean_squared_error,
+        ]
+    )
+
+
+def _check_convex(acc: _Accumulators, dtype: tf.DType) -> None:
+    """Refuse (one line) a loss whose output Hessians had an eigenvalue more negative than
+    the rounding of the dtype, relative to their largest magnitude over the whole dataset
+    (so the verdict does not depend on the batching)."""
+    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
+    if acc.most_negative > _ROUNDING_UNITS * eps * acc.hessian_scale:
+        raise ValueError(
+            "K-FAC type-2 needs a loss convex in the model's outputs (a PSD output Hessian); "
+            f"this loss has output-Hessian eigenvalue {-acc.most_negative:.3g} against a "
+            f"largest magnitude {acc.hessian_scale:.3g} over the data, beyond {dtype.name} "
+            "rounding. Use kind='mc' or 'empirical', or GGNOperator."
+        )
+
+
+def _per_example_labels(
+    distribution: Any,
+    output: tf.Tensor,
+    point: tf.Tensor,
+    num_samples: int,
+    seed: int,
+    first_index: int,
+) -> tf.Tensor:
+    """S label sets for the batch, stacked as ``distribution.sample`` stacks them (draw s of
+    example i at row s·n + i), each example's drawn with a stateless seed of (``seed``, its
+    index in the dataset): the labels, hence the operator, do not depend on the batching."""
+    n = int(output.shape[0]) if output.shape[0] is not None else int(tf.shape(output)[0])
+    base = tf.constant([seed, 0], tf.int64)
+    draws = []
+    for i in range(n):
+        row = output[i : i + 1]
+        row_point = row if point is output else point[i : i + 1]
+        example_seed = tf.random.experimental.stateless_fold_in(base, first_index + i)
+        draws.append(distribution.sample(row, row_point, num_samples, example_seed))
+    stacked = tf.stack(draws, axis=1)  # (S, n, ...): draw s of example i at [s, i]
+    return tf.reshape(stacked, tf.concat([[num_samples * n], tf.shape(stacked)[2:]], 0))
 
 
 def _accumulate_batch(
@@ -1080,7 +1319,8 @@ def _accumulate_batch(
     distribution: Any,
     reads_logits: bool,
     num_examples: int,
-    seed: tf.Tensor,
+    seed: int,
+    first_index: int,
     want_diagonal: bool,
 ) -> None:
     """Add one batch's Σ ā āᵀ, Σ_c g gᵀ (and other variables' squared gradients)."""
@@ -1094,7 +1334,20 @@ def _accumulate_batch(
             outer.watch(v)
         with inner:
             with capture:
-                outputs = run_model(x, training=False)
+                # As the exact operators call the model: Keras' multi-line call error
+                # becomes one line naming its cause.
+                try:
+                    outputs, _ = keras_models.stateless_forward(
+                        run_model, [], [], x, training=False
+                    )
+                except tf.errors.OpError as err:
+                    # An op error inside a layer (an index outside an Embedding's table in
+                    # a subclassed model, which the data checks cannot see): Keras' call
+                    # context off, so that ``graph_errors`` finds the root cause.
+                    cause = keras_models._keras_call_cause(err.message)
+                    if cause is None:
+                        raise
+                    raise type(err)(err.node_def, err.op, cause) from err
             capture.check()
             flat = tf.nest.flatten(outputs)
             if len(flat) != 1:
@@ -1123,7 +1376,9 @@ def _accumulate_batch(
 
             true_value = unit_loss(y)
             if kind == "mc":
-                labels = distribution.sample(output, point, num_samples, seed)
+                labels = _per_example_labels(
+                    distribution, output, point, num_samples, seed, first_index
+                )
                 for s in range(num_samples):
                     sampled.append(unit_loss(labels[s * n : (s + 1) * n]))
         inner_gradient = inner.gradient(true_value, point) if kind == "type-2" else None
@@ -1140,7 +1395,7 @@ def _accumulate_batch(
         )
     keras_models.check_finite(true_value, "the batch loss")
     kappa = distribution.scale(output) if kind == "mc" else 1.0
-    columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa)
+    columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa, acc)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
     abars: list[np.ndarray] = []
     projected_inputs: dict[int, np.ndarray] = {}

@@ -150,9 +150,9 @@ def test_products_eigenvalues_and_scalars_against_the_dense_matrix(kfac):
     np.testing.assert_allclose(
         inverse.matvec(v), np.linalg.solve(dense + damping * np.eye(len(dense)), v), rtol=1e-8
     )
-    with pytest.raises(ValueError, match="damping > 0"):
+    with pytest.raises(ValueError, match=r"singular: .* pass damping >"):
         kfac.logdet()  # A ⊗ G of a 7-example dataset is singular
-    with pytest.raises(ValueError, match="damping > 0"):
+    with pytest.raises(ValueError, match=r"singular: .* pass damping >"):
         kfac.inverse(0.0)
 
 
