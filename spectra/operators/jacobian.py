@@ -36,6 +36,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from spectra._validation import check_bool
 from spectra.operators import keras_models
+from spectra.operators.base import validated_block
 from spectra.operators.batching import Batches
 from spectra.operators.data_checks import check_input_dtypes, check_input_shapes, graph_errors
 from spectra.operators.engine import spec_key
@@ -238,29 +239,6 @@ def _check_finite_inputs(batch: Any, where: str | None) -> None:
                 f"the inputs x hold {bad} NaN/Inf entries{at}: the model's outputs and "
                 "their Jacobian are undefined there. Clean the data first."
             )
-
-
-def _validated(x: Any, length: int, dtype: np.dtype, name: str) -> np.ndarray:
-    """``x`` as a 1-D (length,) or 2-D (length, k) array of finite reals that fit ``dtype``."""
-    a = np.asarray(x)
-    if a.ndim not in (1, 2):
-        raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
-    if a.shape[0] != length:
-        expected = f"a vector of length {length}" if a.ndim == 1 else f"shape ({length}, k)"
-        raise ValueError(f"{name}: expected {expected}, got shape {a.shape}.")
-    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
-        raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
-    largest = float(np.max(np.abs(a))) if a.size else 0.0
-    if not np.isfinite(largest):
-        raise ValueError(f"{name}: the input contains NaN or Inf.")
-    limit = float(np.finfo(dtype).max)
-    if largest > limit:
-        raise ValueError(
-            f"{name}: the input has entries up to {largest:.3g}, beyond the largest {dtype} "
-            f"({limit:.3g}) the operator computes in; scale the vector down (products are "
-            "linear) or build the operator with dtype=np.float64."
-        )
-    return a
 
 
 class JacobianOperator(LinearOperator):
@@ -538,22 +516,22 @@ class JacobianOperator(LinearOperator):
     # -- products ---------------------------------------------------------------------
     def matvec(self, x: Any) -> np.ndarray:
         """J v for a parameter vector v of shape (n,) (or (n, 1))."""
-        return super().matvec(_validated(x, self.shape[1], self.dtype, "matvec"))
+        return super().matvec(validated_block(x, self.shape[1], self.dtype, "matvec"))
 
     def matmat(self, X: Any) -> np.ndarray:
         """J V for V of shape (n, k): k products in one pass over the data."""
-        X = _validated(X, self.shape[1], self.dtype, "matmat")
+        X = validated_block(X, self.shape[1], self.dtype, "matmat")
         if X.ndim != 2:
             raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[1]}, k).")
         return super().matmat(X)
 
     def rmatvec(self, x: Any) -> np.ndarray:
         """Jᵀ u for an output-space vector u of shape (N·C,) (or (N·C, 1))."""
-        return super().rmatvec(_validated(x, self.shape[0], self.dtype, "rmatvec"))
+        return super().rmatvec(validated_block(x, self.shape[0], self.dtype, "rmatvec"))
 
     def rmatmat(self, X: Any) -> np.ndarray:
         """Jᵀ U for U of shape (N·C, k): k products in one pass over the data."""
-        X = _validated(X, self.shape[0], self.dtype, "rmatmat")
+        X = validated_block(X, self.shape[0], self.dtype, "rmatmat")
         if X.ndim != 2:
             raise ValueError(f"rmatmat: expected a 2-D array of shape ({self.shape[0]}, k).")
         return super().rmatmat(X)

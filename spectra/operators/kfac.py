@@ -503,6 +503,8 @@ class KFACOperator(LinearOperator):
     network architectures", NeurIPS 2023.
     """
 
+    is_positive_semidefinite = True  # A ⊗ G blocks of PSD factors (read by spectral_density)
+
     #: False: K-FAC (A ⊗ G); True (:class:`EKFACOperator`): eigenvalue-corrected.
     eigenvalue_corrected = False
 
