@@ -518,8 +518,11 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()
 
 
-def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
-    return {
+def data_description(args: argparse.Namespace, data: Any, model: Any = None) -> dict[str, Any]:
+    """What ``results.json`` records of the data; with ``model``, ``labels``: which label
+    array went to which of its outputs (``{output name: "y_<name>" | "y0" | "y"}``, in
+    Keras' output order)."""
+    description = {
         "spec": args.data,
         "name": data.name,
         "description": data.description,
@@ -529,6 +532,12 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "sample_weights": data.sample_weight is not None,
         "sha256": data_fingerprint(data),
     }
+    if model is not None:
+        from spectra.operators.data_checks import label_sources
+
+        with user_errors(args.data):
+            description["labels"] = label_sources(model, data.x, data.y)
+    return description
 
 
 def _label_shapes(y: Any) -> Any:

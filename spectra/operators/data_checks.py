@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _tf_compat
+from spectra.operators.keras_models import _output_entries, positional_labels_error
 
 if TYPE_CHECKING:
     from spectra.operators.batching import Batches
@@ -533,6 +534,8 @@ def _per_output(
             return []
         return [(single, label, leaves[0][1], "y")]
     names = _output_names(model, outputs)
+    if isinstance(outputs, dict) and isinstance(y, (list, tuple)):
+        raise positional_labels_error([str(path[0]) for path, _ in leaves])
     result = []
     for position, (path, output) in enumerate(leaves):
         key = path[0] if isinstance(outputs, dict) else position
@@ -607,7 +610,7 @@ def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) 
         if loss is not None:
             check_labels(loss, np.asarray(y), (None, *outputs[0][1].shape[1:]))
         return
-    pairs = _labels_per_output(outputs, y)
+    pairs = _labels_per_output(outputs, y, by_name_only=isinstance(output, dict))
     for position, (name, label, out) in enumerate(pairs):
         label_name = f"y_{name}" if isinstance(y, dict) else f"y{position}"
         if isinstance(loss, dict):
@@ -635,26 +638,25 @@ def _label_leaves(y: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def _named_outputs(model: keras.Model, output: Any) -> list[tuple[str, np.ndarray]]:
-    """``(name, value)`` of each of the model's outputs, in output order."""
-    if isinstance(output, dict):
-        return [(str(key), np.asarray(value)) for key, value in output.items()]
-    if isinstance(output, (list, tuple)):
-        names = getattr(model, "output_names", None)
-        if not names or len(names) != len(output):
-            names = [str(i) for i in range(len(output))]
-        return [(str(n), np.asarray(v)) for n, v in zip(names, output, strict=True)]
-    names = getattr(model, "output_names", None)
-    return [(str(names[0]) if names and len(names) == 1 else "output", np.asarray(output))]
+    """``(name, value)`` of each of the model's outputs, in Keras' output order (a dict's
+    sorted keys, :func:`spectra.operators.keras_models._output_entries`): the order the
+    loss pairs labels and outputs in."""
+    return [(name, np.asarray(value)) for name, value in _output_entries(model, output)]
 
 
 def _labels_per_output(
-    outputs: list[tuple[str, np.ndarray]], y: Any
+    outputs: list[tuple[str, np.ndarray]], y: Any, *, by_name_only: bool = False
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``(output name, labels, output)`` for each output; ValueError listing the model's
-    outputs when the label arrays do not match them one to one."""
+    outputs when the label arrays do not match them one to one. ``by_name_only`` (a model
+    with dict outputs) refuses labels given by position (:func:`positional_labels_error`)."""
     names = [name for name, _ in outputs]
     listed = ", ".join(names)
-    numbered = ", ".join(f"y{i}" for i in range(len(names)))
+    by_name = ", ".join("y_" + n for n in names)
+    if by_name_only:
+        numbered = ""
+    else:
+        numbered = f" (or {', '.join(f'y{i}' for i in range(len(names)))} in this order)"
     if isinstance(y, dict):
         missing = [name for name in names if name not in y]
         extra = [str(key) for key in y if key not in names]
@@ -666,25 +668,43 @@ def _labels_per_output(
                 problems.append(f"labels {', '.join('y_' + k for k in extra)} match no output")
             raise ValueError(
                 f"the label arrays do not match the model's outputs ({listed}): "
-                f"{'; '.join(problems)}. Give one array per output, named "
-                f"{', '.join('y_' + n for n in names)} (or {numbered} in this order)."
+                f"{'; '.join(problems)}. Give one array per output, named {by_name}{numbered}."
             )
         return [(name, np.asarray(y[name]), out) for name, out in outputs]
     if isinstance(y, (list, tuple)):
+        if by_name_only:
+            raise positional_labels_error(names)
         if len(y) != len(outputs):
             raise ValueError(
                 f"{len(y)} label arrays (y0 .. y{len(y) - 1}) for the model's {len(outputs)} "
-                f"outputs ({listed}): give one per output, in this order, or name them "
-                f"{', '.join('y_' + n for n in names)}."
+                f"outputs ({listed}): name them {by_name}, or give one per output in this "
+                "order."
             )
         return [
             (name, np.asarray(label), out) for (name, out), label in zip(outputs, y, strict=True)
         ]
     raise ValueError(
         f"the model has {len(outputs)} outputs ({listed}) but the data has one label array "
-        "y: give one per output, as a dict keyed by output name or a list in output order "
-        f"(in a .npz file: {', '.join('y_' + n for n in names)} instead of y)."
+        "y: give one per output, as a dict keyed by output name"
+        f"{'' if by_name_only else ' or a list in this order'} (in a .npz file: "
+        f"{by_name} instead of y)."
     )
+
+
+def label_sources(model: keras.Model, x: Any, y: Any) -> dict[str, str]:
+    """Which label array goes to which of the model's outputs: ``{output name: array}``
+    with the array named as in a ``.npz`` file (``y``, ``y_<name>``, ``y0``...), in
+    Keras' output order. Runs the model on 2 examples; raises as
+    :func:`check_data_fits_model` does when the labels do not match the outputs."""
+    output = model(np.asarray(x)[:2], training=False)
+    outputs = _named_outputs(model, output)
+    if len(outputs) == 1 and not isinstance(y, (dict, list, tuple)):
+        return {outputs[0][0]: "y"}
+    pairs = _labels_per_output(outputs, y, by_name_only=isinstance(output, dict))
+    return {
+        name: (f"y_{name}" if isinstance(y, dict) else f"y{position}")
+        for position, (name, _, _) in enumerate(pairs)
+    }
 
 
 def _single_input_shape(model: keras.Model) -> tuple | None:

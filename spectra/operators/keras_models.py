@@ -274,7 +274,12 @@ def loss_key(loss: Any) -> tuple[Hashable, list[Any]]:
 
 
 def _output_entries(model: Any, outputs: Any) -> list[tuple[str, Any]]:
-    """``(name, tensor)`` for each model output, in the model's output order."""
+    """``(name, tensor)`` for each model output, in Keras' output order.
+
+    That is the order Keras flattens the outputs in (``keras.tree.flatten``): a list or
+    tuple in its own order, a dict by sorted key, which is also ``model.output_names`` of
+    a functional model with dict outputs.
+    """
     names = list(getattr(model, "output_names", None) or [])
     if isinstance(outputs, dict):
         keys = [n for n in names if n in outputs] if set(names) == set(outputs) else sorted(outputs)
@@ -286,8 +291,28 @@ def _output_entries(model: Any, outputs: Any) -> list[tuple[str, Any]]:
     return [(names[0] if len(names) == 1 else "output", outputs)]
 
 
-def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> list[Any]:
-    """One entry per output from a single value, a list (positional) or a dict (by name)."""
+def positional_labels_error(names: Sequence[str], what: str = "labels") -> ValueError:
+    """The one-line refusal of ``what`` given by position (a list, ``y0, y1`` in a
+    ``.npz`` file) to a model whose outputs are a dict: which array goes to which output
+    would depend on an order the user never wrote down."""
+    listed = ", ".join(names)
+    by_name = ", ".join(f"{n!r}: ..." for n in names)
+    return ValueError(
+        f"the model's outputs are a dict ({listed}), so {what} given by position (a list, "
+        f"or y0, y1, ... in a .npz file) could go to the wrong output: give them by output "
+        f"name, as a dict {{{by_name}}} (in a .npz file "
+        f"{', '.join('y_' + n for n in names)})."
+    )
+
+
+def _per_output(
+    value: Any, names: list[str], what: str, *, broadcast: bool, by_name_only: bool = False
+) -> list[Any]:
+    """One entry per output from a single value, a list (positional) or a dict (by name).
+
+    ``by_name_only`` (labels and sample weights of a model with dict outputs) refuses a
+    list of several entries (:func:`positional_labels_error`).
+    """
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(names))
         if unknown:
@@ -297,6 +322,8 @@ def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> 
             )
         return [value.get(name) for name in names]
     if isinstance(value, (list, tuple)):
+        if by_name_only and len(names) > 1:
+            raise positional_labels_error(names, what)
         if len(value) != len(names):
             raise ValueError(
                 f"{what} has {len(value)} entries but the model has {len(names)} output(s) "
@@ -328,10 +355,13 @@ class LossTerm:
 class StructuredLoss:
     """The data loss of a (multi-output) model as ``compile`` defines it.
 
-    ``loss`` is one loss for every output, a list (one per output, in order) or a dict
-    keyed by output name (``None`` entries skip an output); ``loss_weights`` likewise
-    (default 1). ``y`` and ``sample_weight`` are a single array for a single output, or
-    a list/dict per output (one ``sample_weight`` array applies to every output). The
+    ``loss`` is one loss for every output, a list (one per output, in Keras' output
+    order, :func:`_output_entries`) or a dict keyed by output name (``None`` entries skip
+    an output); ``loss_weights`` likewise (default 1). ``y`` and ``sample_weight`` are a
+    single array for a single output, or a dict by output name or (for a model whose
+    outputs are a list) a list per output; a list for a model with dict outputs is
+    refused (:func:`positional_labels_error`). One ``sample_weight`` array applies to
+    every output. The
     value is Σ_o w_o L_o(y_o, ŷ_o), each L_o the batch's share of the dataset loss under
     the loss's reduction (:func:`reduction_of`): the batch mean for mean-type reductions
     and ``"none"``, the batch sum times ``sum_scale`` = N/n_b for ``"sum"``.
@@ -369,9 +399,12 @@ class StructuredLoss:
             y = y[0]
         if len(names) == 1 and isinstance(y, dict) and len(y) == 1:
             y = next(iter(y.values()))
-        labels = _per_output(y, names, "y (the labels)", broadcast=False)
+        by_name = isinstance(outputs, dict)
+        labels = _per_output(y, names, "y (the labels)", broadcast=False, by_name_only=by_name)
         if isinstance(sample_weight, (list, tuple, dict)):
-            sample_weights = _per_output(sample_weight, names, "sample_weight", broadcast=False)
+            sample_weights = _per_output(
+                sample_weight, names, "sample_weight", broadcast=False, by_name_only=by_name
+            )
         else:
             sample_weights = [sample_weight] * len(names)
         terms = [
