@@ -185,6 +185,11 @@ def check_float_dtype(name: str, value: Any, *, allow_none: bool = True) -> np.d
         dtype = None
     if dtype is None or dtype.name not in SUPPORTED_FLOAT_DTYPES:
         shown = dtype.name if dtype is not None else repr(value)
+        if shown in ("float16", "bfloat16"):
+            shown += (
+                " (half precision is too coarse for curvature: pass dtype='float32', which a "
+                "half-precision model gets by default, or dtype='float64')"
+            )
         raise TypeError(f"{name} must be one of {supported}{default}, got {shown}")
     return dtype
 

@@ -341,17 +341,24 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
     """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
     the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
     (:func:`spectra.preconditioned`)."""
+    from spectra.operators.keras_models import ComputeCopyError
+
     choice = curvature_choice(getattr(args, "curvature", None))
     with user_errors():
-        op = choice.from_keras(
-            model,
-            args.loss,
-            data.as_tuple(),
-            args.seed,
-            batch_size=args.batch_size,
-            training=args.training,
-            dtype=np.float64 if args.float64 else None,
-        )
+        try:
+            op = choice.from_keras(
+                model,
+                args.loss,
+                data.as_tuple(),
+                args.seed,
+                batch_size=args.batch_size,
+                training=args.training,
+                dtype=np.float64 if args.float64 else None,
+            )
+        except ComputeCopyError as err:
+            # The model cannot be copied into the compute dtype (float64 with --float64,
+            # float32 for a half- or mixed-precision model): a fact about the model file.
+            raise UserError(str(err)) from err
     if getattr(args, "preconditioned", False):
         op = _preconditioned(op, model)
     return op

@@ -60,8 +60,10 @@ def resolve_variables_and_dtype(
 
     ``variables`` defaults to the trainable variables (a subset gives a Hessian block);
     positions identify the same weights in a clone of the model. ``dtype`` defaults to
-    the variables' dtype and must be float32 or float64. A variable listed twice is an
-    error (it would count its block of the Hessian twice).
+    the variables' dtype, float32 for float16 or bfloat16 variables (half precision is
+    too coarse for curvature: products on a float32 copy of the model), and must be
+    float32 or float64. A variable listed twice is an error (it would count its block of
+    the Hessian twice).
     """
     all_weights = list(model.weights)
     if variables is None:
@@ -100,10 +102,17 @@ def resolve_variables_and_dtype(
             )
         positions.append(matches[0])
     chosen = [all_weights[j] for j in positions]
-    target = tf.as_dtype(
-        check_float_dtype("dtype", chosen[0].dtype if dtype is None else dtype, allow_none=False)
-    )
+    if dtype is None:
+        dtype = chosen[0].dtype
+        if tf.as_dtype(dtype) in _HALF_DTYPES:
+            # Half-precision weights (a float16 or bfloat16 model): products in float32 on
+            # a float32 copy, as a mixed-precision model gets them.
+            dtype = tf.float32
+    target = tf.as_dtype(check_float_dtype("dtype", dtype, allow_none=False))
     return chosen, positions, target
+
+
+_HALF_DTYPES = (tf.float16, tf.bfloat16)
 
 
 def _backing(weight: Any) -> Any:
@@ -741,7 +750,7 @@ def snapshot_state(
     target_t, target_n = _state_keys(run_model)
     sources, targets = [*source_t, *source_n], [*target_t, *target_n]
     if len(sources) != len(targets):
-        raise TypeError(
+        raise ComputeCopyError(
             f"the compute copy of {model.name!r} has {len(targets)} state variables, the model "
             f"{len(sources)}; build the model in the compute dtype yourself instead."
         )
@@ -783,6 +792,12 @@ def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Ten
 
 
 # -- compute-dtype clones ---------------------------------------------------------------
+class ComputeCopyError(TypeError):
+    """A model that cannot be copied into the compute dtype (float64 products, or float32
+    products of a half-precision or mixed-precision model): the message says to build the
+    model in that dtype. A ``TypeError``; the command line reports it in one line."""
+
+
 _FLOAT_POLICIES = frozenset(
     {"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"}
 )
@@ -845,7 +860,7 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
             if build_config:
                 clone.build_from_config(build_config)
     except (TypeError, ValueError, NotImplementedError, KeyError) as err:
-        raise TypeError(
+        raise ComputeCopyError(
             f"computing the Hessian in {dtype.name} needs a copy of the model in that dtype, "
             "rebuilt from its config (Sequential, functional, or a registered subclass with "
             f"get_config); rebuilding {model.name!r} failed: {err}. Build the model in "
@@ -856,13 +871,13 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
         random.setstate(python_state)
         np.random.set_state(numpy_state)  # noqa: NPY002
     if len(clone.weights) != len(model.weights):
-        raise TypeError(
+        raise ComputeCopyError(
             f"the {dtype.name} copy of {model.name!r} has {len(clone.weights)} weights, the "
             f"model {len(model.weights)}; build the model in {dtype.name} yourself instead."
         )
     other = sorted({str(w.dtype) for w in clone.weights if "float" in str(w.dtype)} - {dtype.name})
     if other:
-        raise TypeError(
+        raise ComputeCopyError(
             f"the {dtype.name} copy of {model.name!r} keeps weights in {', '.join(other)} (a "
             f"layer that fixes its own dtype); build the model in {dtype.name} yourself and "
             "pass it with dtype=None."
