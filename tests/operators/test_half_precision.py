@@ -97,8 +97,9 @@ def test_asking_for_half_precision_products_says_what_to_ask_for(dtype):
     with pytest.raises(TypeError) as raised:
         HessianOperator.from_keras(_model("float16"), None, (x, y), dtype=dtype)
     assert str(raised.value) == (
-        f"dtype must be one of float32, float64, got {dtype} (half precision is too coarse for curvature: pass dtype='float32', which a "
-        "half-precision model gets by default, or dtype='float64')"
+        f"dtype must be one of float32, float64, got {dtype} (half precision is too coarse "
+        "for curvature: pass dtype='float32', which a half-precision model gets by default, "
+        "or dtype='float64')"
     )
 
 
