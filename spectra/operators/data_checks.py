@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "graph_errors",
     "root_cause",
     "root_cause_first",
+    "warn_if_not_probabilities",
 ]
 
 # -------------------------------------------------------------------------- nested paths
@@ -344,6 +346,15 @@ _DENSE_LOSSES = _keras_losses(
 
 # Losses of a probability y in [0, 1] against the output (a subset of _DENSE_LOSSES).
 _BINARY_LOSSES = _keras_losses("binary_crossentropy", "binary_focal_crossentropy")
+# Losses of probabilities unless from_logits=True: over classes (rows summing to 1), or
+# per entry (binary).
+_CATEGORICAL_PROBABILITY_LOSSES = _keras_losses(
+    "sparse_categorical_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy"
+)
+# How far a row of probabilities may sum from 1 (float16 softmax rounding is ~1e-3).
+_SUM_TOLERANCE = 1e-2
+# Examples of the first batch the model is run on to look at its outputs.
+_PROBABILITY_EXAMPLES = 64
 
 
 def _compatible(a: Sequence[int | None], b: Sequence[int | None]) -> bool:
@@ -758,6 +769,7 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
                     "sample weights must be numbers."
                 )
     embeddings = _embedding_inputs(model)
+    looked_at_outputs = []
 
     def check_values(batch: Any, where: str | None) -> None:
         x, y, sample_weight = _unpack(batch)  # type: ignore[misc]
@@ -774,8 +786,81 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
                         f"{_path_name('sample_weight', path)} holds NaN or infinite values"
                         f"{_at(where)}; the loss would be NaN."
                     )
+        if not looked_at_outputs:
+            looked_at_outputs.append(True)
+            warn_if_not_probabilities(model, loss, x)
 
     batches.check_values(check_values)
+
+
+def _not_probabilities(loss: Any, values: np.ndarray) -> str | None:
+    """What makes ``values`` (one output on some examples) not the probabilities ``loss``
+    takes, or None: when the loss is a Keras cross-entropy without ``from_logits=True``,
+    negative values, values above 1, or (categorical) rows not summing to 1."""
+    resolved = _loss_function(loss)
+    if resolved is None:
+        return None
+    fn, kwargs, _ = resolved
+    categorical = fn in _CATEGORICAL_PROBABILITY_LOSSES
+    if kwargs.get("from_logits") or not (categorical or fn in _BINARY_LOSSES):
+        return None
+    values = np.asarray(values, np.float64)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        return None  # non-finite outputs are refused where the loss is computed
+    if values.min() < 0:
+        return f"negative values (the smallest {values.min():.3g})"
+    if values.max() > 1:
+        return f"values above 1 (the largest {values.max():.3g})"
+    if categorical and values.ndim >= 1:
+        sums = values.sum(axis=kwargs.get("axis", -1))
+        worst = float(np.ravel(sums)[np.argmax(np.abs(np.ravel(sums) - 1))])
+        if abs(worst - 1) > _SUM_TOLERANCE:
+            return f"rows summing to {worst:.3g}, not 1"
+    return None
+
+
+def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
+    """Warn (one line, ``UserWarning``) when a probabilistic loss (a Keras cross-entropy
+    without ``from_logits=True``) gets model outputs that are not probabilities on ``x``.
+
+    A model that ends without a softmax (or sigmoid) gives logits: under such a loss they
+    are clipped and renormalized, and the curvature of that is no one's loss (λ_max
+    orders of magnitude off, and no error). ``x`` is the first examples of the data (at
+    most :data:`_PROBABILITY_EXAMPLES` are used; the model runs once on them in inference
+    mode). ``loss`` is one loss, or a dict/list per output. A model that fails on ``x``
+    is not judged here: the operator's own evaluation reports that failure.
+    """
+    first = tf.nest.map_structure(lambda leaf: leaf[:_PROBABILITY_EXAMPLES], x)
+    try:
+        output = model(first, training=False)
+    except Exception:  # the operator's evaluation raises this error with its context
+        return
+    entries = _output_entries(model, output)
+    for position, (name, value) in enumerate(entries):
+        if isinstance(loss, dict):
+            output_loss = loss.get(name)
+        elif isinstance(loss, (list, tuple)):
+            output_loss = loss[position] if position < len(loss) else None
+        else:
+            output_loss = loss
+        if output_loss is None:
+            continue
+        problem = _not_probabilities(output_loss, _values(value))
+        if problem is None:
+            continue
+        fn, _, shown = _loss_function(output_loss)  # type: ignore[misc]
+        loss_class = "".join(part.capitalize() for part in fn.__name__.split("_"))
+        activation = "a softmax" if fn in _CATEGORICAL_PROBABILITY_LOSSES else "a sigmoid"
+        output_name = "the model's output" + (f" {name!r}" if len(entries) > 1 else "")
+        warnings.warn(
+            f"the loss {shown} takes probabilities (from_logits=False), but {output_name} "
+            f"has {problem} on the first {len(_values(value))} examples: "
+            f"if the model outputs logits, pass keras.losses.{loss_class}(from_logits=True) "
+            f"(or end the model with {activation}); as it is, the curvature is that of "
+            "clipped, renormalized logits.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _describe_structure(spec: Any) -> str:
