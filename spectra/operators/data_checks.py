@@ -54,10 +54,12 @@ if TYPE_CHECKING:
 __all__ = [
     "check_data_fits_model",
     "check_embedding_inputs",
+    "check_finite_inputs",
     "check_input_dtypes",
     "check_input_shapes",
     "check_keras_data",
     "check_labels",
+    "describe_inputs",
     "graph_errors",
     "root_cause",
     "root_cause_first",
@@ -121,6 +123,8 @@ def _first_bad(name: str, values: np.ndarray, bad: np.ndarray) -> tuple[str, Any
 
 def _show(value: Any) -> str:
     """A numpy scalar as the user typed it (5, 0.5), not as np.int64(5)."""
+    if isinstance(value, np.floating):
+        return str(value)  # numpy's shortest form: 3e+38 for a float32, not 3.0000000054977558e+38
     return repr(value.item() if hasattr(value, "item") else value)
 
 
@@ -773,6 +777,7 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
 
     def check_values(batch: Any, where: str | None) -> None:
         x, y, sample_weight = _unpack(batch)  # type: ignore[misc]
+        check_finite_inputs(x, where=where)
         if embeddings:
             check_embedding_inputs(model, x, where=where)
         if outputs is not None:
@@ -861,6 +866,65 @@ def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def _float_input_leaves(x: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name in x, values)`` of each floating-point leaf of the inputs ``x``."""
+    for path, leaf in _leaves_with_paths(x):
+        if _is_spec(leaf) or not _dtype(leaf).is_floating:
+            continue
+        yield _path_name("x", path), _values(leaf)
+
+
+def check_finite_inputs(x: Any, *, where: str | None = None) -> None:
+    """Refuse NaN or infinite values in the floating-point inputs ``x``, naming the array,
+    the first bad entry and the count.
+
+    The values are those the operator computes with (cast to its dtype): an infinite
+    entry of float32 data may be a finite float64 value beyond ±3.4e38, which the
+    message then says. Without this check such data reach the loss as a NaN batch loss
+    or gradient, whose cause would have to be guessed. Cost: one ``isfinite`` pass over x.
+    """
+    for name, values in _float_input_leaves(x):
+        bad = ~np.isfinite(values)
+        if not bad.any():
+            continue
+        entry, value = _first_bad(name, values, bad)
+        overflow = ""
+        if np.isinf(value) and values.dtype != np.float64:
+            limit = float(np.finfo(values.dtype).max)
+            overflow = (
+                f" (or a value beyond ±{limit:.2g}, which the {values.dtype} the operator "
+                "computes in cannot hold: rescale x, or compute in float64)"
+            )
+        raise ValueError(
+            f"{name} holds {int(bad.sum())} NaN or infinite values{_at(where)}, first "
+            f"{entry} = {_show(value)}{overflow}: the model's outputs, the loss and its "
+            "derivatives are undefined there. Remove or repair those examples."
+        )
+
+
+def describe_inputs(x: Any) -> str:
+    """Where to look in the inputs ``x`` when a batch's loss or gradient is not finite
+    although the weights are: the first NaN/Inf entry, or else the entry of largest
+    magnitude (a finite but huge input can overflow inside the model). One clause, e.g.
+    ``"x[7, 1] = 3e+38 is its largest input"``; empty for inputs without floats."""
+    largest: tuple[float, str, Any] | None = None
+    for name, values in _float_input_leaves(x):
+        if values.size == 0:
+            continue
+        bad = ~np.isfinite(values)
+        if bad.any():
+            entry, value = _first_bad(name, values, bad)
+            return f"{entry} = {_show(value)} ({int(bad.sum())} NaN or infinite values in {name})"
+        magnitude = np.abs(values)
+        index = np.unravel_index(int(np.argmax(magnitude)), values.shape)
+        if largest is None or magnitude[index] > largest[0]:
+            where = f"{name}[{', '.join(str(int(i)) for i in index)}]"
+            largest = (float(magnitude[index]), where, values[index])
+    if largest is None:
+        return ""
+    return f"{largest[1]} = {_show(largest[2])} is the input of largest magnitude"
 
 
 def _describe_structure(spec: Any) -> str:

@@ -769,18 +769,35 @@ def snapshot_state(
     ]
 
 
-def check_finite(value: tf.Tensor, name: str) -> None:
-    """Refuse NaN or Inf in a floating-point tensor, naming it and the count of bad entries."""
+def check_finite(value: tf.Tensor, name: str, *, inputs: Any = None, where: str = "") -> None:
+    """Refuse NaN or Inf in a floating-point tensor, naming it and the count of bad entries.
+
+    ``value`` is a weight (``name`` its path) by default: the fix is finite weights. With
+    ``inputs`` (the batch's x) it is something computed from finite weights (a batch
+    loss): the message blames the data and names the first NaN/Inf entry of x, or its
+    entry of largest magnitude (a finite input can overflow inside the model);
+    ``where`` (e.g. "batch 3") says which batch.
+    """
     if not value.dtype.is_floating:
         return
     bad = int(tf.size(value)) - int(tf.math.count_nonzero(tf.math.is_finite(value)))
-    if bad:
-        nans = int(tf.math.count_nonzero(tf.math.is_nan(value)))
+    if not bad:
+        return
+    nans = int(tf.math.count_nonzero(tf.math.is_nan(value)))
+    counts = f"{bad} non-finite entries ({nans} NaN, {bad - nans} Inf) out of {int(tf.size(value))}"
+    if inputs is not None:
+        from spectra.operators.data_checks import describe_inputs
+
+        look = describe_inputs(inputs)
+        at = f" of {where}" if where else ""
         raise ValueError(
-            f"variable {name!r} has {bad} non-finite entries ({nans} NaN, {bad - nans} Inf) "
-            f"out of {int(tf.size(value))}: the loss and its Hessian are undefined there. Load "
-            "finite weights (e.g. an earlier checkpoint) before computing curvature."
+            f"{name}{at} has {counts} although the weights are finite: the data are the "
+            f"cause{f' ({look})' if look else ''}. Remove or rescale those examples."
         )
+    raise ValueError(
+        f"variable {name!r} has {counts}: the loss and its Hessian are undefined there. Load "
+        "finite weights (e.g. an earlier checkpoint) before computing curvature."
+    )
 
 
 def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Tensor:
