@@ -773,7 +773,7 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
                     "sample weights must be numbers."
                 )
     embeddings = _embedding_inputs(model)
-    looked_at_outputs = []
+    looked_at_outputs: list[bool] = []
 
     def check_values(batch: Any, where: str | None) -> None:
         x, y, sample_weight = _unpack(batch)  # type: ignore[misc]

@@ -100,7 +100,7 @@ def test_not_probabilities_per_output_of_a_dict_model():
             "scores": keras.layers.Dense(3, name="scores")(inputs),
         },
     )
-    x, y = _data()
+    x, _ = _data()
     with pytest.warns(UserWarning, match=r"the model's output 'scores' has negative values"):
         D.warn_if_not_probabilities(model, "sparse_categorical_crossentropy", x)
     found = _warnings_of(
