@@ -798,17 +798,24 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
     batches.check_values(check_values)
 
 
+def _takes_probabilities(loss: Any) -> bool:
+    """Whether ``loss`` is a Keras cross-entropy without ``from_logits=True``."""
+    resolved = None if loss is None else _loss_function(loss)
+    if resolved is None:
+        return False
+    fn, kwargs, _ = resolved
+    probabilistic = fn in _CATEGORICAL_PROBABILITY_LOSSES or fn in _BINARY_LOSSES
+    return probabilistic and not kwargs.get("from_logits")
+
+
 def _not_probabilities(loss: Any, values: np.ndarray) -> str | None:
     """What makes ``values`` (one output on some examples) not the probabilities ``loss``
     takes, or None: when the loss is a Keras cross-entropy without ``from_logits=True``,
     negative values, values above 1, or (categorical) rows not summing to 1."""
-    resolved = _loss_function(loss)
-    if resolved is None:
+    if not _takes_probabilities(loss):
         return None
-    fn, kwargs, _ = resolved
+    fn, kwargs, _ = _loss_function(loss)  # type: ignore[misc]
     categorical = fn in _CATEGORICAL_PROBABILITY_LOSSES
-    if kwargs.get("from_logits") or not (categorical or fn in _BINARY_LOSSES):
-        return None
     values = np.asarray(values, np.float64)
     if values.size == 0 or not np.all(np.isfinite(values)):
         return None  # non-finite outputs are refused where the loss is computed
@@ -835,6 +842,12 @@ def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
     mode). ``loss`` is one loss, or a dict/list per output. A model that fails on ``x``
     is not judged here: the operator's own evaluation reports that failure.
     """
+    losses = list(loss.values()) if isinstance(loss, dict) else loss
+    if not any(
+        _takes_probabilities(item)
+        for item in (losses if isinstance(losses, (list, tuple)) else [losses])
+    ):
+        return  # no output to look at: the model is not run
     first = tf.nest.map_structure(lambda leaf: leaf[:_PROBABILITY_EXAMPLES], x)
     try:
         output = model(first, training=False)
