@@ -22,8 +22,8 @@ The package is layered; each layer imports only from the ones before it:
 
 Names are imported on first use (PEP 562): ``import spectra`` and the NumPy-only
 estimators do not import TensorFlow; ``spectra.HessianOperator`` does, without TensorFlow's
-C++ start-up log lines: unless ``TF_CPP_MIN_LOG_LEVEL`` is set, ``import spectra`` sets it to 3
-and makes the first import of TensorFlow quiet (:mod:`spectra._console`).
+C++ start-up log lines: ``import spectra`` raises ``TF_CPP_MIN_LOG_LEVEL`` to 3 (a higher
+value stays) and makes the first import of TensorFlow quiet (:mod:`spectra._console`).
 """
 
 from __future__ import annotations

@@ -7,18 +7,20 @@ load, before its logging is set up, so ``TF_CPP_MIN_LOG_LEVEL`` does not hold th
 ones (CPU feature hints, ``failed call to cuInit`` when probing the devices of a machine without
 a GPU) obey it. They are noise to a user, so spectra keeps them out without being asked:
 
-* ``import spectra`` calls :func:`install_quiet_import`: unless the environment already sets
-  ``TF_CPP_MIN_LOG_LEVEL`` (then the user's choice stands and nothing here applies), it sets it to
-  3 (C++ lines below FATAL are dropped: oneDNN's "falling back to Eigen" notices for int64 or bool
+* ``import spectra`` calls :func:`install_quiet_import`: it raises ``TF_CPP_MIN_LOG_LEVEL`` to 3
+  (C++ lines below FATAL are dropped: oneDNN's "falling back to Eigen" notices for int64 or bool
   kernels are logged as errors, while a failing op reaches Python as an exception with its
-  message, so nothing a user needs is dropped) and adds an import hook that, the first time
-  TensorFlow is imported (by spectra or by the user), runs that import with descriptor 2 routed
-  to a temporary file (:func:`native_stderr_captured`). If the import fails, what was captured is
-  written back to stderr, so nothing that explains a failure is lost.
+  message, so nothing a user needs is dropped) when it is unset or lower, and leaves a higher
+  (quieter) one as it is; and it adds an import hook that, the first time TensorFlow is imported
+  (by spectra or by the user), runs that import with descriptor 2 routed to a temporary file
+  (:func:`native_stderr_captured`). Both whatever the environment says: the lines written while
+  the libraries load ignore the level, so a user's own ``TF_CPP_MIN_LOG_LEVEL=3`` alone would
+  not keep them out. If the import fails, what was captured is written back to stderr, so
+  nothing that explains a failure is lost.
 * :func:`quiet_tensorflow` imports TensorFlow that way at once, also probes the devices quietly
   and sets TensorFlow's and absl's Python loggers to ERROR; the command line calls it first.
   ``quiet_tensorflow(verbose=True)`` (the CLI's ``--verbose``) undoes what ``import spectra`` set
-  up, so every line is shown.
+  up (the user's own level, if any, comes back), so every line the user's level allows is shown.
 
 Nothing here has an effect once TensorFlow is imported: lines printed by an import that came
 before ``import spectra`` are TensorFlow's own.
@@ -47,8 +49,27 @@ _LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 class _State:
     """What :func:`install_quiet_import` did, so that ``verbose`` can undo it."""
 
-    level_set_by_spectra = False
+    # Whether TensorFlow's first import was set up to be quiet by ``import spectra``.
+    installed = False
+    # Whether spectra raised the level, and the environment's value before (None: unset).
+    level_raised = False
+    previous_level: str | None = None
     hook: _QuietTensorFlowFinder | None = None
+
+
+def _raise_level() -> None:
+    """Set ``TF_CPP_MIN_LOG_LEVEL`` to 3 unless the environment sets it to 3 or more (a
+    value that is not an integer counts as lower, as TensorFlow reads it as 0)."""
+    current = os.environ.get(_LEVEL_VARIABLE)
+    try:
+        quiet_enough = current is not None and int(current) >= int(_QUIET_CPP_LEVEL)
+    except ValueError:
+        quiet_enough = False
+    if quiet_enough:
+        return
+    if not _State.level_raised:
+        _State.level_raised, _State.previous_level = True, current
+    os.environ[_LEVEL_VARIABLE] = _QUIET_CPP_LEVEL
 
 
 @contextlib.contextmanager
@@ -129,29 +150,31 @@ def _remove_hook() -> None:
 
 
 def install_quiet_import() -> None:
-    """Make the first import of TensorFlow quiet, unless the user chose a log level.
+    """Make the first import of TensorFlow quiet, whatever ``TF_CPP_MIN_LOG_LEVEL`` says.
 
-    Called by ``import spectra``. Does nothing when TensorFlow is already imported or the
-    environment sets ``TF_CPP_MIN_LOG_LEVEL`` (any value: the user's choice is respected).
-    Otherwise sets ``TF_CPP_MIN_LOG_LEVEL=3`` and adds the import hook described in this
-    module's docstring. Costs nothing until TensorFlow is imported.
+    Called by ``import spectra``. Does nothing when TensorFlow is already imported.
+    Otherwise raises ``TF_CPP_MIN_LOG_LEVEL`` to 3 when it is unset or lower (a higher,
+    quieter value stays) and adds the import hook described in this module's docstring.
+    Costs nothing until TensorFlow is imported.
     """
     if "tensorflow" in sys.modules or _State.hook is not None:
         return
-    if _LEVEL_VARIABLE in os.environ:
-        return
-    os.environ[_LEVEL_VARIABLE] = _QUIET_CPP_LEVEL
-    _State.level_set_by_spectra = True
+    _raise_level()
+    _State.installed = True
     _State.hook = _QuietTensorFlowFinder()
     sys.meta_path.insert(0, _State.hook)
 
 
 def _show_tensorflow_logs() -> None:
-    """Undo :func:`install_quiet_import` (before TensorFlow is imported)."""
+    """Undo :func:`install_quiet_import` (before TensorFlow is imported): no hook, and the
+    environment's own ``TF_CPP_MIN_LOG_LEVEL`` (or none) back."""
     _remove_hook()
-    if _State.level_set_by_spectra and os.environ.get(_LEVEL_VARIABLE) == _QUIET_CPP_LEVEL:
-        del os.environ[_LEVEL_VARIABLE]
-    _State.level_set_by_spectra = False
+    if _State.level_raised and os.environ.get(_LEVEL_VARIABLE) == _QUIET_CPP_LEVEL:
+        if _State.previous_level is None:
+            del os.environ[_LEVEL_VARIABLE]
+        else:
+            os.environ[_LEVEL_VARIABLE] = _State.previous_level
+    _State.level_raised, _State.previous_level = False, None
 
 
 def quiet_tensorflow(verbose: bool = False) -> ModuleType:
@@ -159,7 +182,7 @@ def quiet_tensorflow(verbose: bool = False) -> ModuleType:
 
     With ``verbose=True`` TensorFlow is imported as it is, every log line shown (what
     ``import spectra`` set up to keep them out is undone first). Otherwise
-    ``TF_CPP_MIN_LOG_LEVEL`` is set to 3 (C++ fatal lines only) unless the environment sets it,
+    ``TF_CPP_MIN_LOG_LEVEL`` is raised to 3 (C++ fatal lines only) unless it is 3 or more,
     the import and ``tf.config.list_physical_devices()`` (where the CUDA probing happens) run
     with descriptor 2 captured (:func:`native_stderr_captured`), and TensorFlow's and absl's
     Python loggers are set to ERROR, unless TensorFlow was already imported other than through
@@ -178,14 +201,15 @@ def quiet_tensorflow(verbose: bool = False) -> ModuleType:
     module
         the ``tensorflow`` module.
     """
-    imported_before_spectra = "tensorflow" in sys.modules and not _State.level_set_by_spectra
+    imported_before_spectra = "tensorflow" in sys.modules and not _State.installed
     if verbose:
         if "tensorflow" not in sys.modules:
             _show_tensorflow_logs()
         import tensorflow as tf
 
         return tf
-    os.environ.setdefault(_LEVEL_VARIABLE, _QUIET_CPP_LEVEL)
+    if "tensorflow" not in sys.modules:
+        _raise_level()
     _remove_hook()
     with native_stderr_captured():
         import tensorflow as tf

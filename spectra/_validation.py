@@ -37,6 +37,7 @@ __all__ = [
     "check_int",
     "check_seed",
     "is_bool",
+    "loss_config",
     "loss_name",
 ]
 
@@ -185,20 +186,40 @@ def check_float_dtype(name: str, value: Any, *, allow_none: bool = True) -> np.d
         dtype = None
     if dtype is None or dtype.name not in SUPPORTED_FLOAT_DTYPES:
         shown = dtype.name if dtype is not None else repr(value)
+        if shown in ("float16", "bfloat16"):
+            shown += (
+                " (half precision is too coarse for curvature: pass dtype='float32', which a "
+                "half-precision model gets by default, or dtype='float64')"
+            )
         raise TypeError(f"{name} must be one of {supported}{default}, got {shown}")
     return dtype
 
 
 def loss_name(loss: Any) -> str:
     """How messages and results name a loss: a name as given, a loss object's ``name`` (or
-    a function's ``__name__``, else its class), and a dict or list of them per output as
-    ``{out: name, ...}`` or ``[name, ...]``."""
+    a function's ``__name__``, else its class) followed by ``(from_logits=True)`` when its
+    config says so (the same name with and without it are different losses), and a dict
+    or list of them per output as ``{out: name, ...}`` or ``[name, ...]``."""
     if isinstance(loss, str):
         return loss
     if isinstance(loss, Mapping):
         return "{" + ", ".join(f"{key}: {loss_name(value)}" for key, value in loss.items()) + "}"
     if isinstance(loss, Sequence):
         return "[" + ", ".join(loss_name(value) for value in loss) + "]"
-    return str(
+    name = str(
         getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
     )
+    return f"{name}(from_logits=True)" if loss_config(loss).get("from_logits") is True else name
+
+
+def loss_config(loss: Any) -> dict[str, Any]:
+    """A loss object's ``get_config()`` (``{}`` for a name, a function, or a loss whose
+    config cannot be read)."""
+    get_config = getattr(loss, "get_config", None)
+    if isinstance(loss, (str, type)) or not callable(get_config):
+        return {}
+    try:
+        config = get_config()
+    except (NotImplementedError, TypeError, ValueError, AttributeError):
+        return {}
+    return dict(config) if isinstance(config, Mapping) else {}

@@ -222,8 +222,8 @@ def cluster_checks(records: Path) -> dict:
     with STRATEGY.scope():
         dropout = build_dropout_model()
     result["dropout"] = dropout_products(dropout, dataset_function(every_other_batch, [], []))
-    # A bad label in worker 1's shard fails its counting pass, a NaN input its first pass
-    # (which checks batch losses): either way both workers must stop, neither wait.
+    # A bad label or a NaN input in worker 1's shard fails its counting pass (which checks
+    # the values): either way both workers must stop, neither wait.
     bad_labels, bad_features = Y.copy(), X.copy()
     bad_labels[30], bad_features[40, 0] = 99, np.nan
     for name, data in [

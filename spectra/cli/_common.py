@@ -10,8 +10,10 @@ import argparse
 import contextlib
 import hashlib
 import importlib.metadata
+import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from spectra import __version__
-from spectra._validation import loss_name
+from spectra._validation import loss_config, loss_name
 from spectra.analysis.trajectory import SharpnessSettings, explain_null
 from spectra.cli._curvature import curvature_choice
 from spectra.estimators.results import Result
@@ -341,20 +343,45 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
     """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
     the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
     (:func:`spectra.preconditioned`)."""
+    from spectra.operators.keras_models import ComputeCopyError
+
     choice = curvature_choice(getattr(args, "curvature", None))
-    with user_errors():
-        op = choice.from_keras(
-            model,
-            args.loss,
-            data.as_tuple(),
-            args.seed,
-            batch_size=args.batch_size,
-            training=args.training,
-            dtype=np.float64 if args.float64 else None,
-        )
+    with user_errors(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            op = choice.from_keras(
+                model,
+                args.loss,
+                data.as_tuple(),
+                args.seed,
+                batch_size=args.batch_size,
+                training=args.training,
+                dtype=np.float64 if args.float64 else None,
+            )
+        except ComputeCopyError as err:
+            # The model cannot be copied into the compute dtype (float64 with --float64,
+            # float32 for a half- or mixed-precision model): a fact about the model file.
+            raise UserError(str(err)) from err
+    _show_warnings(args, caught)
     if getattr(args, "preconditioned", False):
         op = _preconditioned(op, model)
     return op
+
+
+def _show_warnings(args: argparse.Namespace, caught: Sequence[warnings.WarningMessage]) -> None:
+    """spectra's warnings (``UserWarning``) as one ``spectra: warning:`` line each, once per
+    run (operators built again for ``--repeats`` say it once); others as Python shows
+    them."""
+    shown: set[str] = vars(args).setdefault("shown_warnings", set())
+    for warning in caught:
+        text = one_line(str(warning.message))
+        if not issubclass(warning.category, UserWarning):
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+        elif text not in shown:
+            shown.add(text)
+            Console(args).warn(text)
 
 
 # The optimizers whose state gives --preconditioned its P (spectra._tf_compat.OPTIMIZER_SLOTS,
@@ -518,8 +545,11 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()
 
 
-def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
-    return {
+def data_description(args: argparse.Namespace, data: Any, model: Any = None) -> dict[str, Any]:
+    """What ``results.json`` records of the data; with ``model``, ``labels``: which label
+    array went to which of its outputs (``{output name: "y_<name>" | "y0" | "y"}``, in
+    Keras' output order)."""
+    description = {
         "spec": args.data,
         "name": data.name,
         "description": data.description,
@@ -529,6 +559,12 @@ def data_description(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "sample_weights": data.sample_weight is not None,
         "sha256": data_fingerprint(data),
     }
+    if model is not None:
+        from spectra.operators.data_checks import label_sources
+
+        with user_errors(args.data):
+            description["labels"] = label_sources(model, data.x, data.y)
+    return description
 
 
 def _label_shapes(y: Any) -> Any:
@@ -552,11 +588,32 @@ def model_description(path: str | os.PathLike, model: Any, num_parameters: int) 
         "num_parameters": int(num_parameters),
         "dtype": str(model.trainable_variables[0].dtype),
         "compiled_loss": None if compiled is None else loss_name(compiled),
+        "compiled_loss_config": loss_record(compiled),
     }
     ignored = ignored_optimizer_weights(path)
     if ignored is not None:
         description["ignored_optimizer_weights"] = ignored
     return description
+
+
+def loss_record(loss: Any) -> Any:
+    """A loss as ``results.json`` records it in full: a name as given, a loss object as
+    ``{"class_name": ..., "config": ...}`` (its ``from_logits``, reduction and the rest),
+    a function by its name, and a dict or list of them per output likewise."""
+    if loss is None or isinstance(loss, str):
+        return loss
+    if isinstance(loss, dict):
+        return {str(key): loss_record(value) for key, value in loss.items()}
+    if isinstance(loss, (list, tuple)):
+        return [loss_record(value) for value in loss]
+    config = loss_config(loss)
+    if not config:
+        return loss_name(loss)
+    # Through JSON and back: a config value JSON cannot hold is recorded as its text.
+    return {
+        "class_name": type(loss).__name__,
+        "config": json.loads(json.dumps(config, default=str)),
+    }
 
 
 def versions() -> dict[str, str]:

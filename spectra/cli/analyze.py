@@ -187,7 +187,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         loaded = time.perf_counter()
         report = _compute(args, console, settings, op, loss, model=model, data=data)
         report.model = model_description(args.model, model, size)
-        report.data = data_description(args, data)
+        report.data = data_description(args, data, model)
         report.wall_times["load"] = loaded - started
         figures = _figures(args, report)
         report.wall_times["total"] = time.perf_counter() - started

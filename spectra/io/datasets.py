@@ -19,9 +19,11 @@ name                n       features  preprocessing and labels
 both computed in float64 over the whole data set before any subset is taken, then cast to float32.
 ``data/digits.npz`` in the repository holds exactly ``load_data("digits")``.
 
-Labels of a model with several outputs go in a ``.npz`` file as one array per output: ``y_<output
-name>`` (``np.savez(path, x=x, y_digit=..., y_size=...)``, giving a dict keyed by output name) or
-``y0, y1, ...`` in the order of the model's outputs (giving a list), instead of ``y``.
+Labels of a model with several outputs go in a ``.npz`` file as one array per output, instead of
+``y``: preferably ``y_<output name>`` (``np.savez(path, x=x, y_digit=..., y_size=...)``, giving a
+dict keyed by output name). ``y0, y1, ...`` (giving a list) are taken in Keras' output order,
+which is the order of the list a functional model was built with (``model.output_names``); they
+are refused for a model whose outputs are a dict, where nothing written down fixes an order.
 
 Loss names that fit: ``sparse_categorical_crossentropy`` for ``digits``, ``iris`` and ``wine``
 (softmax outputs); ``binary_crossentropy`` for ``breast_cancer`` (one sigmoid output);
@@ -72,7 +74,8 @@ class Data:
 
     ``num_examples`` is ``len(x)``; ``description`` says the source, the preprocessing and the
     subset taken, if any. ``y`` is one array, or for a model with several outputs a dict of
-    arrays by output name (``y_<name>`` in the file) or a list in output order (``y0, y1, ...``).
+    arrays by output name (``y_<name>`` in the file) or a list in Keras' output order (``y0,
+    y1, ...``; only for a model whose outputs are a list).
     """
 
     def label_arrays(self) -> dict[str, np.ndarray]:
@@ -98,7 +101,8 @@ def load_data(spec: str | os.PathLike, max_examples: int | None = None, seed: in
     """Load a ``.npz`` file (arrays ``x``, ``y``, optional ``sample_weight``) or a built-in set.
 
     For a model with several outputs the file holds ``y_<output name>`` arrays (``y`` becomes
-    a dict by output name) or ``y0, y1, ...`` (a list in output order) instead of ``y``.
+    a dict by output name) or ``y0, y1, ...`` (a list in Keras' output order, refused later
+    for a model whose outputs are a dict) instead of ``y``.
 
     Parameters
     ----------
@@ -229,7 +233,7 @@ def _labels(path: Path, arrays: dict[str, np.ndarray], per_output: list[str]) ->
     if named and numbered:
         raise ValueError(
             f"'{path}' mixes labels by output name {named} and by position {numbered}: "
-            "use one kind, 'y_<output name>' or 'y0', 'y1', ... in output order."
+            "name every array 'y_<output name>'."
         )
     if named:
         return {key[2:]: arrays[key] for key in named}
@@ -239,7 +243,8 @@ def _labels(path: Path, arrays: dict[str, np.ndarray], per_output: list[str]) ->
     ):
         raise ValueError(
             f"'{path}' numbers its labels {sorted(numbered, key=lambda k: int(k[1:]))}: "
-            f"give 'y0' .. 'y{len(positions) - 1}', one per model output in output order."
+            f"name them 'y_<output name>', one per model output (or give 'y0' .. "
+            f"'y{len(positions) - 1}' for a model whose outputs are a list, in its order)."
         )
     return [arrays[f"y{i}"] for i in positions]
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from spectra import _tf_compat
+from spectra.operators.keras_models import _output_entries, positional_labels_error
 
 if TYPE_CHECKING:
     from spectra.operators.batching import Batches
@@ -52,13 +54,16 @@ if TYPE_CHECKING:
 __all__ = [
     "check_data_fits_model",
     "check_embedding_inputs",
+    "check_finite_inputs",
     "check_input_dtypes",
     "check_input_shapes",
     "check_keras_data",
     "check_labels",
+    "describe_inputs",
     "graph_errors",
     "root_cause",
     "root_cause_first",
+    "warn_if_not_probabilities",
 ]
 
 # -------------------------------------------------------------------------- nested paths
@@ -118,6 +123,8 @@ def _first_bad(name: str, values: np.ndarray, bad: np.ndarray) -> tuple[str, Any
 
 def _show(value: Any) -> str:
     """A numpy scalar as the user typed it (5, 0.5), not as np.int64(5)."""
+    if isinstance(value, np.floating):
+        return str(value)  # numpy's shortest form: 3e+38 for a float32, not 3.0000000054977558e+38
     return repr(value.item() if hasattr(value, "item") else value)
 
 
@@ -343,6 +350,15 @@ _DENSE_LOSSES = _keras_losses(
 
 # Losses of a probability y in [0, 1] against the output (a subset of _DENSE_LOSSES).
 _BINARY_LOSSES = _keras_losses("binary_crossentropy", "binary_focal_crossentropy")
+# Losses of probabilities unless from_logits=True: over classes (rows summing to 1), or
+# per entry (binary).
+_CATEGORICAL_PROBABILITY_LOSSES = _keras_losses(
+    "sparse_categorical_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy"
+)
+# How far a row of probabilities may sum from 1 (float16 softmax rounding is ~1e-3).
+_SUM_TOLERANCE = 1e-2
+# Examples of the first batch the model is run on to look at its outputs.
+_PROBABILITY_EXAMPLES = 64
 
 
 def _compatible(a: Sequence[int | None], b: Sequence[int | None]) -> bool:
@@ -533,6 +549,8 @@ def _per_output(
             return []
         return [(single, label, leaves[0][1], "y")]
     names = _output_names(model, outputs)
+    if isinstance(outputs, dict) and isinstance(y, (list, tuple)):
+        raise positional_labels_error([str(path[0]) for path, _ in leaves])
     result = []
     for position, (path, output) in enumerate(leaves):
         key = path[0] if isinstance(outputs, dict) else position
@@ -607,7 +625,7 @@ def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) 
         if loss is not None:
             check_labels(loss, np.asarray(y), (None, *outputs[0][1].shape[1:]))
         return
-    pairs = _labels_per_output(outputs, y)
+    pairs = _labels_per_output(outputs, y, by_name_only=isinstance(output, dict))
     for position, (name, label, out) in enumerate(pairs):
         label_name = f"y_{name}" if isinstance(y, dict) else f"y{position}"
         if isinstance(loss, dict):
@@ -635,26 +653,25 @@ def _label_leaves(y: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def _named_outputs(model: keras.Model, output: Any) -> list[tuple[str, np.ndarray]]:
-    """``(name, value)`` of each of the model's outputs, in output order."""
-    if isinstance(output, dict):
-        return [(str(key), np.asarray(value)) for key, value in output.items()]
-    if isinstance(output, (list, tuple)):
-        names = getattr(model, "output_names", None)
-        if not names or len(names) != len(output):
-            names = [str(i) for i in range(len(output))]
-        return [(str(n), np.asarray(v)) for n, v in zip(names, output, strict=True)]
-    names = getattr(model, "output_names", None)
-    return [(str(names[0]) if names and len(names) == 1 else "output", np.asarray(output))]
+    """``(name, value)`` of each of the model's outputs, in Keras' output order (a dict's
+    sorted keys, :func:`spectra.operators.keras_models._output_entries`): the order the
+    loss pairs labels and outputs in."""
+    return [(name, np.asarray(value)) for name, value in _output_entries(model, output)]
 
 
 def _labels_per_output(
-    outputs: list[tuple[str, np.ndarray]], y: Any
+    outputs: list[tuple[str, np.ndarray]], y: Any, *, by_name_only: bool = False
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``(output name, labels, output)`` for each output; ValueError listing the model's
-    outputs when the label arrays do not match them one to one."""
+    outputs when the label arrays do not match them one to one. ``by_name_only`` (a model
+    with dict outputs) refuses labels given by position (:func:`positional_labels_error`)."""
     names = [name for name, _ in outputs]
     listed = ", ".join(names)
-    numbered = ", ".join(f"y{i}" for i in range(len(names)))
+    by_name = ", ".join("y_" + n for n in names)
+    if by_name_only:
+        numbered = ""
+    else:
+        numbered = f" (or {', '.join(f'y{i}' for i in range(len(names)))} in this order)"
     if isinstance(y, dict):
         missing = [name for name in names if name not in y]
         extra = [str(key) for key in y if key not in names]
@@ -666,25 +683,43 @@ def _labels_per_output(
                 problems.append(f"labels {', '.join('y_' + k for k in extra)} match no output")
             raise ValueError(
                 f"the label arrays do not match the model's outputs ({listed}): "
-                f"{'; '.join(problems)}. Give one array per output, named "
-                f"{', '.join('y_' + n for n in names)} (or {numbered} in this order)."
+                f"{'; '.join(problems)}. Give one array per output, named {by_name}{numbered}."
             )
         return [(name, np.asarray(y[name]), out) for name, out in outputs]
     if isinstance(y, (list, tuple)):
+        if by_name_only:
+            raise positional_labels_error(names)
         if len(y) != len(outputs):
             raise ValueError(
                 f"{len(y)} label arrays (y0 .. y{len(y) - 1}) for the model's {len(outputs)} "
-                f"outputs ({listed}): give one per output, in this order, or name them "
-                f"{', '.join('y_' + n for n in names)}."
+                f"outputs ({listed}): name them {by_name}, or give one per output in this "
+                "order."
             )
         return [
             (name, np.asarray(label), out) for (name, out), label in zip(outputs, y, strict=True)
         ]
     raise ValueError(
         f"the model has {len(outputs)} outputs ({listed}) but the data has one label array "
-        "y: give one per output, as a dict keyed by output name or a list in output order "
-        f"(in a .npz file: {', '.join('y_' + n for n in names)} instead of y)."
+        "y: give one per output, as a dict keyed by output name"
+        f"{'' if by_name_only else ' or a list in this order'} (in a .npz file: "
+        f"{by_name} instead of y)."
     )
+
+
+def label_sources(model: keras.Model, x: Any, y: Any) -> dict[str, str]:
+    """Which label array goes to which of the model's outputs: ``{output name: array}``
+    with the array named as in a ``.npz`` file (``y``, ``y_<name>``, ``y0``...), in
+    Keras' output order. Runs the model on 2 examples; raises as
+    :func:`check_data_fits_model` does when the labels do not match the outputs."""
+    output = model(np.asarray(x)[:2], training=False)
+    outputs = _named_outputs(model, output)
+    if len(outputs) == 1 and not isinstance(y, (dict, list, tuple)):
+        return {outputs[0][0]: "y"}
+    pairs = _labels_per_output(outputs, y, by_name_only=isinstance(output, dict))
+    return {
+        name: (f"y_{name}" if isinstance(y, dict) else f"y{position}")
+        for position, (name, _, _) in enumerate(pairs)
+    }
 
 
 def _single_input_shape(model: keras.Model) -> tuple | None:
@@ -738,9 +773,11 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
                     "sample weights must be numbers."
                 )
     embeddings = _embedding_inputs(model)
+    looked_at_outputs: list[bool] = []
 
     def check_values(batch: Any, where: str | None) -> None:
         x, y, sample_weight = _unpack(batch)  # type: ignore[misc]
+        check_finite_inputs(x, where=where)
         if embeddings:
             check_embedding_inputs(model, x, where=where)
         if outputs is not None:
@@ -754,8 +791,153 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Batches) -> None:
                         f"{_path_name('sample_weight', path)} holds NaN or infinite values"
                         f"{_at(where)}; the loss would be NaN."
                     )
+        if not looked_at_outputs:
+            looked_at_outputs.append(True)
+            warn_if_not_probabilities(model, loss, x)
 
     batches.check_values(check_values)
+
+
+def _takes_probabilities(loss: Any) -> bool:
+    """Whether ``loss`` is a Keras cross-entropy without ``from_logits=True``."""
+    resolved = None if loss is None else _loss_function(loss)
+    if resolved is None:
+        return False
+    fn, kwargs, _ = resolved
+    probabilistic = fn in _CATEGORICAL_PROBABILITY_LOSSES or fn in _BINARY_LOSSES
+    return probabilistic and not kwargs.get("from_logits")
+
+
+def _not_probabilities(loss: Any, values: np.ndarray) -> str | None:
+    """What makes ``values`` (one output on some examples) not the probabilities ``loss``
+    takes, or None: when the loss is a Keras cross-entropy without ``from_logits=True``,
+    negative values, values above 1, or (categorical) rows not summing to 1."""
+    if not _takes_probabilities(loss):
+        return None
+    fn, kwargs, _ = _loss_function(loss)  # type: ignore[misc]
+    categorical = fn in _CATEGORICAL_PROBABILITY_LOSSES
+    values = np.asarray(values, np.float64)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        return None  # non-finite outputs are refused where the loss is computed
+    if values.min() < 0:
+        return f"negative values (the smallest {values.min():.3g})"
+    if values.max() > 1:
+        return f"values above 1 (the largest {values.max():.3g})"
+    if categorical and values.ndim >= 1:
+        sums = values.sum(axis=kwargs.get("axis", -1))
+        worst = float(np.ravel(sums)[np.argmax(np.abs(np.ravel(sums) - 1))])
+        if abs(worst - 1) > _SUM_TOLERANCE:
+            return f"rows summing to {worst:.3g}, not 1"
+    return None
+
+
+def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
+    """Warn (one line, ``UserWarning``) when a probabilistic loss (a Keras cross-entropy
+    without ``from_logits=True``) gets model outputs that are not probabilities on ``x``.
+
+    A model that ends without a softmax (or sigmoid) gives logits: under such a loss they
+    are clipped and renormalized, and the curvature of that is no one's loss (λ_max
+    orders of magnitude off, and no error). ``x`` is the first examples of the data (at
+    most :data:`_PROBABILITY_EXAMPLES` are used; the model runs once on them in inference
+    mode). ``loss`` is one loss, or a dict/list per output. A model that fails on ``x``
+    is not judged here: the operator's own evaluation reports that failure.
+    """
+    losses = list(loss.values()) if isinstance(loss, dict) else loss
+    if not any(
+        _takes_probabilities(item)
+        for item in (losses if isinstance(losses, (list, tuple)) else [losses])
+    ):
+        return  # no output to look at: the model is not run
+    first = tf.nest.map_structure(lambda leaf: leaf[:_PROBABILITY_EXAMPLES], x)
+    try:
+        output = model(first, training=False)
+    except Exception:  # the operator's evaluation raises this error with its context
+        return
+    entries = _output_entries(model, output)
+    for position, (name, value) in enumerate(entries):
+        if isinstance(loss, dict):
+            output_loss = loss.get(name)
+        elif isinstance(loss, (list, tuple)):
+            output_loss = loss[position] if position < len(loss) else None
+        else:
+            output_loss = loss
+        if output_loss is None:
+            continue
+        problem = _not_probabilities(output_loss, _values(value))
+        if problem is None:
+            continue
+        fn, _, shown = _loss_function(output_loss)  # type: ignore[misc]
+        loss_class = "".join(part.capitalize() for part in fn.__name__.split("_"))
+        activation = "a softmax" if fn in _CATEGORICAL_PROBABILITY_LOSSES else "a sigmoid"
+        output_name = "the model's output" + (f" {name!r}" if len(entries) > 1 else "")
+        warnings.warn(
+            f"the loss {shown} takes probabilities (from_logits=False), but {output_name} "
+            f"has {problem} on the first {len(_values(value))} examples: "
+            f"if the model outputs logits, pass keras.losses.{loss_class}(from_logits=True) "
+            f"(or end the model with {activation}); as it is, the curvature is that of "
+            "clipped, renormalized logits.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _float_input_leaves(x: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name in x, values)`` of each floating-point leaf of the inputs ``x``."""
+    for path, leaf in _leaves_with_paths(x):
+        if _is_spec(leaf) or not _dtype(leaf).is_floating:
+            continue
+        yield _path_name("x", path), _values(leaf)
+
+
+def check_finite_inputs(x: Any, *, where: str | None = None) -> None:
+    """Refuse NaN or infinite values in the floating-point inputs ``x``, naming the array,
+    the first bad entry and the count.
+
+    The values are those the operator computes with (cast to its dtype): an infinite
+    entry of float32 data may be a finite float64 value beyond ±3.4e38, which the
+    message then says. Without this check such data reach the loss as a NaN batch loss
+    or gradient, whose cause would have to be guessed. Cost: one ``isfinite`` pass over x.
+    """
+    for name, values in _float_input_leaves(x):
+        bad = ~np.isfinite(values)
+        if not bad.any():
+            continue
+        entry, value = _first_bad(name, values, bad)
+        overflow = ""
+        if np.isinf(value) and values.dtype != np.float64:
+            limit = float(np.finfo(values.dtype).max)
+            overflow = (
+                f" (or a value beyond ±{limit:.2g}, which the {values.dtype} the operator "
+                "computes in cannot hold: rescale x, or compute in float64)"
+            )
+        raise ValueError(
+            f"{name} holds {int(bad.sum())} NaN or infinite values{_at(where)}, first "
+            f"{entry} = {_show(value)}{overflow}: the model's outputs, the loss and its "
+            "derivatives are undefined there. Remove or repair those examples."
+        )
+
+
+def describe_inputs(x: Any) -> str:
+    """Where to look in the inputs ``x`` when a batch's loss or gradient is not finite
+    although the weights are: the first NaN/Inf entry, or else the entry of largest
+    magnitude (a finite but huge input can overflow inside the model). One clause, e.g.
+    ``"x[7, 1] = 3e+38 is its largest input"``; empty for inputs without floats."""
+    largest: tuple[float, str, Any] | None = None
+    for name, values in _float_input_leaves(x):
+        if values.size == 0:
+            continue
+        bad = ~np.isfinite(values)
+        if bad.any():
+            entry, value = _first_bad(name, values, bad)
+            return f"{entry} = {_show(value)} ({int(bad.sum())} NaN or infinite values in {name})"
+        magnitude = np.abs(values)
+        index = np.unravel_index(int(np.argmax(magnitude)), values.shape)
+        if largest is None or magnitude[index] > largest[0]:
+            where = f"{name}[{', '.join(str(int(i)) for i in index)}]"
+            largest = (float(magnitude[index]), where, values[index])
+    if largest is None:
+        return ""
+    return f"{largest[1]} = {_show(largest[2])} is the input of largest magnitude"
 
 
 def _describe_structure(spec: Any) -> str:

@@ -60,8 +60,10 @@ def resolve_variables_and_dtype(
 
     ``variables`` defaults to the trainable variables (a subset gives a Hessian block);
     positions identify the same weights in a clone of the model. ``dtype`` defaults to
-    the variables' dtype and must be float32 or float64. A variable listed twice is an
-    error (it would count its block of the Hessian twice).
+    the variables' dtype, float32 for float16 or bfloat16 variables (half precision is
+    too coarse for curvature: products on a float32 copy of the model), and must be
+    float32 or float64. A variable listed twice is an error (it would count its block of
+    the Hessian twice).
     """
     all_weights = list(model.weights)
     if variables is None:
@@ -100,10 +102,17 @@ def resolve_variables_and_dtype(
             )
         positions.append(matches[0])
     chosen = [all_weights[j] for j in positions]
-    target = tf.as_dtype(
-        check_float_dtype("dtype", chosen[0].dtype if dtype is None else dtype, allow_none=False)
-    )
+    if dtype is None:
+        dtype = chosen[0].dtype
+        if tf.as_dtype(dtype) in _HALF_DTYPES:
+            # Half-precision weights (a float16 or bfloat16 model): products in float32 on
+            # a float32 copy, as a mixed-precision model gets them.
+            dtype = tf.float32
+    target = tf.as_dtype(check_float_dtype("dtype", dtype, allow_none=False))
     return chosen, positions, target
+
+
+_HALF_DTYPES = (tf.float16, tf.bfloat16)
 
 
 def _backing(weight: Any) -> Any:
@@ -274,7 +283,12 @@ def loss_key(loss: Any) -> tuple[Hashable, list[Any]]:
 
 
 def _output_entries(model: Any, outputs: Any) -> list[tuple[str, Any]]:
-    """``(name, tensor)`` for each model output, in the model's output order."""
+    """``(name, tensor)`` for each model output, in Keras' output order.
+
+    That is the order Keras flattens the outputs in (``keras.tree.flatten``): a list or
+    tuple in its own order, a dict by sorted key, which is also ``model.output_names`` of
+    a functional model with dict outputs.
+    """
     names = list(getattr(model, "output_names", None) or [])
     if isinstance(outputs, dict):
         keys = [n for n in names if n in outputs] if set(names) == set(outputs) else sorted(outputs)
@@ -286,8 +300,28 @@ def _output_entries(model: Any, outputs: Any) -> list[tuple[str, Any]]:
     return [(names[0] if len(names) == 1 else "output", outputs)]
 
 
-def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> list[Any]:
-    """One entry per output from a single value, a list (positional) or a dict (by name)."""
+def positional_labels_error(names: Sequence[str], what: str = "labels") -> ValueError:
+    """The one-line refusal of ``what`` given by position (a list, ``y0, y1`` in a
+    ``.npz`` file) to a model whose outputs are a dict: which array goes to which output
+    would depend on an order the user never wrote down."""
+    listed = ", ".join(names)
+    by_name = ", ".join(f"{n!r}: ..." for n in names)
+    return ValueError(
+        f"the model's outputs are a dict ({listed}), so {what} given by position (a list, "
+        f"or y0, y1, ... in a .npz file) could go to the wrong output: give them by output "
+        f"name, as a dict {{{by_name}}} (in a .npz file "
+        f"{', '.join('y_' + n for n in names)})."
+    )
+
+
+def _per_output(
+    value: Any, names: list[str], what: str, *, broadcast: bool, by_name_only: bool = False
+) -> list[Any]:
+    """One entry per output from a single value, a list (positional) or a dict (by name).
+
+    ``by_name_only`` (labels and sample weights of a model with dict outputs) refuses a
+    list of several entries (:func:`positional_labels_error`).
+    """
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(names))
         if unknown:
@@ -297,6 +331,8 @@ def _per_output(value: Any, names: list[str], what: str, *, broadcast: bool) -> 
             )
         return [value.get(name) for name in names]
     if isinstance(value, (list, tuple)):
+        if by_name_only and len(names) > 1:
+            raise positional_labels_error(names, what)
         if len(value) != len(names):
             raise ValueError(
                 f"{what} has {len(value)} entries but the model has {len(names)} output(s) "
@@ -328,10 +364,13 @@ class LossTerm:
 class StructuredLoss:
     """The data loss of a (multi-output) model as ``compile`` defines it.
 
-    ``loss`` is one loss for every output, a list (one per output, in order) or a dict
-    keyed by output name (``None`` entries skip an output); ``loss_weights`` likewise
-    (default 1). ``y`` and ``sample_weight`` are a single array for a single output, or
-    a list/dict per output (one ``sample_weight`` array applies to every output). The
+    ``loss`` is one loss for every output, a list (one per output, in Keras' output
+    order, :func:`_output_entries`) or a dict keyed by output name (``None`` entries skip
+    an output); ``loss_weights`` likewise (default 1). ``y`` and ``sample_weight`` are a
+    single array for a single output, or a dict by output name or (for a model whose
+    outputs are a list) a list per output; a list for a model with dict outputs is
+    refused (:func:`positional_labels_error`). One ``sample_weight`` array applies to
+    every output. The
     value is Σ_o w_o L_o(y_o, ŷ_o), each L_o the batch's share of the dataset loss under
     the loss's reduction (:func:`reduction_of`): the batch mean for mean-type reductions
     and ``"none"``, the batch sum times ``sum_scale`` = N/n_b for ``"sum"``.
@@ -369,9 +408,12 @@ class StructuredLoss:
             y = y[0]
         if len(names) == 1 and isinstance(y, dict) and len(y) == 1:
             y = next(iter(y.values()))
-        labels = _per_output(y, names, "y (the labels)", broadcast=False)
+        by_name = isinstance(outputs, dict)
+        labels = _per_output(y, names, "y (the labels)", broadcast=False, by_name_only=by_name)
         if isinstance(sample_weight, (list, tuple, dict)):
-            sample_weights = _per_output(sample_weight, names, "sample_weight", broadcast=False)
+            sample_weights = _per_output(
+                sample_weight, names, "sample_weight", broadcast=False, by_name_only=by_name
+            )
         else:
             sample_weights = [sample_weight] * len(names)
         terms = [
@@ -736,7 +778,7 @@ def snapshot_state(
     target_t, target_n = _state_keys(run_model)
     sources, targets = [*source_t, *source_n], [*target_t, *target_n]
     if len(sources) != len(targets):
-        raise TypeError(
+        raise ComputeCopyError(
             f"the compute copy of {model.name!r} has {len(targets)} state variables, the model "
             f"{len(sources)}; build the model in the compute dtype yourself instead."
         )
@@ -755,18 +797,35 @@ def snapshot_state(
     ]
 
 
-def check_finite(value: tf.Tensor, name: str) -> None:
-    """Refuse NaN or Inf in a floating-point tensor, naming it and the count of bad entries."""
+def check_finite(value: tf.Tensor, name: str, *, inputs: Any = None, where: str = "") -> None:
+    """Refuse NaN or Inf in a floating-point tensor, naming it and the count of bad entries.
+
+    ``value`` is a weight (``name`` its path) by default: the fix is finite weights. With
+    ``inputs`` (the batch's x) it is something computed from finite weights (a batch
+    loss): the message blames the data and names the first NaN/Inf entry of x, or its
+    entry of largest magnitude (a finite input can overflow inside the model);
+    ``where`` (e.g. "batch 3") says which batch.
+    """
     if not value.dtype.is_floating:
         return
     bad = int(tf.size(value)) - int(tf.math.count_nonzero(tf.math.is_finite(value)))
-    if bad:
-        nans = int(tf.math.count_nonzero(tf.math.is_nan(value)))
+    if not bad:
+        return
+    nans = int(tf.math.count_nonzero(tf.math.is_nan(value)))
+    counts = f"{bad} non-finite entries ({nans} NaN, {bad - nans} Inf) out of {int(tf.size(value))}"
+    if inputs is not None:
+        from spectra.operators.data_checks import describe_inputs
+
+        look = describe_inputs(inputs)
+        at = f" of {where}" if where else ""
         raise ValueError(
-            f"variable {name!r} has {bad} non-finite entries ({nans} NaN, {bad - nans} Inf) "
-            f"out of {int(tf.size(value))}: the loss and its Hessian are undefined there. Load "
-            "finite weights (e.g. an earlier checkpoint) before computing curvature."
+            f"{name}{at} has {counts} although the weights are finite: the data are the "
+            f"cause{f' ({look})' if look else ''}. Remove or rescale those examples."
         )
+    raise ValueError(
+        f"variable {name!r} has {counts}: the loss and its Hessian are undefined there. Load "
+        "finite weights (e.g. an earlier checkpoint) before computing curvature."
+    )
 
 
 def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Tensor:
@@ -778,6 +837,12 @@ def copy_tensor(value: tf.Tensor, dtype: tf.DType, device: str | None) -> tf.Ten
 
 
 # -- compute-dtype clones ---------------------------------------------------------------
+class ComputeCopyError(TypeError):
+    """A model that cannot be copied into the compute dtype (float64 products, or float32
+    products of a half-precision or mixed-precision model): the message says to build the
+    model in that dtype. A ``TypeError``; the command line reports it in one line."""
+
+
 _FLOAT_POLICIES = frozenset(
     {"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"}
 )
@@ -840,7 +905,7 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
             if build_config:
                 clone.build_from_config(build_config)
     except (TypeError, ValueError, NotImplementedError, KeyError) as err:
-        raise TypeError(
+        raise ComputeCopyError(
             f"computing the Hessian in {dtype.name} needs a copy of the model in that dtype, "
             "rebuilt from its config (Sequential, functional, or a registered subclass with "
             f"get_config); rebuilding {model.name!r} failed: {err}. Build the model in "
@@ -851,13 +916,13 @@ def clone_in_dtype(model: keras.Model, dtype: tf.DType) -> keras.Model:
         random.setstate(python_state)
         np.random.set_state(numpy_state)  # noqa: NPY002
     if len(clone.weights) != len(model.weights):
-        raise TypeError(
+        raise ComputeCopyError(
             f"the {dtype.name} copy of {model.name!r} has {len(clone.weights)} weights, the "
             f"model {len(model.weights)}; build the model in {dtype.name} yourself instead."
         )
     other = sorted({str(w.dtype) for w in clone.weights if "float" in str(w.dtype)} - {dtype.name})
     if other:
-        raise TypeError(
+        raise ComputeCopyError(
             f"the {dtype.name} copy of {model.name!r} keeps weights in {', '.join(other)} (a "
             f"layer that fixes its own dtype); build the model in {dtype.name} yourself and "
             "pass it with dtype=None."

@@ -341,6 +341,9 @@ def test_two_output_labels(two_outputs, data, tmp_path, capsys):
     assert results["eigenvalues"]["eigenvalues"][0] == pytest.approx(two_outputs["top"], rel=1e-7)
     shapes = results["data"]["y_shape"]
     assert shapes == ({"cls": [30], "reg": [30, 1]} if data == "named.npz" else [[30], [30, 1]])
+    # Outputs in a list: positions follow the list; results.json says which array went where.
+    labels = {"cls": "y_cls", "reg": "y_reg"} if data == "named.npz" else {"cls": "y0", "reg": "y1"}
+    assert results["data"]["labels"] == labels
 
 
 @pytest.mark.parametrize(

@@ -896,7 +896,9 @@ def test_analyze_a_compiled_lstm_checkpoint_without_loss(adam_lstm_run, tmp_path
     settings = results["settings"]
     assert settings["loss"] is None and settings["curvature"] == "hessian"
     assert settings["matrix"] == "Hessian" and settings["layers"] is True
-    assert results["model"]["compiled_loss"] == "sparse_categorical_crossentropy"
+    # Compiled with from_logits=True (the fixture): the record says so.
+    assert results["model"]["compiled_loss"] == "sparse_categorical_crossentropy(from_logits=True)"
+    assert results["model"]["compiled_loss_config"]["config"]["from_logits"] is True
     H = truth[4]["H"]
     dense, _ = _eigh_descending(H)
     np.testing.assert_allclose(results["eigenvalues"]["eigenvalues"], dense[:2], rtol=1e-8)

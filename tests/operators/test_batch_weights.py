@@ -203,7 +203,9 @@ def test_the_cache_budget_counts_every_batch(problem):
 def test_a_non_finite_batch_is_named_with_its_size(problem):
     model, x, y, _, _, _ = problem
     bad = x.copy()
-    bad[15, 0] = np.nan  # in the third batch (6 examples)
+    # In the third batch (6 examples): finite, but the first unit's pre-activation
+    # max·Σ|w| overflows (NaN itself is refused with the operator, naming x[15, 0]).
+    bad[15] = np.finfo(np.float64).max * np.sign(model.layers[0].kernel.numpy()[:, 0])
     op = HessianOperator.from_keras(model, LOSS, (bad, y), batch_size=7)
     with pytest.raises(ValueError, match=r"^batch 2 \(6 examples\) gives a non-finite loss"):
         op.loss()

@@ -764,15 +764,20 @@ def test_non_finite_weights_are_refused_naming_the_variable(rng):
 
 
 def test_non_finite_batch_is_named(rng):
-    # A ReLU network: oneDNN's fused matmul+ReLU can turn a NaN input into a finite loss,
-    # so the gradient is checked too.
+    # A ReLU network: oneDNN's fused matmul+ReLU can turn a NaN into a finite loss, so
+    # the gradient is checked too. NaN/Inf inputs are refused with the operator
+    # (tests/operators/test_nonfinite_inputs.py); a finite input that overflows inside
+    # the model is found with the batch.
     model = mlp(activation="relu")
     x, y = classification_data(rng)
     x[8, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^x holds 1 NaN or infinite values, first x\[8, 0\]"):
+        HessianOperator.from_keras(model, SCE, (x, y), batch_size=3)
+    # Finite in float64, and the first unit's pre-activation max·Σ|w| overflows to +inf.
+    x[8, :] = np.finfo(np.float64).max * np.sign(model.layers[0].kernel.numpy()[:, 0])
     op = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3)
     with pytest.raises(ValueError, match=r"batch 2 \(3 examples\) gives a non-finite"):
         op.loss()
-    x[8, 0] = np.inf
     streaming = HessianOperator.from_keras(model, SCE, (x, y), batch_size=3, cache=False)
     with pytest.raises(ValueError, match="batch 2"):
         streaming.matvec(np.ones(streaming.shape[0]))

@@ -202,5 +202,9 @@ def test_sum_loss_per_output_in_a_dict_and_a_list(two_outputs):
             model, {"cls": ce, "reg": "mse"}, (x, y), batch_size=batch_size
         )
         _close(_dense(by_name), truth)
-        listed = HessianOperator.from_keras(model, as_list, (x, labels), batch_size=batch_size)
+        # Losses may be listed in Keras' output order; labels of dict outputs go by name
+        # (a list of them is refused: which array goes where would rest on that order).
+        listed = HessianOperator.from_keras(model, as_list, (x, y), batch_size=batch_size)
         _close(_dense(listed), truth)
+        with pytest.raises(ValueError, match="labels given by position"):
+            HessianOperator.from_keras(model, as_list, (x, labels), batch_size=batch_size)
