@@ -1395,7 +1395,7 @@ def _accumulate_batch(
             "y_pred, or reads it through a tensor spectra cannot see): pass a loss that is "
             "a differentiable function of (y_true, y_pred)."
         )
-    keras_models.check_finite(true_value, "the batch loss")
+    keras_models.check_finite(true_value, "the batch loss", inputs=x)
     kappa = distribution.scale(output) if kind == "mc" else 1.0
     columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa, acc)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
