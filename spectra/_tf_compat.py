@@ -17,6 +17,27 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   dependencies: the model's assertions inside a loop body (a Keras RNN cell) then stay
   in the body function; fallback (no such attribute): loop bodies are traced as before
   and such assertions are pruned (assertions outside loops are kept either way).
+* :func:`exact_second_derivatives` (entered by :func:`trace_graph`) makes every graph
+  spectra traces differentiable to second order where TensorFlow's is not:
+
+  - ``tf.nn.moments`` computes the variance around ``stop_gradient(mean)``: its value and
+    gradient are right (the variance's derivative with respect to the mean is zero), its
+    derivative is not, so Hessians through LayerNormalization, GroupNormalization and
+    training-mode BatchNormalization (Keras' TensorFlow backend calls ``tf.nn.moments``)
+    were wrong by 15-67 %. The public attribute ``tf.nn.moments`` is replaced by the same
+    arithmetic without the ``stop_gradient`` (a custom layer calling it is covered too).
+  - ``SoftsignGrad``, ``ResizeNearestNeighborGrad``, ``ResizeBicubicGrad`` and
+    ``ScaleAndTranslateGrad`` have no gradient (a Hessian through
+    ``Activation("softsign")`` or a bicubic ``Resizing`` failed with a ``LookupError``),
+    and ``ResizeBilinearGrad`` is declared not differentiable (a Hessian through
+    ``UpSampling2D(interpolation="bilinear")`` silently missed a term). Each gets its
+    exact gradient in TensorFlow's gradient registry (``ops._gradient_registry``,
+    private) while spectra traces.
+
+  Fallback: :func:`inexact_second_derivative_ops` finds what is left in a traced graph
+  (the signature of the original moments, a ``StopGradient`` of a ``Mean`` read by a
+  ``SquaredDifference``; a ``ResizeBilinearGrad`` when the registry was out of reach),
+  and the engine refuses such a Hessian in one line naming the layer.
 * :func:`model_distribute_strategy` reads the strategy a Keras model was built under
   (``Model._distribute_strategy``); fallback: the strategy in scope.
 * :func:`flatten_layers` lists a model's layers recursively (``Layer._flatten_layers``);
@@ -54,7 +75,8 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,10 +110,220 @@ def trace_graph(
     """
     wrap = getattr(getattr(tf, "compat", None), "v1", None)
     wrap = getattr(wrap, "wrap_function", None)
-    if wrap is not None:
-        wrapped = wrap(_with_checked_loop_bodies(fn), list(signature))
-        return wrapped.graph, list(wrapped.graph.inputs), list(wrapped.outputs)
-    return _trace_with_tf_function(fn, signature)
+    with exact_second_derivatives():
+        if wrap is not None:
+            wrapped = wrap(_with_checked_loop_bodies(fn), list(signature))
+            return wrapped.graph, list(wrapped.graph.inputs), list(wrapped.outputs)
+        return _trace_with_tf_function(fn, signature)
+
+
+# -- second derivatives of first-derivative ops ----------------------------------------
+# Each first-derivative op below is linear in its incoming gradient g (it applies the
+# adjoint Rᵀ of a linear map R, or a diagonal scaling), so its derivative with respect to
+# g is R (the forward op itself) and, for the resizes, nothing else depends on values.
+
+
+def _softsign_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """SoftsignGrad(g, x) = g / (1 + |x|)²: ∂/∂g = 1/(1 + |x|)², ∂/∂x = -2 g sign(x)/(1 + |x|)³."""
+    g, x = op.inputs
+    scale = 1.0 + tf.abs(x)
+    by_g = upstream / tf.square(scale)
+    return by_g, -2.0 * by_g * g * tf.sign(x) / scale
+
+
+def _forward_resize(op: Any, upstream: tf.Tensor, resize: Callable[..., tf.Tensor]) -> tf.Tensor:
+    """The resize R whose adjoint ``op`` applies, applied to ``upstream`` (image-shaped),
+    back to the size of the op's incoming gradient, in that gradient's dtype."""
+    g = op.inputs[0]
+    size = tf.shape(g)[1:3]
+    attrs = {"align_corners": op.get_attr("align_corners")}
+    attrs["half_pixel_centers"] = op.get_attr("half_pixel_centers")
+    return tf.cast(resize(upstream, size, **attrs), g.dtype)
+
+
+def _resize_bilinear_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, ...]:
+    from tensorflow.python.ops import gen_image_ops
+
+    return _forward_resize(op, upstream, gen_image_ops.resize_bilinear), None
+
+
+def _resize_bicubic_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, ...]:
+    from tensorflow.python.ops import gen_image_ops
+
+    return _forward_resize(op, upstream, gen_image_ops.resize_bicubic), None
+
+
+def _resize_nearest_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, ...]:
+    from tensorflow.python.ops import gen_image_ops
+
+    return _forward_resize(op, upstream, gen_image_ops.resize_nearest_neighbor), None
+
+
+def _scale_and_translate_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, ...]:
+    """ScaleAndTranslateGrad(g, image, scale, translation) applies Rᵀ to g; R is
+    ScaleAndTranslate(·, size of g, scale, translation)."""
+    from tensorflow.python.ops import gen_image_ops
+
+    g, _, scale, translation = op.inputs
+    forward = gen_image_ops.scale_and_translate(
+        upstream,
+        tf.shape(g)[1:3],
+        scale,
+        translation,
+        kernel_type=op.get_attr("kernel_type"),
+        antialias=op.get_attr("antialias"),
+    )
+    return tf.cast(forward, g.dtype), None, None, None
+
+
+# First-derivative ops TensorFlow leaves without a second derivative: no registered
+# gradient (a Hessian fails with a LookupError) or declared not differentiable (a term of
+# the Hessian is silently zero). Given theirs while spectra traces; a gradient a
+# TensorFlow release registers itself is used instead.
+_SECOND_DERIVATIVES: dict[str, Callable[..., Any]] = {
+    "SoftsignGrad": _softsign_grad_grad,
+    "ResizeBilinearGrad": _resize_bilinear_grad_grad,
+    "ResizeNearestNeighborGrad": _resize_nearest_grad_grad,
+    "ResizeBicubicGrad": _resize_bicubic_grad_grad,
+    "ScaleAndTranslateGrad": _scale_and_translate_grad_grad,
+}
+
+
+_exact_lock = threading.Lock()
+_exact_depth = 0
+_saved_moments: Any = None
+_saved_gradients: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def exact_second_derivatives() -> Iterator[None]:
+    """Within the context, ``tf.nn.moments`` is :func:`_exact_moments` and the op types of
+    ``_SECOND_DERIVATIVES`` that TensorFlow does not differentiate have gradients.
+
+    Re-entrant and safe across threads: the originals are restored when the outermost
+    context exits. Values and first derivatives are TensorFlow's own (same ops, same
+    order), so code outside spectra running at the same time sees no difference beyond
+    exact higher derivatives. The gradients are set in TensorFlow's gradient registry
+    (private: ``ops._gradient_registry._registry``); fallback, without it: the op types
+    with no gradient at all are registered for good with ``tf.RegisterGradient``, and a
+    ``ResizeBilinearGrad`` stays undifferentiated (the engine refuses such a Hessian).
+    """
+    global _exact_depth, _saved_moments
+    with _exact_lock:
+        if _exact_depth == 0:
+            _saved_moments = tf.nn.moments
+            tf.nn.moments = _exact_moments
+            _saved_gradients.update(_set_second_derivatives())
+        _exact_depth += 1
+    try:
+        yield
+    finally:
+        with _exact_lock:
+            _exact_depth -= 1
+            if _exact_depth == 0:
+                tf.nn.moments = _saved_moments
+                _restore_gradients(_saved_gradients)
+                _saved_gradients.clear()
+
+
+def _gradient_entries() -> dict[str, Any] | None:
+    from tensorflow.python.framework import ops
+
+    entries = getattr(getattr(ops, "_gradient_registry", None), "_registry", None)
+    return entries if isinstance(entries, dict) else None
+
+
+def _set_second_derivatives() -> dict[str, Any]:
+    """Give each op type of ``_SECOND_DERIVATIVES`` without a gradient its own; return
+    what to restore (the previous registry entries, None where there was none)."""
+    entries = _gradient_entries()
+    if entries is None:
+        for op_type, function in _SECOND_DERIVATIVES.items():
+            with contextlib.suppress(KeyError):  # TensorFlow has one: it is used
+                tf.RegisterGradient(op_type)(function)
+        return {}
+    saved = {}
+    for op_type, function in _SECOND_DERIVATIVES.items():
+        entry = entries.get(op_type)
+        if entry is not None and entry.get("type") is not None:
+            continue  # TensorFlow differentiates it: keep its gradient
+        saved[op_type] = entry
+        entries[op_type] = {"type": function, "location": ("spectra._tf_compat", 0, "", "")}
+    return saved
+
+
+def _restore_gradients(saved: dict[str, Any]) -> None:
+    entries = _gradient_entries()
+    if entries is None:
+        return
+    for op_type, entry in saved.items():
+        if entry is None:
+            entries.pop(op_type, None)
+        else:
+            entries[op_type] = entry
+
+
+def _exact_moments(
+    x: Any, axes: Any, shift: Any = None, keepdims: bool = False, name: str | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """``tf.nn.moments`` without its ``stop_gradient``: mean m = E[x] and variance
+    E[(x - m)²] over ``axes`` (the biased, population variance), with every derivative.
+
+    The variance's Hessian with respect to x over a reduced group of N entries is
+    (2/N)(I - 11ᵀ/N); TensorFlow's version differentiates only through the first factor
+    and gives (2/N) I. float16 inputs are reduced in float32, as TensorFlow does.
+    """
+    del shift  # unused by TensorFlow's own implementation too
+    with tf.name_scope(name or "moments"):
+        x = tf.convert_to_tensor(x)
+        y = tf.cast(x, tf.float32) if x.dtype == tf.float16 else x
+        mean = tf.reduce_mean(y, axes, keepdims=True, name="mean")
+        variance = tf.reduce_mean(
+            tf.math.squared_difference(y, mean), axes, keepdims=True, name="variance"
+        )
+        if not keepdims:
+            mean = tf.squeeze(mean, axes)
+            variance = tf.squeeze(variance, axes)
+        if x.dtype == tf.float16:
+            return tf.cast(mean, tf.float16), tf.cast(variance, tf.float16)
+        return mean, variance
+
+
+def inexact_second_derivative_ops(graph_def: Any) -> list[tuple[str, str]]:
+    """``(name scope, what)`` of each op in ``graph_def`` (and the functions it calls: loop
+    bodies, branches) whose gradient is right but whose derivative TensorFlow gets wrong,
+    left after :func:`exact_second_derivatives`:
+
+    * a variance around a ``stop_gradient`` of a mean, TensorFlow's ``tf.nn.moments``: a
+      ``StopGradient`` of a ``Mean`` read by a ``SquaredDifference``;
+    * a ``ResizeBilinearGrad``, if the registry could not be given its gradient (declared
+      not differentiable by TensorFlow: its term of the Hessian would be zero).
+    """
+    bodies = [graph_def.node, *(f.node_def for f in graph_def.library.function)]
+    found = []
+    for nodes in bodies:
+        by_name = {node.name: node for node in nodes}
+        readers: dict[str, list[Any]] = {}
+        for node in nodes:
+            for source in node.input:
+                readers.setdefault(source.lstrip("^").split(":")[0], []).append(node)
+        for node in nodes:
+            scope = node.name.rsplit("/", 1)[0]
+            if node.op == "ResizeBilinearGrad" and _gradient_entries() is None:
+                found.append((scope, f"{node.op}, which TensorFlow does not differentiate"))
+            if node.op != "StopGradient" or not node.input:
+                continue
+            source = by_name.get(node.input[0].split(":")[0])
+            if source is None or source.op != "Mean":
+                continue
+            if any(r.op == "SquaredDifference" for r in readers.get(node.name, [])):
+                found.append(
+                    (
+                        scope.removesuffix("/moments"),
+                        "a variance with tf.nn.moments, whose second derivative is approximate",
+                    )
+                )
+    return found
 
 
 def _with_checked_loop_bodies(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -335,3 +335,172 @@ def test_loss_function_kwargs_and_its_fallback(loss):
     assert fallback.items() <= primary.items()
     assert {k: v for k, v in primary.items() if k != "axis"}.items() <= fallback.items()
     assert _tf_compat.loss_function_kwargs(lambda y_true, y_pred: y_pred) == {}
+
+
+# -- exact second derivatives (moments, softsign, resizes) --------------------------------
+def _hessian_in_context(f, x):
+    """The Hessian of f at x by nested tapes in a graph traced *inside*
+    exact_second_derivatives (the code under test, as spectra's engine traces); the truths
+    below are closed-form or explicit matrices."""
+
+    def hessian(t):
+        # Symbolic tf.gradients, as the engine differentiates.
+        g = tf.reshape(tf.gradients(f(t), t)[0], [-1])
+        return tf.stack([tf.gradients(g[i], t)[0] for i in range(int(g.shape[0]))])
+
+    with _tf_compat.exact_second_derivatives():
+        H = tf.function(hessian, autograph=False)(tf.constant(x)).numpy()
+    return H.reshape(H.shape[0], -1)
+
+
+def test_moments_have_their_exact_hessian_only_inside_the_context():
+    x = np.array([0.3, -1.2, 2.0, 0.5])
+    n = x.size
+    exact = (2 / n) * (np.eye(n) - np.ones((n, n)) / n)  # ∇² of the population variance
+
+    def variance(t):
+        return tf.nn.moments(t, axes=[0])[1]
+
+    np.testing.assert_allclose(_hessian_in_context(variance, x), exact, atol=1e-15)
+    # Keras' layers reach it through keras.ops.moments.
+    keras_variance = lambda t: keras.ops.moments(t, axes=[0])[1]  # noqa: E731
+    np.testing.assert_allclose(_hessian_in_context(keras_variance, x), exact, atol=1e-15)
+    original = tf.nn.moments
+    with _tf_compat.exact_second_derivatives(), _tf_compat.exact_second_derivatives():
+        assert tf.nn.moments is not original  # re-entrant
+    assert tf.nn.moments is original
+    with tf.GradientTape(persistent=True) as outer:
+        t = tf.constant(x)
+        outer.watch(t)
+        with tf.GradientTape() as inner:
+            inner.watch(t)
+            value = variance(t)
+        g = inner.gradient(value, t)
+    # Outside, TensorFlow's own: the (2/n) I of a variance around a constant mean.
+    np.testing.assert_allclose(outer.jacobian(g, t).numpy(), (2 / n) * np.eye(n), atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_exact_moments_give_tensorflows_values_and_gradients(dtype, keepdims, rng):
+    x = tf.constant(rng.standard_normal((3, 4, 5)).astype(dtype))
+    w = tf.constant(rng.standard_normal((3, 5)).astype(dtype))
+
+    def first_derivative(moments):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            mean, variance = moments(x, axes=[1], keepdims=keepdims)
+            value = tf.reduce_sum(tf.reshape(w * tf.reshape(mean + variance, [3, 5]), [-1]))
+        return mean, variance, tape.gradient(value, x)
+
+    ours = first_derivative(_tf_compat._exact_moments)
+    theirs = first_derivative(tf.nn.moments)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(ours[0].numpy(), theirs[0].numpy())
+    np.testing.assert_array_equal(ours[1].numpy(), theirs[1].numpy())
+    # The gradient now also flows through the mean, whose share is zero up to rounding
+    # (-2 E[x - m]): equal within a few units in the last place.
+    scale = float(np.max(np.abs(theirs[2].numpy().astype(np.float64))))
+    atol = 8 * np.finfo(dtype).eps * scale
+    np.testing.assert_allclose(ours[2].numpy(), theirs[2].numpy(), rtol=0, atol=atol)
+
+
+def test_softsign_has_its_second_derivative():
+    x = np.array([-2.0, -0.1, 0.4, 3.0])
+    c = np.array([0.5, -1.0, 2.0, 1.5])
+    # f = Σ c·softsign(x)²: f'' = 2c(s'² + s·s''), s = x/(1+|x|), s' = 1/(1+|x|)²,
+    # s'' = -2 sign(x)/(1+|x|)³.
+    s, s1 = x / (1 + abs(x)), 1 / (1 + abs(x)) ** 2
+    s2 = -2 * np.sign(x) / (1 + abs(x)) ** 3
+    H = _hessian_in_context(lambda t: tf.reduce_sum(c * tf.nn.softsign(t) ** 2), x)
+    np.testing.assert_allclose(H, np.diag(2 * c * (s1**2 + s * s2)), rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["bilinear", "nearest", "bicubic", "lanczos3"])
+def test_resize_gradients_have_their_second_derivatives(method, rng):
+    # f(X) = Σ w ⊙ R(X)², R a linear resize of a 3x2 image to 5x4: ∇²f = 2 Rᵀ diag(w) R,
+    # with R read column by column from resized basis images (float32: TensorFlow's
+    # resize kernels compute in float32).
+    shape, size = (3, 2), (5, 4)
+    n = shape[0] * shape[1]
+
+    def resize(t):
+        return tf.image.resize(tf.reshape(t, [1, *shape, 1]), size, method=method)
+
+    basis = np.eye(n, dtype=np.float32)
+    R = np.stack([np.reshape(resize(tf.constant(e)).numpy(), -1) for e in basis], axis=1)
+    w = rng.uniform(0.5, 2.0, size[0] * size[1]).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    H = _hessian_in_context(lambda t: tf.reduce_sum(w * tf.reshape(resize(t), [-1]) ** 2), x)
+    np.testing.assert_allclose(H, 2 * R.T @ np.diag(w) @ R, rtol=2e-5, atol=2e-6)
+
+
+def _layer_normalization_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((3,), dtype="float64"),
+            keras.layers.Dense(4, activation="tanh", dtype="float64"),
+            keras.layers.LayerNormalization(dtype="float64", name="norm"),
+            keras.layers.Dense(2, dtype="float64"),
+        ]
+    )
+
+
+def test_a_hessian_through_tensorflows_own_moments_is_refused_naming_the_layer(rng, monkeypatch):
+    # The fallback: were the substitution not to reach the graph (a Keras that computes
+    # moments another way), the engine finds TensorFlow's moments and refuses.
+    clear_engine_cache()
+    monkeypatch.setattr(_tf_compat, "_exact_moments", tf.nn.moments)
+    x, y = rng.standard_normal((6, 3)), rng.integers(0, 2, 6)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(ValueError, match=r"'sequential\w*/norm\w*' computes a variance with "):
+        HessianOperator.from_keras(_layer_normalization_model(), loss, (x, y))
+    # The GGN differentiates the model once: it is not refused.
+    from spectra.operators import GGNOperator
+
+    ggn = GGNOperator.from_keras(_layer_normalization_model(), loss, (x, y))
+    assert np.all(np.isfinite(ggn @ np.ones(ggn.shape[0])))
+    clear_engine_cache()
+
+
+def test_a_bilinear_resize_gradient_left_undifferentiated_is_refused(rng, monkeypatch):
+    clear_engine_cache()
+    monkeypatch.setattr(_tf_compat, "_gradient_entries", lambda: None)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((2, 2, 1), dtype="float64"),
+            keras.layers.Conv2D(1, 1, activation="tanh", dtype="float64"),
+            keras.layers.UpSampling2D(2, interpolation="bilinear", dtype="float64", name="up"),
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(2, dtype="float64"),
+        ]
+    )
+    x, y = rng.standard_normal((4, 2, 2, 1)), rng.integers(0, 2, 4)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(ValueError, match="up.* computes ResizeBilinearGrad, which TensorFlow"):
+        HessianOperator.from_keras(model, loss, (x, y))
+    clear_engine_cache()
+
+
+@pytest.mark.parametrize(
+    ("layer", "named"),
+    [
+        (lambda: keras.layers.BatchNormalization(renorm=True, name="bn"), "'bn'.*renorm=True"),
+        (
+            lambda: keras.layers.SpectralNormalization(keras.layers.Dense(2), name="sn"),
+            "'sn'.*SpectralNormalization",
+        ),
+    ],
+    ids=["renorm", "spectral"],
+)
+def test_layers_whose_training_gradient_is_a_surrogate_are_refused_in_training(layer, named, rng):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), layer()])
+    x, y = rng.standard_normal((6, 3)), rng.integers(0, 2, 6)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(ValueError, match=named + r".*use training=False"):
+        HessianOperator.from_keras(model, loss, (x, y), training=True)
+    HessianOperator.from_keras(model, loss, (x, y))  # inference mode is exact

@@ -257,6 +257,8 @@ class Engine:
         vector_input, block_input = inputs[len(signature) - 2], inputs[len(signature) - 1]
         loss, gradient, single, products = outputs[:4]
         parts = _GraphParts(graph)
+        if not self.curvature.needs_model_outputs:
+            _refuse_inexact_second_derivatives(parts.graph_def, self.curvature.title)
         first_batch_input = len(engine_inputs) - self.num_batch_leaves
         self._batch_input_positions = range(first_batch_input, len(engine_inputs))
         if split:
@@ -439,6 +441,19 @@ class _Source(NamedTuple):
 
     from_cache: bool
     position: int
+
+
+def _refuse_inexact_second_derivatives(graph_def: Any, title: str) -> None:
+    """Refuse a second derivative through an op TensorFlow differentiates wrongly, left in
+    a traced graph (see :func:`spectra._tf_compat.inexact_second_derivative_ops`)."""
+    found = _tf_compat.inexact_second_derivative_ops(graph_def)
+    if found:
+        scope, what = found[0]
+        raise ValueError(
+            f"{scope!r} computes {what}, and spectra could not substitute an exact one: "
+            f"the {title} would be wrong. Use curvature 'ggn' (no second derivative of the "
+            "model), or report the TensorFlow and Keras versions."
+        )
 
 
 def _statistics_device(tensors: Sequence[Any]) -> str:

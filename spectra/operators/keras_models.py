@@ -523,6 +523,8 @@ def stateless_forward(
     Returns the outputs and the model's losses (regularizers, ``add_loss``) computed from
     the values. Every state update is discarded.
     """
+    if training:
+        _refuse_surrogate_gradients(model)
     mapping = list(zip(keys, values))
     with keras.StatelessScope(state_mapping=mapping, collect_losses=True):
         # ``model.__call__`` rather than ``model(...)``: a stand-in that forwards attribute
@@ -539,6 +541,32 @@ def stateless_forward(
             ) from err
         extra = list(model.losses)
     return outputs, extra
+
+
+def _refuse_surrogate_gradients(model: Any) -> None:
+    """Refuse layers whose training-mode gradient is not the derivative of what they
+    compute: they back-propagate through ``stop_gradient`` on quantities that depend on
+    the parameters, so no curvature of the loss is consistent with their gradient.
+
+    * ``BatchNormalization(renorm=True)``: the corrections r = σ_B/σ and d = (μ_B - μ)/σ
+      are held constant (Ioffe 2017, "Batch Renormalization");
+    * ``SpectralNormalization``: the power-iteration vectors u, v of σ(W) = uᵀWv are held
+      constant after one step from their stored values (Miyato et al. 2018).
+    """
+    for layer in [model, *_tf_compat.flatten_layers(model)]:
+        if isinstance(layer, keras.layers.BatchNormalization) and getattr(layer, "renorm", False):
+            what = "BatchNormalization with renorm=True holds its corrections r and d constant"
+            fix = "or build the layer with renorm=False"
+        elif isinstance(layer, keras.layers.SpectralNormalization):
+            what = "SpectralNormalization holds its power-iteration vectors constant"
+            fix = "(the stored normalized kernel)"
+        else:
+            continue
+        raise ValueError(
+            f"layer {layer.name!r}: in training mode {what} (stop_gradient), so its gradient "
+            "is not the derivative of the loss and no curvature matches it; use "
+            f"training=False {fix}."
+        )
 
 
 _BOLD = re.compile(r"\x1b\[1m((?:(?!\x1b\[1m).)*?)\x1b\[0m", re.DOTALL)
