@@ -56,7 +56,7 @@ def finite_difference_hessian(
     Error of D_h: truncation h²/6·|g'''| plus rounding ~ε·|g|/h (ε = 2.2e-16).
     Computed at h and h/2, the Richardson value H = (4 D_{h/2} − D_h)/3 cancels the h²
     term, leaving O(h⁴) + O(ε|g|/h); with h = 1e-4·max(1, |θ_j|) both are ≲ 1e-11
-    relative for O(1) derivatives. ‖D_h − D_{h/2}‖_F = (3/4)·h²·|c| (+ rounding) exceeds
+    relative for O(1) derivatives. ‖D_h − D_{h/2}‖ = (3/4)·h²·|g'''|/6 (+ rounding) is
     three times the error of D_{h/2} and so bounds that of H in the smooth regime: it is
     returned as the error estimate (with the asymmetry ‖H − Hᵀ‖_F/2, also a lower bound
     of the error, if larger), and H is returned symmetrized.
@@ -69,13 +69,12 @@ def finite_difference_hessian(
     are no truth: build a float64 copy of the model) and for a non-finite gradient.
     """
     variables = _flat_variables(variables)
-    wrong = [v.name for v in variables if v.dtype != tf.float64]
-    if wrong:
-        raise TypeError(
-            f"finite-difference truths need float64 variables, got {wrong[0]!r} "
-            f"({variables[[v.name for v in variables].index(wrong[0])].dtype.name}): "
-            "compute the truth on a float64 copy of the model"
-        )
+    for v in variables:
+        if v.dtype != tf.float64:
+            raise TypeError(
+                f"finite-difference truths need float64 variables, got {v.name!r} "
+                f"({v.dtype.name}): compute the truth on a float64 copy of the model"
+            )
     originals = [v.numpy().copy() for v in variables]
 
     @tf.function
