@@ -113,9 +113,9 @@ def transformer(dtype: str, width: int = 4) -> keras.Model:
     """One post-norm transformer block on 4 tokens: self-attention, residual,
     LayerNormalization, a Dense feed-forward, residual, LayerNormalization, then pooling."""
     inp = keras.Input((4, width), dtype=dtype)
-    att = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, dtype=dtype)(inp, inp)
+    att = keras.layers.MultiHeadAttention(num_heads=2, key_dim=1, dtype=dtype)(inp, inp)
     h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([inp, att]))
-    ff = keras.layers.Dense(2 * width, activation="gelu", dtype=dtype)(h)
+    ff = keras.layers.Dense(width, activation="gelu", dtype=dtype)(h)
     ff = keras.layers.Dense(width, dtype=dtype)(ff)
     h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([h, ff]))
     pooled = keras.layers.GlobalAveragePooling1D(dtype=dtype)(h)
