@@ -931,7 +931,7 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     if lr is not None:
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive finite step size, got {lr}")
-        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (gradient descent, bounds λ₁)"
+        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (GD stability threshold)"
     if threshold is None:
         return None
     if hasattr(threshold, "value") and hasattr(threshold, "label"):
@@ -943,16 +943,20 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
         text = f"stability threshold = {value:.4g}"
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"the threshold must be a positive finite number, got {value}")
-    return value, bounds_text(text)
+    return value, threshold_text(text)
 
 
-def bounds_text(text: str) -> str:
+def threshold_text(text: str) -> str:
     """A stability threshold's legend text (e.g. a
     :attr:`spectra.analysis.stability.StabilityThreshold.label`) in the figures' notation,
-    λ₁ for the top eigenvalue as on the axis (not λ_max), saying which eigenvalue it
-    bounds: "SGD (η = 0.2): 2/η = 10 (bounds λ₁)"."""
-    text = text.replace("(for λ_max", "(bounds λ_max").replace("λ_max", "λ₁")
-    return text if "bounds λ₁" in text else f"{text} (bounds λ₁)"
+    λ₁ for the top eigenvalue as on the axis (not λ_max), saying that it is a threshold:
+    "SGD (η = 0.2): 2/η = 10 (stability threshold)", "Adam (…): (2+2β₁)/((1−β₁)η) = 38
+    (stability threshold for λ₁(P⁻¹H))".
+
+    Not a bound: λ₁ rises to it and hovers around and above it at the edge of stability
+    (Cohen et al. 2021); it is where gradient descent on a quadratic stops converging."""
+    text = text.replace("(for λ_max", "(stability threshold for λ_max").replace("λ_max", "λ₁")
+    return text if "threshold" in text else f"{text} (stability threshold)"
 
 
 @dataclasses.dataclass
@@ -1252,11 +1256,11 @@ def plot_sharpness(
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
-    threshold is drawn (e.g. Adam's bounds λ_max(P⁻¹H), not the λ_max(H) plotted).
+    threshold is drawn (e.g. Adam's is for λ_max(P⁻¹H), not the λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
-    the line (below it, or above it when the line is low); the threshold's legend says
-    which eigenvalue it bounds (:func:`bounds_text`). ``style`` draws for print
-    (:func:`figure_style`). Returns the primary (sharpness) axes.
+    the line (below it, or above it when the line is low); the threshold's legend names it
+    a stability threshold, and for which matrix (:func:`threshold_text`). ``style`` draws
+    for print (:func:`figure_style`). Returns the primary (sharpness) axes.
     """
     series = _sharpness_series(
         steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps

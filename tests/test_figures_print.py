@@ -263,9 +263,10 @@ def test_sharpness_trace_and_overlap_in_a_panel_below(style):
     assert figure.get_figheight() > STYLES[style].width * STYLES[style].aspect * 1.5
     (legend,) = figure.legends
     assert legend.get_window_extent(renderer).height < 0.3 * figure.bbox.height
-    # The threshold says what it bounds.
+    # The threshold is called one, not a bound.
     texts = [text.get_text() for text in legend.get_texts()]
-    assert any("bounds λ₁" in text for text in texts), texts
+    assert any("stability threshold" in text for text in texts), texts
+    assert not any("bounds λ" in text for text in texts), texts
     plt.close(figure)
 
 
