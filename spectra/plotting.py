@@ -172,6 +172,7 @@ _ACTIVE_STYLE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 # Attributes spectra sets on the figures it styles or describes.
 _STYLE_ATTRIBUTE = "_spectra_style"
 _METADATA_ATTRIBUTE = "_spectra_metadata"
+_CAPTION_ATTRIBUTE = "_spectra_caption"
 
 
 def _check_style(style: Any) -> str | None:
@@ -1796,10 +1797,13 @@ def add_title(
         usable = 0.8 * figure.get_figwidth() if styled else figure.get_figwidth()
         width = max(40, int(usable * 72.0 / ((0.56 if styled else 0.52) * caption_size)))
         text = _wrap_caption(caption, width)
+        pad = 6 if styled else 8
         if axes is None:
             figure.supxlabel(text, fontsize=caption_size, color="0.3")
+        elif _side_by_side(axes):
+            _caption_across(figure, axes, text, caption_size, pad)
         else:
-            axes.set_title(text, fontsize=caption_size, color="0.3", pad=6 if styled else 8)
+            axes.set_title(text, fontsize=caption_size, color="0.3", pad=pad)
             _centre_title_on(figure, axes)
         added_points += 1.25 * caption_size * (text.count("\n") + 1) + 6
     if styled and added_points:
@@ -1807,26 +1811,64 @@ def add_title(
     return figure
 
 
+def _side_by_side(axes: Axes) -> bool:
+    """Whether ``axes`` is a panel of a grid with more than one column."""
+    spec = axes.get_subplotspec()
+    return spec is not None and spec.get_gridspec().ncols > 1
+
+
+def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad: float) -> None:
+    """The caption of side-by-side panels, centred on the figure on the line of the title of
+    ``axes`` (the first panel).
+
+    The constrained layout counts an axes' title as a box one pixel wide at its centre: a
+    title centred on the figure sits at the boundary of the first column, right of its
+    panel, and each pass of the layout widens that panel's margin by as much as the panel
+    moves, until the axes collapse ("constrained_layout not applied", the title then drawn
+    over the axes and the caption off the figure). So the first panel's title holds blank
+    lines as tall as the caption, which the layout keeps clear of the figure's title and of
+    the axes, and the caption is a figure text left out of the layout on that line.
+    """
+    from matplotlib.transforms import blended_transform_factory
+
+    blank = "\n".join(" " for _ in text.split("\n"))
+    axes.set_title(blank, fontsize=fontsize, pad=pad)
+    line = blended_transform_factory(figure.transSubfigure, axes.transAxes)
+    caption = figure.text(
+        0.5,
+        1.0,
+        text,
+        transform=line + axes.titleOffsetTrans,  # the title's padding, as set_title set it
+        ha="center",
+        va="baseline",
+        fontsize=fontsize,
+        color="0.3",
+    )
+    caption.set_in_layout(False)
+    setattr(figure, _CAPTION_ATTRIBUTE, caption)
+
+
+def _caption_text(figure: Figure) -> Any:
+    """The matplotlib ``Text`` of the caption :func:`add_title` drew on ``figure`` (the
+    first panel's title, or a figure text over side-by-side panels), None without one."""
+    across = getattr(figure, _CAPTION_ATTRIBUTE, None)
+    if across is not None:
+        return across
+    if figure._supxlabel is not None and figure._supxlabel.get_text():
+        return figure._supxlabel
+    for axes in figure.axes:
+        if axes.get_title():
+            return axes.title
+    return None
+
+
 def _centre_title_on(figure: Figure, axes: Axes) -> None:
-    """Centre the figure's title and the caption (the title of ``axes``) on one line:
-    over ``axes`` when it is the figure's only column of panels, else (panels side by
-    side) on the figure."""
+    """Centre the figure's title over ``axes``, the figure's only column of panels, on the
+    line of its caption (the title of ``axes``)."""
     from matplotlib.transforms import blended_transform_factory
 
     title = getattr(figure, "_suptitle", None)
-    spec = axes.get_subplotspec()
-    if spec is None:
-        return
-    if spec.get_gridspec().ncols > 1:
-        # Side by side: the caption (the first panel's title) is centred on the figure.
-        caption = axes.title
-        offset = caption.get_transform() - axes.transAxes  # the title's padding
-        caption.set_transform(
-            blended_transform_factory(figure.transSubfigure, axes.transAxes) + offset
-        )
-        caption.set_x(0.5)
-        return
-    if title is not None:
+    if title is not None and axes.get_subplotspec() is not None:
         title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
         title.set_x(0.5)
 
