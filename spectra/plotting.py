@@ -1829,7 +1829,7 @@ def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad:
     lines as tall as the caption, which the layout keeps clear of the figure's title and of
     the axes, and the caption is a figure text left out of the layout on that line.
     """
-    from matplotlib.transforms import blended_transform_factory
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
     blank = "\n".join(" " for _ in text.split("\n"))
     axes.set_title(blank, fontsize=fontsize, pad=pad)
@@ -1838,7 +1838,8 @@ def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad:
         0.5,
         1.0,
         text,
-        transform=line + axes.titleOffsetTrans,  # the title's padding, as set_title set it
+        # Raised by the title's padding, as set_title raises the title.
+        transform=line + ScaledTranslation(0.0, pad / 72.0, figure.dpi_scale_trans),
         ha="center",
         va="baseline",
         fontsize=fontsize,
@@ -1854,8 +1855,9 @@ def _caption_text(figure: Figure) -> Any:
     across = getattr(figure, _CAPTION_ATTRIBUTE, None)
     if across is not None:
         return across
-    if figure._supxlabel is not None and figure._supxlabel.get_text():
-        return figure._supxlabel
+    below = getattr(figure, "_supxlabel", None)
+    if below is not None and below.get_text():
+        return below
     for axes in figure.axes:
         if axes.get_title():
             return axes.title
