@@ -30,6 +30,7 @@ from spectra.io._result_validation import (
     article,
     check_fields,
     check_value,
+    damaged_file,
     join_path,
     read_array,
 )
@@ -746,15 +747,6 @@ class LogSpectralDensity(SpectralDensity):
         return super().mass_below(threshold)
 
 
-# What to do about a file whose fields are not what its class holds, by the command that
-# writes it; any other result's file was written by to_json.
-_REWRITE = {
-    "AnalysisReport": "rerun the analysis (spectra analyze)",
-    "LandscapeReport": "rerun spectra landscape",
-    "SharpnessReport": "rerun spectra sharpness with --restart",
-}
-
-
 def load(path: str | os.PathLike) -> Any:
     """The result (or command report) in the JSON file ``path``, as its class.
 
@@ -792,10 +784,6 @@ def load(path: str | os.PathLike) -> Any:
     try:
         return cls.from_dict(payload)
     except FieldError as error:
-        fix = _REWRITE.get(kind, f"write it again with {kind}.to_json")
-        raise FieldError(
-            f"{_escaped(where)}: {error.template}; the file was edited or is damaged — {fix}",
-            *error.fields,
-        ) from None
+        raise damaged_file(where, kind, error) from None
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None

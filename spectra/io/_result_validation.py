@@ -17,7 +17,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FieldError", "article", "check_fields", "check_value", "join_path", "read_array"]
+__all__ = [
+    "FieldError",
+    "article",
+    "check_fields",
+    "check_figure_fields",
+    "check_value",
+    "damaged_file",
+    "join_path",
+    "read_array",
+]
 
 
 def join_path(prefix: str, path: str) -> str:
@@ -172,9 +181,7 @@ def read_array(value: Any, path: str) -> np.ndarray:
     try:
         array = np.asarray(value)
     except ValueError:  # ragged nested lists
-        raise FieldError(
-            "{0} must be a rectangular list of numbers", path
-        ) from None
+        raise FieldError("{0} must be a rectangular list of numbers", path) from None
     if array.dtype == object:
         try:
             missing = np.vectorize(lambda item: item is None, otypes=[bool])(array)
@@ -387,25 +394,24 @@ def _layerwise(values: dict[str, Any]) -> None:
         for i, array in enumerate(values.get(name) or []):
             _check_array(array, specs[name], f"{name}[{i}]")
     for i in range(len(values.get("groups") or [])):
-        row = {name: values[name][i] for name in names if values.get(name) is not None}
-        _agree(row, [(name, 0) for name in names], prefix=f"[{i}]")
+        row = {f"{name}[{i}]": values[name][i] for name in names if values.get(name) is not None}
+        _agree(row, [(key, 0) for key in row])
 
 
 def _analysis_report(values: dict[str, Any]) -> None:
     _finite_number(values, "loss")
+
+
+def _analysis_figures(values: dict[str, Any]) -> None:
     _keys(values, "settings", {"dtype": "str"})
     _keys(values, "model", _DESCRIBED)
     _keys(values, "data", _DATA)
     eigen = values.get("eigenvalues")
-    if eigen is not None and getattr(eigen, "eigenvalues", np.zeros(1)).size == 0:
-        raise FieldError("{0} holds no eigenvalue: the figure needs one", "eigenvalues.eigenvalues")
+    if eigen is not None and eigen.eigenvalues.size == 0:
+        raise FieldError("{0} holds no eigenvalue to draw", "eigenvalues.eigenvalues")
 
 
 def _landscape_report(values: dict[str, Any]) -> None:
-    _keys(values, "settings", {"dtype": "str"})
-    _keys(values, "model", _DESCRIBED)
-    _keys(values, "data", _DATA)
-    _keys(values, "radius", {"slope_along_v1": "float", "rule": "str"})
     for name in ("curves", "surface"):
         curves = values.get(name)
         if curves is not None and type(curves).__name__ != "LandscapeResult":
@@ -414,12 +420,29 @@ def _landscape_report(values: dict[str, Any]) -> None:
                 '"type": "LandscapeResult")',
                 name,
             )
+    curves, surface = values.get("curves"), values.get("surface")
+    if curves is not None and surface is not None:
+        grid = None if surface.losses_2d is None else np.asarray(surface.losses_2d)
+        size = curves.alphas.size
+        if grid is None or grid.shape != (size, size):
+            raise FieldError(
+                f"{{0}} must be a {size} × {size} matrix (one row and column per alpha), got "
+                f"{'none' if grid is None else ' × '.join(map(str, grid.shape))}",
+                "surface.losses_2d",
+            )
+
+
+def _landscape_figures(values: dict[str, Any]) -> None:
+    _keys(values, "settings", {"dtype": "str"})
+    _keys(values, "model", _DESCRIBED)
+    _keys(values, "data", _DATA)
+    _keys(values, "radius", {"slope_along_v1": "float", "rule": "str"})
     eigen, curves = values.get("eigenvalues"), values.get("curves")
     if eigen is None or curves is None:
-        return
+        raise FieldError("{0} is null: there is no curve to draw", "curves")
     count = eigen.eigenvalues.size
     if count == 0:
-        raise FieldError("{0} holds no eigenvalue", "eigenvalues.eigenvalues")
+        raise FieldError("{0} holds no eigenvalue to draw", "eigenvalues.eigenvalues")
     known = {"random", *(f"v{i + 1}" for i in range(min(count, 2)))}
     for i, label in enumerate(curves.labels):
         if label not in known:
@@ -429,25 +452,9 @@ def _landscape_report(values: dict[str, Any]) -> None:
             )
         if label not in curves.losses:
             raise FieldError(
-                f'{{0}} has no curve "{label}" that {{1}} names',
+                f'{{0}} has no curve "{label}", which {{1}} names',
                 "curves.losses",
                 f"curves.labels[{i}]",
-            )
-        curve = join_path("losses", label)
-        _agree(
-            {"alphas": curves.alphas, curve: curves.losses[label]},
-            [("alphas", 0), (curve, 0)],
-            prefix="curves",
-        )
-    surface = values.get("surface")
-    if surface is not None:
-        grid = None if surface.losses_2d is None else np.asarray(surface.losses_2d)
-        size = curves.alphas.size
-        if grid is None or grid.shape != (size, size):
-            raise FieldError(
-                f"{{0}} must be a {size} × {size} matrix (one row and column per alpha), got "
-                f"{'none' if grid is None else ' × '.join(map(str, grid.shape))}",
-                "surface.losses_2d",
             )
 
 
@@ -471,10 +478,9 @@ _THRESHOLD = {
     "reference": "str",
 }
 # A measured checkpoint of sharpness.json: what the figure, the table and a resume read.
-_DONE_ENTRY = {
-    "file": "str",
-    "step": "int | float",
-    "loss": "float | None",
+_DONE_ENTRY = {"file": "str", "step": "int | float", "loss": "float | None"}
+# Read when present (entries of earlier versions may lack them).
+_DONE_ENTRY_OPTIONAL = {
     "trace": "float | None",
     "trace_stderr": "float | None",
     "eigenvector_overlap": "float | None",
@@ -482,9 +488,16 @@ _DONE_ENTRY = {
 }
 
 
-def _sharpness_report(values: dict[str, Any]) -> None:
+def _sharpness_figures(values: dict[str, Any]) -> None:
     _keys(values, "data", _DATA)
     _keys(values, "model", _DESCRIBED)
+    axes = values.get("x_axes")
+    if isinstance(axes, dict):
+        for name, axis in axes.items():
+            _keys({name: axis}, name, {"label": "str", "values": "dict[str, float]"}, "x_axes")
+
+
+def _sharpness_report(values: dict[str, Any]) -> None:
     for name in ("threshold", "dropped_threshold"):
         _keys(values, name, _THRESHOLD)
         threshold = values.get(name)
@@ -496,13 +509,11 @@ def _sharpness_report(values: dict[str, Any]) -> None:
     columns = None
     for i, entry in enumerate(values.get("checkpoints") or []):
         path = f"checkpoints[{i}]"
-        if "status" not in entry:
-            raise FieldError('{0} has no "status"', path)
-        if entry["status"] != "done":
+        if entry.get("status") != "done":
             continue
-        for key, annotation in _DONE_ENTRY.items():
+        for key, annotation in {**_DONE_ENTRY, **_DONE_ENTRY_OPTIONAL}.items():
             if key not in entry:
-                if key == "failure_probability":  # not recorded by earlier versions
+                if key in _DONE_ENTRY_OPTIONAL:
                     continue
                 raise FieldError(f'{{0}} is done but has no "{key}"', path)
             check_value(entry[key], annotation, join_path(path, key), lambda _: None)
@@ -532,10 +543,6 @@ def _sharpness_report(values: dict[str, Any]) -> None:
                 columns[1],
                 join_path(path, "eigenvalues"),
             )
-    axes = values.get("x_axes")
-    if isinstance(axes, dict):
-        for name, axis in axes.items():
-            _keys({name: axis}, name, {"label": "str", "values": "dict[str, float]"}, "x_axes")
 
 
 _CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -546,6 +553,39 @@ _CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "LandscapeReport": _landscape_report,
     "SharpnessReport": _sharpness_report,
 }
+
+
+_FIGURE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "AnalysisReport": _analysis_figures,
+    "LandscapeReport": _landscape_figures,
+    "SharpnessReport": _sharpness_figures,
+}
+# What to do about a file whose fields are not what its class holds, by the command that
+# writes it; any other result's file was written by to_json.
+_REWRITE = {
+    "AnalysisReport": "rerun the analysis (spectra analyze)",
+    "LandscapeReport": "rerun spectra landscape",
+    "SharpnessReport": "rerun spectra sharpness with --restart",
+}
+
+
+def damaged_file(where: str, kind: str, error: FieldError) -> FieldError:
+    """``error`` of the file ``where`` (holding a ``kind``) as one line naming the path, the
+    field, what was expected and what to rerun."""
+    fix = _REWRITE.get(kind, f"write it again with {kind}.to_json")
+    escaped = where.replace("{", "{{").replace("}", "}}")
+    return FieldError(
+        f"{escaped}: {error.template}; the file was edited or is damaged — {fix}", *error.fields
+    )
+
+
+def check_figure_fields(report: Any) -> None:
+    """Raise :class:`FieldError` unless a loaded command report (``AnalysisReport``,
+    ``LandscapeReport``, ``SharpnessReport``) holds what its figures read: the model's and
+    the data's names and sizes, the dtype, the curves the eigenvalues name, the x axes."""
+    check = _FIGURE_CHECKS.get(type(report).__name__)
+    if check is not None:
+        check({spec: getattr(report, spec) for spec in vars(report)})
 
 
 def check_fields(class_name: str, values: dict[str, Any]) -> None:
