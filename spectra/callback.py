@@ -367,7 +367,7 @@ class SharpnessCallback(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             raise ValueError("SharpnessCallback needs a compiled model (it has no optimizer).")
-        return int(keras.ops.convert_to_numpy(optimizer.iterations))
+        return int(optimizer.iterations.numpy())
 
     def _check_preconditioner(self) -> None:
         """An optimizer with a diagonal preconditioner, before the first training step."""

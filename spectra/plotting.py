@@ -172,6 +172,7 @@ _ACTIVE_STYLE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 # Attributes spectra sets on the figures it styles or describes.
 _STYLE_ATTRIBUTE = "_spectra_style"
 _METADATA_ATTRIBUTE = "_spectra_metadata"
+_CAPTION_ATTRIBUTE = "_spectra_caption"
 
 
 def _check_style(style: Any) -> str | None:
@@ -931,7 +932,7 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
     if lr is not None:
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive finite step size, got {lr}")
-        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (gradient descent, bounds λ₁)"
+        return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (GD stability threshold)"
     if threshold is None:
         return None
     if hasattr(threshold, "value") and hasattr(threshold, "label"):
@@ -943,16 +944,20 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
         text = f"stability threshold = {value:.4g}"
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"the threshold must be a positive finite number, got {value}")
-    return value, bounds_text(text)
+    return value, threshold_text(text)
 
 
-def bounds_text(text: str) -> str:
+def threshold_text(text: str) -> str:
     """A stability threshold's legend text (e.g. a
     :attr:`spectra.analysis.stability.StabilityThreshold.label`) in the figures' notation,
-    λ₁ for the top eigenvalue as on the axis (not λ_max), saying which eigenvalue it
-    bounds: "SGD (η = 0.2): 2/η = 10 (bounds λ₁)"."""
-    text = text.replace("(for λ_max", "(bounds λ_max").replace("λ_max", "λ₁")
-    return text if "bounds λ₁" in text else f"{text} (bounds λ₁)"
+    λ₁ for the top eigenvalue as on the axis (not λ_max), saying that it is a threshold:
+    "SGD (η = 0.2): 2/η = 10 (stability threshold)", "Adam (…): (2+2β₁)/((1−β₁)η) = 38
+    (stability threshold for λ₁(P⁻¹H))".
+
+    Not a bound: λ₁ rises to it and hovers around and above it at the edge of stability
+    (Cohen et al. 2021); it is where gradient descent on a quadratic stops converging."""
+    text = text.replace("(for λ_max", "(stability threshold for λ_max").replace("λ_max", "λ₁")
+    return text if "threshold" in text else f"{text} (stability threshold)"
 
 
 @dataclasses.dataclass
@@ -1252,11 +1257,11 @@ def plot_sharpness(
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
     axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
-    threshold is drawn (e.g. Adam's bounds λ_max(P⁻¹H), not the λ_max(H) plotted).
+    threshold is drawn (e.g. Adam's is for λ_max(P⁻¹H), not the λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
-    the line (below it, or above it when the line is low); the threshold's legend says
-    which eigenvalue it bounds (:func:`bounds_text`). ``style`` draws for print
-    (:func:`figure_style`). Returns the primary (sharpness) axes.
+    the line (below it, or above it when the line is low); the threshold's legend names it
+    a stability threshold, and for which matrix (:func:`threshold_text`). ``style`` draws
+    for print (:func:`figure_style`). Returns the primary (sharpness) axes.
     """
     series = _sharpness_series(
         steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps
@@ -1792,10 +1797,13 @@ def add_title(
         usable = 0.8 * figure.get_figwidth() if styled else figure.get_figwidth()
         width = max(40, int(usable * 72.0 / ((0.56 if styled else 0.52) * caption_size)))
         text = _wrap_caption(caption, width)
+        pad = 6 if styled else 8
         if axes is None:
             figure.supxlabel(text, fontsize=caption_size, color="0.3")
+        elif _side_by_side(axes):
+            _caption_across(figure, axes, text, caption_size, pad)
         else:
-            axes.set_title(text, fontsize=caption_size, color="0.3", pad=6 if styled else 8)
+            axes.set_title(text, fontsize=caption_size, color="0.3", pad=pad)
             _centre_title_on(figure, axes)
         added_points += 1.25 * caption_size * (text.count("\n") + 1) + 6
     if styled and added_points:
@@ -1803,26 +1811,66 @@ def add_title(
     return figure
 
 
+def _side_by_side(axes: Axes) -> bool:
+    """Whether ``axes`` is a panel of a grid with more than one column."""
+    spec = axes.get_subplotspec()
+    return spec is not None and spec.get_gridspec().ncols > 1
+
+
+def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad: float) -> None:
+    """The caption of side-by-side panels, centred on the figure on the line of the title of
+    ``axes`` (the first panel).
+
+    The constrained layout counts an axes' title as a box one pixel wide at its centre: a
+    title centred on the figure sits at the boundary of the first column, right of its
+    panel, and each pass of the layout widens that panel's margin by as much as the panel
+    moves, until the axes collapse ("constrained_layout not applied", the title then drawn
+    over the axes and the caption off the figure). So the first panel's title holds blank
+    lines as tall as the caption, which the layout keeps clear of the figure's title and of
+    the axes, and the caption is a figure text left out of the layout on that line.
+    """
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+
+    blank = "\n".join(" " for _ in text.split("\n"))
+    axes.set_title(blank, fontsize=fontsize, pad=pad)
+    line = blended_transform_factory(figure.transSubfigure, axes.transAxes)
+    caption = figure.text(
+        0.5,
+        1.0,
+        text,
+        # Raised by the title's padding, as set_title raises the title.
+        transform=line + ScaledTranslation(0.0, pad / 72.0, figure.dpi_scale_trans),
+        ha="center",
+        va="baseline",
+        fontsize=fontsize,
+        color="0.3",
+    )
+    caption.set_in_layout(False)
+    setattr(figure, _CAPTION_ATTRIBUTE, caption)
+
+
+def _caption_text(figure: Figure) -> Any:
+    """The matplotlib ``Text`` of the caption :func:`add_title` drew on ``figure`` (the
+    first panel's title, or a figure text over side-by-side panels), None without one."""
+    across = getattr(figure, _CAPTION_ATTRIBUTE, None)
+    if across is not None:
+        return across
+    below = getattr(figure, "_supxlabel", None)
+    if below is not None and below.get_text():
+        return below
+    for axes in figure.axes:
+        if axes.get_title():
+            return axes.title
+    return None
+
+
 def _centre_title_on(figure: Figure, axes: Axes) -> None:
-    """Centre the figure's title and the caption (the title of ``axes``) on one line:
-    over ``axes`` when it is the figure's only column of panels, else (panels side by
-    side) on the figure."""
+    """Centre the figure's title over ``axes``, the figure's only column of panels, on the
+    line of its caption (the title of ``axes``)."""
     from matplotlib.transforms import blended_transform_factory
 
     title = getattr(figure, "_suptitle", None)
-    spec = axes.get_subplotspec()
-    if spec is None:
-        return
-    if spec.get_gridspec().ncols > 1:
-        # Side by side: the caption (the first panel's title) is centred on the figure.
-        caption = axes.title
-        offset = caption.get_transform() - axes.transAxes  # the title's padding
-        caption.set_transform(
-            blended_transform_factory(figure.transSubfigure, axes.transAxes) + offset
-        )
-        caption.set_x(0.5)
-        return
-    if title is not None:
+    if title is not None and axes.get_subplotspec() is not None:
         title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
         title.set_x(0.5)
 

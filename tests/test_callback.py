@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import warnings
 
 import keras
 import numpy as np
@@ -541,3 +542,25 @@ def test_preconditioned_needs_a_diagonal_preconditioner(data, optimizer, message
     with pytest.raises(ValueError, match=message):
         _fit(model, data, [callback], epochs=1)
     assert int(model.optimizer.iterations.numpy()) == 0
+
+
+# -- numpy 2 -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "optimizer, options",
+    [
+        ("sgd", {"unit": "step", "every": 2, "top_k": 2, "trace": True, "gradient_overlap": True}),
+        ("adam", {"preconditioned": True}),
+    ],
+)
+def test_no_deprecated_array_conversion_of_keras_variables(data, tmp_path, optimizer, options):
+    # numpy 2 warns when np.array(x)/np.asarray(x) meets a Keras variable, whose __array__
+    # takes no copy keyword ("__array__ implementation doesn't accept a copy keyword");
+    # keras.ops.convert_to_numpy(optimizer.iterations) did so once per measurement.
+    model = _model()
+    if optimizer == "adam":
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss=LOSS)
+    callback = SharpnessCallback(data, log_file=tmp_path / "log.json", **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        _fit(model, data, [callback], epochs=1)
+    assert callback.history and np.isfinite(callback.history[-1]["eigenvalues"][0])

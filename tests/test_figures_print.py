@@ -5,6 +5,7 @@ single-eigenvalue plot, digits from the uncertainty, and the threshold drawn onl
 matrix it bounds."""
 
 import re
+import warnings
 
 import matplotlib
 import numpy as np
@@ -21,6 +22,7 @@ from spectra.estimators.density import spectral_density
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     STYLES,
+    _caption_text,
     add_title,
     figure_style,
     format_value,
@@ -263,9 +265,10 @@ def test_sharpness_trace_and_overlap_in_a_panel_below(style):
     assert figure.get_figheight() > STYLES[style].width * STYLES[style].aspect * 1.5
     (legend,) = figure.legends
     assert legend.get_window_extent(renderer).height < 0.3 * figure.bbox.height
-    # The threshold says what it bounds.
+    # The threshold is called one, not a bound.
     texts = [text.get_text() for text in legend.get_texts()]
-    assert any("bounds λ₁" in text for text in texts), texts
+    assert any("stability threshold" in text for text in texts), texts
+    assert not any("bounds λ" in text for text in texts), texts
     plt.close(figure)
 
 
@@ -328,7 +331,7 @@ def test_title_and_caption_of_side_by_side_panels_centred_on_the_figure(results)
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
     middle = figure.bbox.width / 2
-    for text in (figure._suptitle, left.title):
+    for text in (figure._suptitle, _caption_text(figure)):
         box = text.get_window_extent(renderer)
         assert abs((box.x0 + box.x1) / 2 - middle) < 4.0, text.get_text()  # 0.04 in
     plt.close(figure)
@@ -662,4 +665,46 @@ def test_other_axes_of_a_users_figure_are_left_alone(results):
     figure.canvas.draw()
     assert mine.xaxis.get_ticklabels()[0].get_fontsize() == 7.0
     assert other.xaxis.get_ticklabels()[0].get_fontsize() == size
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+@pytest.mark.parametrize("caption", ["short", "full"])
+def test_layers_figure_keeps_title_and_caption_clear_of_the_axes(results, style, caption, tmp_path):
+    # `spectra analyze --layers --trace --style page` put the panels side by side, and the
+    # caption centred on the figure made the constrained layout collapse ("constrained_layout
+    # not applied"): the title was drawn over the axes and the caption off the figure.
+    from spectra.cli._parser import build_parser
+    from spectra.cli.analyze import _layers_figure
+
+    words = ["analyze", "m.keras", "--data", "d.npz", "--out", "o", "--layers", "--trace"]
+    args = build_parser().parse_args([*words, "--style", style, "--caption", caption])
+    where = (
+        "digits_mlp, 85,002 parameters",
+        "digits, 300 examples",
+        "Hessian of the mean sparse_categorical_crossentropy (inference mode)",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "constrained_layout not applied"
+        figure = _layers_figure(args, results["layers"], "Hessian", where)
+        save_figure(figure, tmp_path / "layers.png")
+        figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    assert figure.get_figwidth() == STYLES[style].width
+    canvas = figure.bbox
+    title = figure._suptitle.get_window_extent(renderer)
+    text = _caption_text(figure)
+    assert text is not None and text.get_text().startswith("digits_mlp, 85,002")
+    below = text.get_window_extent(renderer)
+    panels = [axes.get_window_extent(renderer) for axes in figure.axes]
+    assert len(panels) == 2
+    for box in (title, below):
+        assert box.y1 <= canvas.y1
+        assert all(not box.overlaps(panel) for panel in panels), (box, panels)
+    assert canvas.x0 - 2 <= below.x0 and below.x1 <= canvas.x1 + 2  # as the other texts
+    assert title.y0 >= below.y1 - 1.0  # the title above the caption
+    assert below.y0 >= max(panel.y1 for panel in panels)
+    if style == "page":  # side by side, the caption centred on the figure
+        assert panels[0].y0 == pytest.approx(panels[1].y0)
+        assert abs((below.x0 + below.x1) / 2 - canvas.width / 2) < 2.0
     plt.close(figure)

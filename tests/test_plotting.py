@@ -20,7 +20,6 @@ from spectra.estimators.density import spectral_density
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     add_title,
-    bounds_text,
     figure_caption,
     plot_eigenvalues,
     plot_layerwise,
@@ -29,6 +28,7 @@ from spectra.plotting import (
     plot_sharpness,
     plot_spectral_density,
     save_figure,
+    threshold_text,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -223,8 +223,8 @@ def test_sharpness_with_threshold_trace_and_loss():
     (threshold,) = [line for line in ax.get_lines() if line.get_label().startswith("2/η")]
     assert list(threshold.get_ydata()) == [2 / lr, 2 / lr]
     assert threshold.get_linestyle() == "--"
-    # The legend says which eigenvalue the threshold bounds.
-    assert threshold.get_label() == "2/η = 10 (gradient descent, bounds λ₁)"
+    # The legend calls 2/η a threshold, not a bound: λ₁ hovers around and above it.
+    assert threshold.get_label() == "2/η = 10 (GD stability threshold)"
     assert ax.get_ylim()[1] > 2 / lr
     assert any(isinstance(c, LineCollection) for c in ax.collections)  # error bars
     # Loss on the sharpness panel's second y axis; the trace in a panel of its own under
@@ -246,7 +246,7 @@ def test_sharpness_with_threshold_trace_and_loss():
     # 2 % error bars are visible: no note.
     assert _legend_texts(ax) == [
         "Sharpness λ₁ ± error bound",
-        "2/η = 10 (gradient descent, bounds λ₁)",
+        "2/η = 10 (GD stability threshold)",
         "Loss",
         "Trace of H ± s.e.",
     ]
@@ -258,8 +258,9 @@ def test_sharpness_threshold_of_an_optimizer_far_above_the_data():
     # 38000 would flatten the curve: it is named, not drawn.
     assert ax.get_ylim()[1] < 20
     texts = _legend_texts(ax)
-    assert texts[1] == f"{bounds_text(adam.label)}, above the plotted range"
-    assert "(2+2β₁)/((1−β₁)η) = 3.8e+04" in texts[1] and "(bounds λ₁(P⁻¹H))" in texts[1]
+    assert texts[1] == f"{threshold_text(adam.label)}, above the plotted range"
+    assert "(2+2β₁)/((1−β₁)η) = 3.8e+04" in texts[1]
+    assert "(stability threshold for λ₁(P⁻¹H))" in texts[1]
     momentum = stability_threshold_of(
         {"class_name": "SGD", "config": {"learning_rate": 0.2, "momentum": 0.9}}
     )
@@ -366,8 +367,8 @@ def test_sharpness_panels_side_by_side_keep_their_own_legends():
         if axes.get_legend() is not None
     ]
     assert sorted(texts) == [
-        ["Sharpness λ₁", "2/η = 10 (gradient descent, bounds λ₁)", "Loss"],
-        ["Sharpness λ₁", "2/η = 20 (gradient descent, bounds λ₁), above the plotted range"],
+        ["Sharpness λ₁", "2/η = 10 (GD stability threshold)", "Loss"],
+        ["Sharpness λ₁", "2/η = 20 (GD stability threshold), above the plotted range"],
     ]
 
 

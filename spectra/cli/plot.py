@@ -35,6 +35,7 @@ from spectra.cli._common import (
 )
 from spectra.cli._parser import _formats, figure_options
 from spectra.estimators.results import load
+from spectra.io._result_validation import FieldError, check_figure_fields, damaged_file
 
 # The directory under the JSON's own that the figures go to by default.
 _DEFAULT_SUBDIRECTORY = "replot"
@@ -143,8 +144,14 @@ def _read(path: Path) -> Any:
         raise UserError(f"'{path}' is a directory: give {wanted} in it")
     try:
         report = load(path)
+    except FieldError as err:  # the right kind of file, edited or damaged: says what to rerun
+        raise UserError(one_line(str(err))) from err
     except ValueError as err:
         raise UserError(f"{one_line(str(err))}; spectra plot redraws {wanted}") from err
+    try:
+        check_figure_fields(report)
+    except FieldError as err:
+        raise UserError(str(damaged_file(str(path), type(report).__name__, err))) from err
     if isinstance(report, SharpnessReport):
         return report.to_dict()
     return report

@@ -868,7 +868,7 @@ def sharpness_figure(
     """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
     not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
     from spectra.cli.plot import finish_figure
-    from spectra.plotting import bounds_text, plot_sharpness
+    from spectra.plotting import plot_sharpness, threshold_text
 
     threshold, missing = _plotted_threshold(args, report, threshold)
     steps, xlabel = x_positions(args, report, done, unit, step_source)
@@ -929,7 +929,7 @@ def sharpness_figure(
         f"{len(done)} checkpoints",
         "bars: eigenvalue error bounds",
         "hollow markers: bound not certified" if any(uncertified) else None,
-        None if threshold is None else f"threshold: {bounds_text(threshold.label)}",
+        None if threshold is None else f"threshold: {threshold_text(threshold.label)}",
         missing,
     )
     return finish_figure(

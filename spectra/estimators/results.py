@@ -25,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from spectra.estimators.tridiagonal import tridiagonal_eigh
-from spectra.io.files import atomic_write_text, strict_json_text
+from spectra.io._result_validation import (
+    FieldError,
+    article,
+    check_fields,
+    check_value,
+    damaged_file,
+    join_path,
+    read_array,
+)
+from spectra.io.files import atomic_write_text, read_json, strict_json_text
 
 __all__ = [
     "DensityCurve",
@@ -116,59 +125,55 @@ def _restore_nulls(payload: dict[str, Any], notes: Any) -> None:
 
 
 def _array(value: Any, name: str) -> np.ndarray:
-    """A list (nested) as written by ``to_dict`` back to an array: bool, int64 or float64 as
-    the values are; nulls (a NaN or inf restored, or a missing value) make it float64. An
-    empty list gives an empty float64 array."""
-    if isinstance(value, np.ndarray):
-        return value
-    if not isinstance(value, (list, int, float, bool)):
-        raise ValueError(f"field '{name}' must be a list of numbers, got {type(value).__name__}")
-    try:
-        array = np.asarray(value)
-    except ValueError:  # ragged nested lists
-        raise ValueError(f"field '{name}' must be a rectangular list of numbers") from None
-    if array.dtype == object:
-        try:
-            missing = np.vectorize(lambda item: item is None, otypes=[bool])(array)
-            array = np.where(missing, np.nan, array).astype(np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"field '{name}' must be a list of numbers") from None
-    elif array.size == 0:
-        array = array.astype(np.float64)
-    if array.dtype.kind not in "bif":
-        raise ValueError(f"field '{name}' must be a list of numbers, got {array.dtype} values")
-    return array
+    """A list (nested) as written by ``to_dict`` back to an array (see
+    :func:`spectra.io._result_validation.read_array`)."""
+    return read_array(value, name)
 
 
-def _decode_nested(value: Any, annotation: str) -> Any:
+def _decode_nested(value: Any, annotation: str, name: str) -> Any:
     """A nested result dictionary back to its class, when the field's annotation names a
     Result type (``EigenResult``, ``TraceResult | None``) or is ``Any`` (a
-    ``LandscapeReport``'s curves)."""
+    ``LandscapeReport``'s curves); an error in it names the field's path in the file."""
     if isinstance(value, dict) and isinstance(value.get("type"), str):
-        named = value["type"] in annotation or annotation == "Any"
-        cls = _result_class(value["type"]) if named else None
-        if cls is not None:
-            return cls.from_dict(value)
+        cls = _result_class(value["type"])
+        if cls is not None and (
+            annotation == "Any"
+            or value["type"] in annotation
+            or any(
+                issubclass(cls, base)
+                for base in map(_result_class, annotation.split(" | "))
+                if base is not None
+            )
+        ):
+            try:
+                return cls.from_dict(value)
+            except FieldError as error:
+                raise error.within(name) from None
+            except ValueError as error:
+                raise FieldError(f"{{0}}: {_escaped(str(error))}", name) from None
     return value
 
 
+def _escaped(text: str) -> str:
+    """``text`` for a :class:`FieldError` template (braces doubled)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def _decode_field(value: Any, annotation: str, name: str) -> Any:
-    """A field's JSON value back to what the dataclass holds, from its annotation."""
+    """A field's JSON value back to what the dataclass holds, from its annotation, after
+    checking its type (:func:`spectra.io._result_validation.check_value`)."""
+    check_value(value, annotation, name, _result_class)
     if value is None:
         return None
     if annotation.startswith("list[np.ndarray]"):
-        if not isinstance(value, list):
-            raise ValueError(f"field '{name}' must be a list of arrays")
         return [_array(item, f"{name}[{i}]") for i, item in enumerate(value)]
     if annotation.startswith("dict[str, np.ndarray]"):
-        if not isinstance(value, dict):
-            raise ValueError(f"field '{name}' must be a dictionary of arrays")
-        return {key: _array(item, f"{name}.{key}") for key, item in value.items()}
+        return {key: _array(item, join_path(name, key)) for key, item in value.items()}
     if annotation.startswith("np.ndarray"):
         return _array(value, name)
     if annotation.split(" | ")[0] in ("float",) and isinstance(value, int):
         return float(value)
-    return _decode_nested(value, annotation)
+    return _decode_nested(value, annotation, name)
 
 
 @dataclass
@@ -193,8 +198,11 @@ class Result:
         TypeError
             ``payload`` is not a dictionary.
         ValueError
-            its ``"type"`` is another class, a field is missing or unknown, or an array
-            field does not hold numbers.
+            its ``"type"`` is another class; or (a
+            :class:`spectra.io._result_validation.FieldError` naming the field by its path,
+            "eigenvalues.error_bounds") a field is missing or unknown, of another type,
+            arrays that must agree in length do not, NaN where a number is required, a key
+            the figures read is missing (:func:`spectra.io._result_validation.check_fields`).
         """
         if not isinstance(payload, dict):
             raise TypeError(
@@ -211,7 +219,8 @@ class Result:
         specs = {spec.name: spec for spec in dataclasses.fields(cls) if spec.init}
         unknown = sorted(set(payload) - set(specs))
         if unknown:
-            raise ValueError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}")
+            kind = f"{article(cls.__name__)} {cls.__name__}"
+            raise FieldError(f"{{0}} is not a field of {kind}", unknown[0])
         values = {}
         for name, spec in specs.items():
             if name not in payload:
@@ -221,9 +230,11 @@ class Result:
                 )
                 if has_default:
                     continue
-                raise ValueError(f"{cls.__name__} field '{name}' is missing")
+                kind = f"{article(cls.__name__)} {cls.__name__}"
+                raise FieldError(f"{{0}} is missing: {kind} needs it", name)
             annotation = spec.type if isinstance(spec.type, str) else str(spec.type)
             values[name] = _decode_field(payload[name], annotation, name)
+        check_fields(cls.__name__, values)
         return cls(**values)
 
     @classmethod
@@ -778,33 +789,35 @@ def load(path: str | os.PathLike) -> Any:
     ``landscape.json`` (``LandscapeReport``) and ``spectra sharpness``'s ``sharpness.json``
     (:class:`spectra.cli.sharpness.SharpnessReport`): the file's ``"type"`` field names the
     class, and :meth:`Result.from_dict` rebuilds it with numpy arrays, the NaN and ±inf
-    written as null restored. No TensorFlow is imported.
+    written as null restored, after checking every field (types, lengths that must agree,
+    NaN where a number is required, the keys the figures read). No TensorFlow is imported.
 
     Raises
     ------
     ValueError
-        one line naming ``path`` and the cause: not JSON, no or an unknown ``"type"``, a
-        missing or unknown field.
+        one line naming ``path`` and the cause: not UTF-8, not JSON, cut short, nested
+        too deep (:func:`spectra.io.files.read_json`), no or an unknown ``"type"``; or a
+        field that is not what its class holds, named by its path in the file, e.g.
+        ``out/results.json: "eigenvalues.eigenvalues" has 1 value but
+        "eigenvalues.error_bounds" has 2; the file was edited or is damaged — rerun the
+        analysis (spectra analyze)`` (a :class:`spectra.io._result_validation.FieldError`).
     OSError
         the file cannot be read (FileNotFoundError for a missing file).
     """
     where = os.fspath(path)
-    with open(where, encoding="utf-8") as handle:
-        text = handle.read()
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not JSON ({error})") from None
+    payload = read_json(where)
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
         raise ValueError(
             f'{where}: not a spectra result (a JSON object with a "type" field is needed)'
         )
     kind = payload["type"]
+    cls = _result_class(kind)
+    if cls is None:
+        known = sorted({*_RESULT_TYPES, *_RESULT_MODULES} - {"Result"})
+        raise ValueError(f"{where}: unknown result type {kind!r} (known: {', '.join(known)})")
     try:
-        cls = _result_class(kind)
-        if cls is None:
-            known = sorted({*_RESULT_TYPES, *_RESULT_MODULES} - {"Result"})
-            raise ValueError(f"unknown result type {kind!r} (known: {', '.join(known)})")
         return cls.from_dict(payload)
+    except FieldError as error:
+        raise damaged_file(where, kind, error) from None
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None

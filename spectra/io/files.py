@@ -31,6 +31,7 @@ import errno
 import json
 import math
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -57,6 +58,7 @@ __all__ = [
     "check_outputs",
     "claim_outputs",
     "prepare_directory",
+    "read_json",
     "read_manifest",
     "remove_temporaries",
     "strict_json_text",
@@ -312,6 +314,77 @@ def atomic_write_json(
     return atomic_write_text(path, strict_json_text(payload, explain))
 
 
+# --------------------------------------------------------------------------- reading JSON
+
+# The deepest nesting read_json accepts. spectra's files nest a few levels (a report, a result
+# in it, a list of arrays, a row); the margin keeps every reader far from Python's recursion
+# limit, which JSON nested thousands deep would reach (RecursionError).
+MAX_JSON_DEPTH = 32
+# A JSON string (escapes included) or a bracket: the tokens that decide the nesting depth.
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _nesting_too_deep(text: str, limit: int) -> int | None:
+    """The offset of the first bracket nested deeper than ``limit`` in ``text``, or None."""
+    depth = 0
+    for match in _JSON_NESTING.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return match.start()
+        elif token in "]}":
+            depth -= 1
+    return None
+
+
+def read_json(path: str | os.PathLike, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON value in the file ``path``, read as UTF-8.
+
+    NaN and ±Infinity tokens are read as floats (files of older versions may hold them).
+    Cost: one pass over the text to measure its nesting before parsing it.
+
+    Raises
+    ------
+    ValueError
+        one line naming ``path`` and what is wrong: not UTF-8 (the offset of the first bad
+        byte), empty, nested deeper than ``max_depth``, not JSON (where, and whether the text
+        ends in the middle of a value: a truncated file).
+    OSError
+        the file cannot be read (FileNotFoundError for a missing file).
+    """
+    where = os.fspath(path)
+    with open(where, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{where}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}), "
+            "so not a JSON file spectra wrote"
+        ) from None
+    if not text.strip():
+        raise ValueError(f"{where}: the file is empty, not JSON")
+    deep = _nesting_too_deep(text, max_depth)
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise ValueError(
+            f"{where}: JSON nested more than {max_depth} levels deep (line {line}), deeper "
+            "than any file spectra writes"
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        at = f"line {error.lineno} column {error.colno}"
+        # A string without its closing quote runs to the end of the text.
+        if error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string"):
+            raise ValueError(
+                f"{where}: not JSON: it ends in the middle of a value (started at {at}), so "
+                "the file is cut short"
+            ) from None
+        raise ValueError(f"{where}: not JSON: {error.msg.removesuffix(' at')} at {at}") from None
+
+
 # --------------------------------------------------------------------------- directories
 
 
@@ -526,7 +599,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
     check_outputs(directory, [])
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json(path)
         valid = (
             isinstance(manifest, dict)
             and manifest.get("format") == _MANIFEST_FORMAT
