@@ -960,7 +960,7 @@ def _plotted_threshold(
             **{name: dropped[name] for name in StabilityThreshold.__dataclass_fields__}
         )
     if threshold is not None:
-        return None, f"no threshold: {threshold.optimizer}'s bounds {other}, not {plotted}"
+        return None, f"no threshold: {threshold.optimizer}'s is for {other}, not {plotted}"
     if report.get("learning_rate") is not None:
         return None, f"no threshold: the optimizer's does not bound {plotted}"
     return None, None

@@ -139,7 +139,7 @@ def test_steps_from_the_optimizer_and_epochs_from_steps_per_epoch(adam_epochs, t
     assert ax.get_xlabel() == "Training step (optimizer iterations)"
     assert list(ax.get_lines()[0].get_xdata()) == [4, 8]
     texts = [text.get_text().replace("\n", " ") for text in figure.legends[0].get_texts()]
-    assert "no threshold: Adam's bounds λ₁(P⁻¹H), not λ₁(H)" in texts, texts
+    assert "no threshold: Adam's is for λ₁(P⁻¹H), not λ₁(H)" in texts, texts
     plt.close(figure)
     figure = _figure(path, "epochs")
     ax = figure.axes[0]
