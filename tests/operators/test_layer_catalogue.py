@@ -395,3 +395,35 @@ def test_ggn_through_normalization_layers_against_finite_differences(name, rng):
         block = slice(i * p.shape[1], (i + 1) * p.shape[1])
         Hz[block, block] = (np.diag(row) - np.outer(row, row)) / N
     assert relative_error(ggn @ np.eye(ggn.shape[0]), J.T @ Hz @ J) < TOLERANCE
+
+
+def test_a_keras_hub_gpt2_backbone_against_finite_differences(rng):
+    """keras-hub's GPT-2 (one block: LayerNormalization, causal attention, GELU MLP) with
+    its reversible (tied) token embedding as the output layer, in float64."""
+    keras_hub = pytest.importorskip("keras_hub", reason="keras-hub is in the [test] extra")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=4,
+        intermediate_dim=8,
+        max_sequence_length=4,
+        dtype=F64,
+    )
+    inputs = {
+        name: keras.Input((SEQUENCE,), dtype="int32", name=name)
+        for name in ("token_ids", "padding_mask")
+    }
+    logits = backbone.token_embedding(backbone(inputs), reverse=True)
+    model = keras.Model(inputs, logits)
+    x = {
+        "token_ids": rng.integers(0, VOCABULARY, (N, SEQUENCE)).astype("int32"),
+        "padding_mask": np.ones((N, SEQUENCE), "int32"),
+    }
+    y = rng.integers(0, VOCABULARY, (N, SEQUENCE))
+    op = spectra.HessianOperator.from_keras(model, SCE, (x, y), dtype=np.float64)
+    V = rng.standard_normal((op.shape[0], 3))
+    truth = finite_difference_products(lambda: SCE(y, model(x)), model.trainable_variables, V)
+    assert op.shape[0] > 150
+    assert relative_error(op.matmat(V), truth) < TOLERANCE
