@@ -427,3 +427,25 @@ def test_a_keras_hub_gpt2_backbone_against_finite_differences(rng):
     truth = finite_difference_products(lambda: SCE(y, model(x)), model.trainable_variables, V)
     assert op.shape[0] > 150
     assert relative_error(op.matmat(V), truth) < TOLERANCE
+
+
+def test_keras_hub_building_blocks_against_finite_differences(rng):
+    """keras-hub's encoder and decoder blocks (post-norm, GELU), rotary position
+    embedding and a reversible embedding with a soft-capped output, composed into one
+    encoder-decoder model, in float64."""
+    keras_hub = pytest.importorskip("keras_hub", reason="keras-hub is in the [test] extra")
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    embedding = keras_hub.layers.ReversibleEmbedding(VOCABULARY, 4, logit_soft_cap=5.0, dtype=F64)
+    h = keras_hub.layers.RotaryEmbedding(dtype=F64)(embedding(tokens))
+    encoded = keras_hub.layers.TransformerEncoder(8, 2, activation="gelu", dtype=F64)(h)
+    decoded = keras_hub.layers.TransformerDecoder(
+        8, 2, activation="gelu", normalize_first=True, dtype=F64
+    )(h, encoded)
+    model = keras.Model(tokens, embedding(decoded, reverse=True))
+    x = rng.integers(0, VOCABULARY, (N, SEQUENCE)).astype("int32")
+    y = rng.integers(0, VOCABULARY, (N, SEQUENCE))
+    op = spectra.HessianOperator.from_keras(model, SCE, (x, y), dtype=np.float64)
+    V = rng.standard_normal((op.shape[0], 3))
+    truth = finite_difference_products(lambda: SCE(y, model(x)), model.trainable_variables, V)
+    assert relative_error(op.matmat(V), truth) < TOLERANCE
