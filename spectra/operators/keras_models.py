@@ -581,6 +581,15 @@ def stateless_forward(
                 f"calling model {model.name!r} on a batch of x failed: {cause} Check that x "
                 "fits the model's inputs (number of features, shape, dtype)."
             ) from err
+        except tf.errors.OpError as err:
+            # An op error inside a layer, raised by an eager call (an index outside an
+            # Embedding's table in a subclassed model, which the data checks cannot see):
+            # Keras' call context off, so that ``data_checks.graph_errors`` finds the root
+            # cause. (Traced graphs raise theirs when they run, not here.)
+            cause = _keras_call_cause(err.message)
+            if cause is None:
+                raise
+            raise type(err)(err.node_def, err.op, cause) from err
         extra = list(model.losses)
     return outputs, extra
 

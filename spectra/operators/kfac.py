@@ -1338,18 +1338,7 @@ def _accumulate_batch(
             with capture:
                 # As the exact operators call the model: Keras' multi-line call error
                 # becomes one line naming its cause.
-                try:
-                    outputs, _ = keras_models.stateless_forward(
-                        run_model, [], [], x, training=False
-                    )
-                except tf.errors.OpError as err:
-                    # An op error inside a layer (an index outside an Embedding's table in
-                    # a subclassed model, which the data checks cannot see): Keras' call
-                    # context off, so that ``graph_errors`` finds the root cause.
-                    cause = keras_models._keras_call_cause(err.message)
-                    if cause is None:
-                        raise
-                    raise type(err)(err.node_def, err.op, cause) from err
+                outputs, _ = keras_models.stateless_forward(run_model, [], [], x, training=False)
             capture.check()
             flat = tf.nest.flatten(outputs)
             if len(flat) != 1:
