@@ -95,9 +95,15 @@ RULES = {
     "io imports no other spectra package": dict(
         importers="spectra.io", allowed=["spectra.io", "spectra._validation"]
     ),
-    "estimators import only estimators, _validation and io.files, never TensorFlow": dict(
+    "estimators import only estimators, _validation, io.files and io.result_validation, "
+    "never TensorFlow": dict(
         importers="spectra.estimators",
-        allowed=["spectra.estimators", "spectra._validation", "spectra.io.files"],
+        allowed=[
+            "spectra.estimators",
+            "spectra._validation",
+            "spectra.io.files",
+            "spectra.io.result_validation",
+        ],
         forbidden=["tensorflow", "keras", "tf_keras"],
     ),
     "operators import no estimators, analysis, plotting, callback or cli": dict(

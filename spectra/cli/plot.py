@@ -35,7 +35,7 @@ from spectra.cli._common import (
 )
 from spectra.cli._parser import _formats, figure_options
 from spectra.estimators.results import load
-from spectra.io._result_validation import FieldError, check_figure_fields, damaged_file
+from spectra.io.result_validation import FieldError, check_figure_fields, damaged_file
 
 # The directory under the JSON's own that the figures go to by default.
 _DEFAULT_SUBDIRECTORY = "replot"

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from spectra.estimators.tridiagonal import tridiagonal_eigh
-from spectra.io._result_validation import (
+from spectra.io.files import atomic_write_text, read_json, strict_json_text
+from spectra.io.result_validation import (
     FieldError,
     article,
     check_fields,
@@ -34,7 +35,6 @@ from spectra.io._result_validation import (
     join_path,
     read_array,
 )
-from spectra.io.files import atomic_write_text, read_json, strict_json_text
 
 __all__ = [
     "DensityCurve",
@@ -126,7 +126,7 @@ def _restore_nulls(payload: dict[str, Any], notes: Any) -> None:
 
 def _array(value: Any, name: str) -> np.ndarray:
     """A list (nested) as written by ``to_dict`` back to an array (see
-    :func:`spectra.io._result_validation.read_array`)."""
+    :func:`spectra.io.result_validation.read_array`)."""
     return read_array(value, name)
 
 
@@ -161,7 +161,7 @@ def _escaped(text: str) -> str:
 
 def _decode_field(value: Any, annotation: str, name: str) -> Any:
     """A field's JSON value back to what the dataclass holds, from its annotation, after
-    checking its type (:func:`spectra.io._result_validation.check_value`)."""
+    checking its type (:func:`spectra.io.result_validation.check_value`)."""
     check_value(value, annotation, name, _result_class)
     if value is None:
         return None
@@ -199,10 +199,10 @@ class Result:
             ``payload`` is not a dictionary.
         ValueError
             its ``"type"`` is another class; or (a
-            :class:`spectra.io._result_validation.FieldError` naming the field by its path,
+            :class:`spectra.io.result_validation.FieldError` naming the field by its path,
             "eigenvalues.error_bounds") a field is missing or unknown, of another type,
             arrays that must agree in length do not, NaN where a number is required, a key
-            the figures read is missing (:func:`spectra.io._result_validation.check_fields`).
+            the figures read is missing (:func:`spectra.io.result_validation.check_fields`).
         """
         if not isinstance(payload, dict):
             raise TypeError(
@@ -800,7 +800,7 @@ def load(path: str | os.PathLike) -> Any:
         field that is not what its class holds, named by its path in the file, e.g.
         ``out/results.json: "eigenvalues.eigenvalues" has 1 value but
         "eigenvalues.error_bounds" has 2; the file was edited or is damaged — rerun the
-        analysis (spectra analyze)`` (a :class:`spectra.io._result_validation.FieldError`).
+        analysis (spectra analyze)`` (a :class:`spectra.io.result_validation.FieldError`).
     OSError
         the file cannot be read (FileNotFoundError for a missing file).
     """

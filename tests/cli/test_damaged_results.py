@@ -24,8 +24,8 @@ from spectra.cli.analyze import AnalysisReport
 from spectra.cli.landscape import LandscapeReport
 from spectra.cli.sharpness import SharpnessReport
 from spectra.estimators.results import EigenResult, SpectralDensity, TraceResult
-from spectra.io._result_validation import FieldError
 from spectra.io.files import MAX_JSON_DEPTH, read_json
+from spectra.io.result_validation import FieldError
 
 DAMAGED = "the file was edited or is damaged"
 

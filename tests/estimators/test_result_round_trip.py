@@ -23,7 +23,7 @@ from spectra.estimators.results import (
     _result_class,
     load,
 )
-from spectra.io._result_validation import FieldError
+from spectra.io.result_validation import FieldError
 
 CLASSES = [
     "EigenResult",
