@@ -47,9 +47,10 @@ run: $(VENV)/.installed-run
 		"$(OUT)/sharpness/sharpness.png (add --format png,pdf,svg for more formats)"
 
 # make lint (ruff check, ruff format --check, mypy), then the suite in one pytest-xdist
-# worker per core, each on one thread (tests/conftest.py).
+# worker per core, each on one thread (tests/conftest.py); an idle worker takes tests
+# from a busy one's queue (--dist worksteal), so that no worker ends long after the other.
 test: lint
-	$(BIN)/python -m pytest -q -n auto --timeout=900
+	$(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m "not slow"
