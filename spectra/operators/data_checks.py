@@ -628,12 +628,7 @@ def check_data_fits_model(model: keras.Model, x: Any, y: Any, loss: Any = None) 
     pairs = _labels_per_output(outputs, y, by_name_only=isinstance(output, dict))
     for position, (name, label, out) in enumerate(pairs):
         label_name = f"y_{name}" if isinstance(y, dict) else f"y{position}"
-        if isinstance(loss, dict):
-            output_loss = loss.get(name)
-        elif isinstance(loss, (list, tuple)):
-            output_loss = loss[position] if position < len(loss) else None
-        else:
-            output_loss = loss
+        output_loss = _loss_of_output(loss, name, position)
         if output_loss is None:
             continue
         try:
@@ -808,6 +803,16 @@ def _takes_probabilities(loss: Any) -> bool:
     return probabilistic and not kwargs.get("from_logits")
 
 
+def _loss_of_output(loss: Any, name: str, position: int) -> Any:
+    """The loss of output ``name`` (at ``position`` in Keras' output order) from a loss
+    given per output (a dict by name, a list in order) or one for all; None if none."""
+    if isinstance(loss, dict):
+        return loss.get(name)
+    if isinstance(loss, (list, tuple)):
+        return loss[position] if position < len(loss) else None
+    return loss
+
+
 def _not_probabilities(loss: Any, values: np.ndarray) -> str | None:
     """What makes ``values`` (one output on some examples) not the probabilities ``loss``
     takes, or None: when the loss is a Keras cross-entropy without ``from_logits=True``,
@@ -855,12 +860,7 @@ def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
         return
     entries = _output_entries(model, output)
     for position, (name, value) in enumerate(entries):
-        if isinstance(loss, dict):
-            output_loss = loss.get(name)
-        elif isinstance(loss, (list, tuple)):
-            output_loss = loss[position] if position < len(loss) else None
-        else:
-            output_loss = loss
+        output_loss = _loss_of_output(loss, name, position)
         if output_loss is None:
             continue
         problem = _not_probabilities(output_loss, _values(value))

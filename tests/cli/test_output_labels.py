@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _dense import central_difference_hessian
 
 from spectra import HessianOperator, eigenvalues
 from spectra.cli import main
@@ -68,14 +69,7 @@ def zeta_alpha(tmp_path_factory):
         return tape.gradient(value, t).numpy()
 
     theta = np.concatenate([variables[p].ravel() for p in order])
-    step = 1e-5
-    columns = []
-    for i in range(theta.size):
-        e = np.zeros_like(theta)
-        e[i] = step
-        columns.append((gradient(theta + e) - gradient(theta - e)) / (2 * step))
-    hessian = np.array(columns)
-    top = float(np.linalg.eigvalsh((hessian + hessian.T) / 2)[-1])
+    top = float(np.linalg.eigvalsh(central_difference_hessian(gradient, theta))[-1])
     return {"dir": tmp, "model": model, "x": x, "y_zeta": y_zeta, "y_alpha": y_alpha, "top": top}
 
 

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _dense import central_difference_hessian
 
 from spectra import HessianOperator, eigenvalues
 from spectra.cli import main
@@ -64,14 +65,7 @@ def _finite_difference_top(model: keras.Model, x: np.ndarray, y: np.ndarray) -> 
         return tape.gradient(value, t).numpy()
 
     theta = np.concatenate([w.ravel() for w in weights])
-    step = 1e-5
-    rows = []
-    for i in range(theta.size):
-        e = np.zeros_like(theta)
-        e[i] = step
-        rows.append((gradient(theta + e) - gradient(theta - e)) / (2 * step))
-    hessian = np.array(rows)
-    return float(np.linalg.eigvalsh((hessian + hessian.T) / 2)[-1])
+    return float(np.linalg.eigvalsh(central_difference_hessian(gradient, theta))[-1])
 
 
 @pytest.mark.parametrize("policy", POLICIES)
