@@ -72,6 +72,7 @@ from spectra.io.files import (
     atomic_write_text,
     claim_outputs,
     prepare_directory,
+    read_json,
     remove_temporaries,
     strict_json_text,
     strictly_jsonable,
@@ -703,7 +704,8 @@ class SharpnessRun:
     def _stored_entries(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The stored entries that belong to this run, and the stored record."""
         try:
-            stored = json.loads(self.json_path.read_text(encoding="utf-8"))
+            # read_json: not UTF-8, truncated or absurdly nested files are ValueErrors.
+            stored = read_json(self.json_path)
             form = stored["format"]
             stored_settings = stored["settings"]
             stored_plan = stored["plan"]

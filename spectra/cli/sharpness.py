@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import math
 import os
 import re
@@ -74,6 +73,7 @@ from spectra.cli._parser import (
     eigen_options,
     trace_options,
 )
+from spectra.io.files import read_json
 from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 
 _FIGURE = "sharpness"
@@ -426,7 +426,7 @@ def _nothing_measured(path: Path) -> bool:
     """Whether the ``sharpness.json`` at ``path`` is a record with no checkpoint done (its
     run failed before measuring one); False for a file that is not such a record."""
     try:
-        checkpoints = json.loads(Path(path).read_text(encoding="utf-8"))["checkpoints"]
+        checkpoints = read_json(path)["checkpoints"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return isinstance(checkpoints, list) and not any(
@@ -630,7 +630,7 @@ def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | Non
     if not notes.is_file():
         return None, None
     try:
-        content = json.loads(notes.read_text())
+        content = read_json(notes)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read '{notes}' as JSON ({err}); give --lr.") from err
     if not isinstance(content, dict):

@@ -498,3 +498,24 @@ def test_strict_json_with_reasons(tmp_path, run_files):
     assert reason.startswith("NaN: a standard error needs at least two probes")
     csv_row = (tmp_path / "out" / "sharpness.csv").read_text().splitlines()[1].split(",")
     assert "nan" not in [value.lower() for value in csv_row]
+
+
+@pytest.mark.parametrize(
+    ("content", "cause"),
+    [
+        (b"\xff\xfe not text", "not UTF-8"),
+        (b"[" * 10_000, "nested more than"),
+        (b'{"format": "spectra-sharpness', "cut short"),
+    ],
+    ids=["binary", "deeply-nested", "truncated"],
+)
+def test_resume_refuses_a_damaged_record_in_one_line(tmp_path, run_files, content, cause):
+    plan = _plan(run_files)
+    run, _ = _start(tmp_path / "out", plan)
+    run.record(plan[0], _measurement(1.0))
+    run.__exit__(None, None, None)
+    (tmp_path / "out" / "sharpness.json").write_bytes(content)
+    with pytest.raises(ResumeRefused, match="not a sharpness record") as refused:
+        _start(tmp_path / "out", plan)
+    message = str(refused.value)
+    assert cause in message and "sharpness.json" in message and "\n" not in message
