@@ -55,7 +55,9 @@ def test_the_readme_has_one_python_block_and_its_output_and_stays_a_front_page()
     assert len(text.splitlines()) <= 150
     # The two commands, in these words (the project's hooks look for them).
     assert "make run" in text and "make test" in text
-    assert "pip install spectra-hessian" in text and "import spectra" in text
+    assert "`spectra-hessian`" in text and "import spectra" in text
+    # It is installed from a clone: no install line names a package on the index.
+    assert "pip install spectra" not in text.replace("Do not `pip install spectra`", "")
 
 
 def test_the_readme_shell_blocks_name_real_commands_targets_and_extras():
@@ -64,7 +66,7 @@ def test_the_readme_shell_blocks_name_real_commands_targets_and_extras():
     makefile = (ROOT / "Makefile").read_text()
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    distribution = setup["metadata"]["name"]
+    assert f"**`{setup['metadata']['name']}`**" in README.read_text()
     extras = set(setup["options.extras_require"])
     parser = build_parser()
     seen = set()
@@ -78,11 +80,10 @@ def test_the_readme_shell_blocks_name_real_commands_targets_and_extras():
                 assert re.search(rf"^{words[1]}\b[^:\n]*:", makefile, re.M), words
             elif words[0] == "pip":
                 assert words[1] == "install", words
-                name = words[-1]
-                if name != ".":
-                    match = re.fullmatch(r"([\w-]+)(?:\[([\w,-]+)\])?", name)
-                    assert match and match.group(1) == distribution, words
-                    assert set(filter(None, (match.group(2) or "").split(","))) <= extras
+                # The checkout itself (this distribution), with extras it declares.
+                match = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", words[-1])
+                assert match, words
+                assert set(filter(None, (match.group(1) or "").split(","))) <= extras
             elif words[0] == "spectra":
                 if words[1:] == ["--help"]:
                     continue
