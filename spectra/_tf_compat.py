@@ -38,6 +38,10 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   (the signature of the original moments, a ``StopGradient`` of a ``Mean`` read by a
   ``SquaredDifference``; a ``ResizeBilinearGrad`` when the registry was out of reach),
   and the engine refuses such a Hessian in one line naming the layer.
+* :func:`first_gpu_memory` reads the memory of the first visible GPU from
+  ``tensorflow.python.client.device_lib`` (private); fallback: the public
+  ``tf.config.experimental.get_memory_info`` peak is no total, so None (the operators'
+  memory plan then uses the host's memory).
 * :func:`model_distribute_strategy` reads the strategy a Keras model was built under
   (``Model._distribute_strategy``); fallback: the strategy in scope.
 * :func:`flatten_layers` lists a model's layers recursively (``Layer._flatten_layers``);
@@ -346,6 +350,21 @@ def _trace_with_tf_function(
     concrete = tf.function(fn, input_signature=list(signature), autograph=False)
     concrete = concrete.get_concrete_function()
     return concrete.graph, list(concrete.graph.inputs), list(concrete.outputs)
+
+
+def first_gpu_memory() -> int | None:
+    """Total memory of the first visible GPU in bytes, or None without a GPU (or without
+    TensorFlow's private ``device_lib``)."""
+    if not tf.config.list_physical_devices("GPU"):
+        return None
+    try:
+        from tensorflow.python.client import device_lib
+    except ImportError:
+        return None
+    for device in device_lib.list_local_devices():
+        if device.device_type == "GPU" and device.memory_limit:
+            return int(device.memory_limit)
+    return None
 
 
 def model_distribute_strategy(model: Any) -> tf.distribute.Strategy | None:

@@ -1,4 +1,4 @@
-"""The layers of spectra import one way (DESIGN.md): io below everything; operators
+"""The layers of spectra import one way (docs/architecture.md): io below everything; operators
 (TensorFlow) and estimators (NumPy/SciPy, never TensorFlow) side by side; analysis above both;
 plotting, callback and the CLI on top. Every module of spectra/ is read with ``ast`` (imports
 inside functions count too), and the estimators are also imported in a fresh interpreter to

@@ -504,3 +504,21 @@ def test_layers_whose_training_gradient_is_a_surrogate_are_refused_in_training(l
     with pytest.raises(ValueError, match=named + r".*use training=False"):
         HessianOperator.from_keras(model, loss, (x, y), training=True)
     HessianOperator.from_keras(model, loss, (x, y))  # inference mode is exact
+
+
+def test_first_gpu_memory_and_its_fallback(monkeypatch):
+    import sys
+    import types
+
+    from tensorflow.python.client import device_lib
+
+    assert _tf_compat.first_gpu_memory() is None or tf.config.list_physical_devices("GPU")
+    gpu = types.SimpleNamespace(device_type="GPU", memory_limit=3 << 30)
+    cpu = types.SimpleNamespace(device_type="CPU", memory_limit=1 << 30)
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    monkeypatch.setattr(device_lib, "list_local_devices", lambda: [cpu, gpu])
+    assert _tf_compat.first_gpu_memory() == 3 << 30
+    # Without the private module: no figure (the memory plan then uses the host's).
+    monkeypatch.setitem(sys.modules, "tensorflow.python.client.device_lib", None)
+    monkeypatch.delattr(sys.modules["tensorflow.python.client"], "device_lib")
+    assert _tf_compat.first_gpu_memory() is None

@@ -7,10 +7,11 @@ module supplying a :class:`Curvature` (``curvature``): what is differentiated.
 (``ggn``) the generalized Gauss-Newton matrix and :class:`FisherOperator` (``fisher``)
 the Monte Carlo and empirical Fisher matrices; ``registry`` lists them (one line each)
 for the API and the CLI. :class:`KFACOperator` (``kfac``) is their Kronecker-factored
-approximation for Dense and Conv2D layers (K-FAC; EKFAC with :class:`EKFACOperator`),
-whose spectrum is exact. The compiled machinery is in ``engine``; batches and their
-weights in ``batching``, devices and workers in ``replicas``, Keras models and losses in
-``keras_models``, and the checks of data against a model in ``data_checks``.
+approximation for Dense, Conv1D, Conv2D and Embedding layers (K-FAC; EKFAC with
+:class:`EKFACOperator`), whose spectrum is exact. The compiled machinery is in
+``engine``; batches and their weights in ``batching``, devices and workers in
+``replicas``, Keras models and losses in ``keras_models``, and the checks of data
+against a model in ``data_checks``.
 Structured views of any operator (NumPy only): the block-diagonal approximation
 :class:`BlockDiagonalOperator` (``block_diagonal``; per layer by default) and the
 submatrix :class:`SubmatrixOperator` (``submatrix``). The Jacobian of the model's outputs

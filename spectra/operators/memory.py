@@ -86,18 +86,9 @@ def _meminfo_available() -> int | None:
 
 def _gpu_memory() -> int | None:
     """Total memory of the first visible GPU in bytes, or None without one."""
-    import tensorflow as tf
+    from spectra import _tf_compat
 
-    if not tf.config.list_physical_devices("GPU"):
-        return None
-    try:  # a TensorFlow internal: without it, the host's memory is the figure
-        from tensorflow.python.client import device_lib
-    except ImportError:
-        return None
-    for device in device_lib.list_local_devices():
-        if device.device_type == "GPU" and device.memory_limit:
-            return int(device.memory_limit)
-    return None
+    return _tf_compat.first_gpu_memory()
 
 
 def available_memory() -> int:
