@@ -23,6 +23,7 @@ from spectra.estimators.results import (
     _result_class,
     load,
 )
+from spectra.io import result_validation as rules
 from spectra.io.result_validation import FieldError
 
 CLASSES = [
@@ -136,30 +137,186 @@ def assert_same(loaded, original, where: str = "") -> None:
         assert type(loaded) is type(original), where
 
 
-@pytest.mark.parametrize("name", CLASSES)
-@settings(
-    max_examples=25,
+# ----------------------------------------------------------------- valid results, by the rules
+# The shapes and values each class must have are read from result_validation's tables
+# (_ARRAYS: dimensions and values; _AGREE: lengths that must agree); the rules written as code
+# there (_CHECKS) are followed by the fix-ups below, one per class.
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+# Not negative: +inf (a bound not found) and NaN (one not computed) are allowed.
+BOUNDS = st.one_of(st.floats(min_value=0.0), st.just(math.nan))
+SIDES = st.integers(1, 4)
+
+
+def _rule_array(spec, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    """Arrays of ``shape`` that the rule ``spec`` (a result_validation ``_Array``) accepts."""
+    if spec.kind == "b":
+        return hnp.arrays(np.bool_, shape, elements=st.booleans())
+    if spec.kind == "i":
+        return hnp.arrays(np.int64, shape, elements=st.integers(-(2**40), 2**40))
+    elements = {rules._FINITE: FINITE, rules._BOUND: BOUNDS}.get(spec.values, FLOATS)
+    return hnp.arrays(np.float64, shape, elements=elements)
+
+
+def _valid_field(draw, cls_name: str, annotation: str, name: str, lengths: dict) -> object:
+    """A value of the field ``name`` that its class's rules accept; ``lengths`` maps
+    (field, axis) to the length drawn for its agreement group."""
+    if annotation.endswith(" | None"):
+        if draw(st.booleans()):
+            return None
+        annotation = annotation.removesuffix(" | None")
+    spec = rules._ARRAYS.get(cls_name, {}).get(name)
+    if annotation == "np.ndarray" and spec is not None:
+        shape = tuple(lengths.get((name, axis)) or draw(SIDES) for axis in range(spec.ndim))
+        return draw(_rule_array(spec, shape))
+    if annotation.startswith("list[") and (name, 0) in lengths:
+        size = lengths[(name, 0)]
+        item = _strategy(annotation[5:-1], name)
+        return draw(st.lists(item, min_size=size, max_size=size))
+    if annotation == "Any":
+        return draw(st.one_of(JSONISH, valid_results_of("LandscapeResult")))
+    if _result_class(annotation) is not None:
+        return draw(valid_results_of(annotation))
+    return draw(_strategy(annotation, name))
+
+
+def _fix_lanczos(draw, fields: dict) -> None:
+    size = fields["alpha"].size
+    fields["beta"] = draw(hnp.arrays(np.float64, (max(size - 1, 0),), elements=FLOATS))
+    if fields["basis"] is not None:
+        rows = fields["basis"].shape[0]
+        fields["basis"] = draw(hnp.arrays(np.float64, (rows, size), elements=FLOATS))
+
+
+def _fix_layerwise(draw, fields: dict) -> None:
+    names = ("eigenvalues", "error_bounds", "residual_norms", "converged")
+    for i in range(len(fields["groups"])):
+        size = draw(SIDES)
+        for name in names:
+            fields[name][i] = draw(_rule_array(rules._EIGEN[name], (size,)))
+
+
+def _fix_landscape_result(draw, fields: dict) -> None:
+    size = fields["alphas"].size
+    curve = hnp.arrays(np.float64, (size,), elements=FLOATS)
+    fields["losses"] = draw(st.dictionaries(KEYS, curve, max_size=3))
+    fields["base_loss"] = draw(FINITE)
+
+
+def _fix_analysis_report(draw, fields: dict) -> None:
+    fields["loss"] = draw(FINITE)
+
+
+def _fix_landscape_report(draw, fields: dict) -> None:
+    curves = st.one_of(st.none(), valid_results_of("LandscapeResult"))
+    fields["curves"], fields["surface"] = draw(curves), draw(curves)
+    if fields["curves"] is not None and fields["surface"] is not None:
+        size = fields["curves"].alphas.size
+        grid = draw(hnp.arrays(np.float64, (size, size), elements=FLOATS))
+        fields["surface"] = dataclasses.replace(fields["surface"], losses_2d=grid)
+
+
+def _done_checkpoint(draw, count: int) -> dict:
+    """A measured checkpoint of sharpness.json with ``count`` eigenvalues."""
+    keys = {**rules._DONE_ENTRY, **rules._DONE_ENTRY_OPTIONAL}
+    entry = {key: draw(_strategy(a.split(" | ")[0], key)) for key, a in keys.items()}
+    for key in ("eigenvalues", "error_bounds", "residual_norms", "converged"):
+        entry[key] = draw(_rule_array(rules._EIGEN[key], (count,))).tolist()
+    return {**entry, "status": "done"}
+
+
+def _fix_sharpness_report(draw, fields: dict) -> None:
+    for name in ("threshold", "dropped_threshold"):
+        if fields[name] is not None:
+            threshold = {key: draw(_strategy(a, key)) for key, a in rules._THRESHOLD.items()}
+            threshold["value"] = draw(st.floats(min_value=1e-300, allow_infinity=False))
+            fields[name] = threshold
+    # Done checkpoints hold as many eigenvalues as each other and as settings["top_k"].
+    count = draw(SIDES)
+    if isinstance(fields["settings"].get("top_k"), int):
+        fields["settings"]["top_k"] = count
+    done = draw(st.integers(0, 2))
+    fields["checkpoints"] += [_done_checkpoint(draw, count) for _ in range(done)]
+
+
+FIX_UPS = {
+    "LanczosResult": _fix_lanczos,
+    "LayerwiseResult": _fix_layerwise,
+    "LandscapeResult": _fix_landscape_result,
+    "AnalysisReport": _fix_analysis_report,
+    "LandscapeReport": _fix_landscape_report,
+    "SharpnessReport": _fix_sharpness_report,
+}
+# Every class with a rule written as code has its fix-up.
+assert set(rules._CHECKS) <= set(FIX_UPS)
+
+
+@st.composite
+def _valid_result(draw, name: str) -> Result:
+    cls = _result_class(name)
+    assert cls is not None, name
+    lengths: dict[tuple[str, int], int] = {}
+    for group in rules._AGREE.get(name, []):
+        shared = [lengths[key] for key in group if key in lengths]
+        size = shared[0] if shared else draw(SIDES)  # groups sharing a field share a length
+        lengths.update({key: size for key in group})
+    fields = {
+        spec.name: _valid_field(draw, name, str(spec.type), spec.name, lengths)
+        for spec in dataclasses.fields(cls)
+    }
+    if name in FIX_UPS:
+        FIX_UPS[name](draw, fields)
+    return cls(**fields)
+
+
+def valid_results_of(name: str) -> st.SearchStrategy[Result]:
+    """Results of the class ``name`` that loading accepts: fields that must agree in length
+    drawn with one length, finite numbers and non-negative bounds where the rules ask."""
+    return st.deferred(lambda: _valid_result(name))
+
+
+SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+
+
+def _assert_round_trips(original: Result, path) -> None:
+    original.to_json(path)
+    assert_same(type(original).from_json(path), original)
+    assert_same(load(path), original)
+    assert_same(type(original).from_dict(original.to_dict()), original)
+
+
+@pytest.mark.parametrize("name", CLASSES)
+@settings(SETTINGS, max_examples=25)
 @given(data=st.data())
 def test_every_result_round_trips_through_its_json(name, data, tmp_path):
+    """Every draw is a result loading accepts, and it comes back exactly."""
+    _assert_round_trips(data.draw(valid_results_of(name)), tmp_path / f"{name}.json")
+
+
+# Classes whose loading checks more than the fields' types.
+CONSTRAINED = sorted(set(rules._ARRAYS) | set(rules._AGREE) | set(rules._CHECKS))
+
+
+@settings(SETTINGS, max_examples=40)
+@given(data=st.data())
+def test_independent_draws_are_refused_in_one_line_or_round_trip(data, tmp_path):
+    """Fields drawn independently need not agree (an eigenvalue with two bounds, NaN for an
+    eigenvalue): such a result is refused by both readers in one line, never half-read."""
+    name = data.draw(st.sampled_from(CONSTRAINED))
     original = data.draw(results_of(name))
     path = tmp_path / f"{name}.json"
-    original.to_json(path)
-    # Fields drawn independently need not agree (an eigenvalue with two bounds, NaN for an
-    # eigenvalue): such a result is refused by both readers in one line, never half-read.
     try:
         type(original).from_dict(original.to_dict())
     except FieldError as error:
+        original.to_json(path)
         with pytest.raises(FieldError) as refused:
             load(path)
         assert str(refused.value).startswith(f"{path}: {error.template.split('{0}')[0]}")
         assert "\n" not in str(refused.value)
         return
-    assert_same(type(original).from_json(path), original)
-    assert_same(load(path), original)
-    assert_same(type(original).from_dict(original.to_dict()), original)
+    _assert_round_trips(original, path)
 
 
 def _eigen(**changes) -> EigenResult:
