@@ -710,7 +710,13 @@ class SharpnessRun:
             stored_settings = stored["settings"]
             stored_plan = stored["plan"]
             entries = list(stored["checkpoints"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except ValueError as err:  # read_json's one line, which starts with the path
+            reason = str(err).removeprefix(f"{self.json_path}: ")
+            raise ResumeRefused(
+                f"'{self.json_path}' exists but is not a sharpness record of spectra "
+                f"({reason}); {_HINT}."
+            ) from err
+        except (OSError, KeyError, TypeError) as err:
             raise ResumeRefused(
                 f"'{self.json_path}' exists but is not a sharpness record of spectra "
                 f"({type(err).__name__}: {err}); {_HINT}."

@@ -99,7 +99,7 @@ def test_the_advice_for_a_bad_trajectory_json_works(run_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, expected",
     [
-        ("{corrupt", "is not a sharpness record of spectra (JSONDecodeError"),
+        ("{corrupt", "is not a sharpness record of spectra (not JSON: "),
         ("[1, 2, 3]", "is not a sharpness record of spectra (TypeError"),
         ('{"format": "other", "settings": {}, "plan": [], "checkpoints": []}', "in the format"),
         ('{"settings": {}}', "is not a sharpness record of spectra (KeyError"),
