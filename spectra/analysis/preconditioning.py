@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
 
+from spectra.operators.layout import SymmetricProducts
+
 __all__ = ["PreconditionedOperator", "preconditioned", "preconditioner_diagonal"]
 
 
@@ -122,7 +124,7 @@ def preconditioner_diagonal(
 
 
 # -- the operator ------------------------------------------------------------------------------
-class PreconditionedOperator(LinearOperator):
+class PreconditionedOperator(SymmetricProducts, LinearOperator):
     """The symmetric ``D A D`` with ``D = P^{-1/2}``, for a symmetric A and a positive
     diagonal P: similar to P⁻¹A (same eigenvalues).
 
@@ -161,21 +163,6 @@ class PreconditionedOperator(LinearOperator):
             with np.errstate(over="ignore"):  # an overflow is the product's: inf, refused
                 image = np.ldexp(image, 2 * self._exponent)
         return image.astype(self.dtype, copy=False)
-
-    def _matvec(self, vector: np.ndarray) -> np.ndarray:
-        return self._matmat(np.reshape(vector, (-1, 1))).reshape(-1)
-
-    def _rmatvec(self, vector: np.ndarray) -> np.ndarray:
-        return self._matvec(vector)
-
-    def _rmatmat(self, block: np.ndarray) -> np.ndarray:
-        return self._matmat(block)
-
-    def _adjoint(self) -> PreconditionedOperator:
-        return self
-
-    def _transpose(self) -> PreconditionedOperator:
-        return self
 
     def to_parameters(self, vectors: np.ndarray) -> np.ndarray:
         """D·u for u (n,) or (n, m): eigenvectors of D A D become eigenvectors of P⁻¹A

@@ -47,6 +47,7 @@ from spectra.operators.batching import Batches
 from spectra.operators.curvature import Curvature, FunctionProgram, variable_name
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
+from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
 from spectra.operators.memory import (
     PARALLEL_VECTORS,
     TANGENT_FACTOR,
@@ -102,36 +103,6 @@ def _as_tf_variable(variable: Any) -> tf.Variable:
     )
 
 
-def validated_block(x: Any, size: int, dtype: Any, name: str) -> np.ndarray:
-    """``x`` as a vector (size,) or block (size, k) of finite reals that fit ``dtype``; a
-    one-line ``ValueError``/``TypeError`` naming ``name`` (the method) otherwise."""
-    a = np.asarray(x)
-    n = size
-    if a.ndim == 1:
-        if a.shape[0] != n:
-            raise ValueError(f"{name}: expected a vector of length {n}, got length {a.shape[0]}.")
-    elif a.ndim == 2:
-        if a.shape[0] != n:
-            raise ValueError(f"{name}: expected an array of shape ({n}, k), got {a.shape}.")
-    else:
-        raise ValueError(f"{name}: expected a 1-D or 2-D array, got {a.ndim} dimensions.")
-    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
-        raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}.")
-    # One pass over the input: the largest magnitude is NaN or Inf exactly when an
-    # entry is (np.max propagates NaN).
-    largest = float(np.max(np.abs(a))) if a.size else 0.0
-    if not np.isfinite(largest):
-        raise ValueError(f"{name}: the input contains NaN or Inf.")
-    limit = float(np.finfo(dtype).max)
-    if largest > limit:
-        raise ValueError(
-            f"{name}: the input has entries up to {largest:.3g}, beyond the largest "
-            f"{np.dtype(dtype)} ({limit:.3g}) the operator computes in; scale the vector down "
-            "(products are linear) or build the operator with dtype=np.float64."
-        )
-    return a
-
-
 def _outside_strategy(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` outside any ``tf.distribute`` scope (scopes are thread-local)."""
     if not tf.distribute.has_strategy():
@@ -185,7 +156,7 @@ class _Snapshot:
         return [*self.captures[replica], *state, seed, count, *flat_batch]
 
 
-class CurvatureOperator(LinearOperator):
+class CurvatureOperator(SymmetricProducts, LinearOperator):
     """A curvature matrix of a loss as a symmetric ``LinearOperator`` (see subclasses).
 
     A subclass names its :class:`~spectra.operators.curvature.Curvature` in
@@ -568,7 +539,10 @@ class CurvatureOperator(LinearOperator):
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
         n = engine.size
-        LinearOperator.__init__(self, dtype=np.dtype(engine.dtype.as_numpy_dtype), shape=(n, n))
+        dtype = np.dtype(engine.dtype.as_numpy_dtype)
+        #: The flat vector's layout (:class:`~spectra.operators.layout.ParameterLayout`).
+        self.layout = ParameterLayout(engine.shapes, engine.names, dtype)
+        LinearOperator.__init__(self, dtype=dtype, shape=(n, n))
         if replicas.num_workers > 1:
             # The count all-reduce now, while every worker is here (SPMD construction):
             # later uses (num_examples, repr) must not start a collective on one worker.
@@ -670,12 +644,12 @@ class CurvatureOperator(LinearOperator):
 
     @property
     def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self._engine.shapes)
+        return list(self.layout.shapes)
 
     @property
     def variable_names(self) -> list[str]:
         """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self._engine.names)
+        return list(self.layout.names)
 
     @property
     def curvature(self) -> str:
@@ -694,27 +668,11 @@ class CurvatureOperator(LinearOperator):
 
     def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
         """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        tensors = list(tensors)
-        if len(tensors) != len(self._engine.shapes):
-            raise ValueError(
-                f"expected {len(self._engine.shapes)} arrays (one per variable), got "
-                f"{len(tensors)}."
-            )
-        parts = []
-        for i, (t, shape) in enumerate(zip(tensors, self._engine.shapes)):
-            a = np.asarray(t)
-            if a.shape != shape:
-                raise ValueError(f"array {i} has shape {a.shape}; variable {i} has {shape}.")
-            parts.append(a.reshape(-1))
-        return np.concatenate(parts).astype(self.dtype, copy=False)
+        return self.layout.flatten(tensors)
 
     def unflatten(self, vector: Any) -> list[np.ndarray]:
         """Split a vector of length n into arrays shaped like the variables."""
-        v = np.asarray(vector)
-        if v.shape != (self.shape[0],):
-            raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {v.shape}.")
-        pieces = np.split(v, np.cumsum(self._engine.sizes)[:-1])
-        return [p.reshape(s) for p, s in zip(pieces, self._engine.shapes)]
+        return self.layout.unflatten(vector)
 
     # -- loss, gradient, caching ----------------------------------------------------
     def reset_cache(self) -> None:
@@ -876,21 +834,6 @@ class CurvatureOperator(LinearOperator):
     def rmatmat(self, X: Any) -> np.ndarray:
         """Cᵀ X = C X (the matrix is symmetric)."""
         return self.matmat(X)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matvec(x)
-
-    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
-        return self._matmat(X)
-
-    def _adjoint(self) -> CurvatureOperator:
-        return self
-
-    def _transpose(self) -> CurvatureOperator:
-        return self
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         k = X.shape[1]

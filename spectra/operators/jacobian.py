@@ -36,10 +36,10 @@ from scipy.sparse.linalg import LinearOperator
 
 from spectra._validation import check_bool
 from spectra.operators import keras_models
-from spectra.operators.base import validated_block
 from spectra.operators.batching import Batches
 from spectra.operators.data_checks import check_input_dtypes, check_input_shapes, graph_errors
 from spectra.operators.engine import spec_key
+from spectra.operators.layout import ParameterLayout, validated_block
 
 __all__ = ["JacobianOperator", "TransposedJacobianOperator"]
 
@@ -394,13 +394,16 @@ class JacobianOperator(LinearOperator):
         self._functions = functions
         self._state = state
         self.variables = variables
-        self._shapes = [tuple(int(d) for d in state[i].shape) for i in parameter_indices]
-        self._sizes = [int(np.prod(s, dtype=np.int64)) for s in self._shapes]
-        self._names = [str(functions.state_variables[i].path) for i in parameter_indices]
+        #: The flat parameter vector's layout (the columns).
+        self.layout = ParameterLayout(
+            [state[i].shape for i in parameter_indices],
+            [str(functions.state_variables[i].path) for i in parameter_indices],
+            dtype.as_numpy_dtype,
+        )
         self.num_outputs = sum(int(np.prod(s, dtype=np.int64)) for s in functions.output_shapes)
         self.num_products = 0
         self.num_data_passes = 0
-        n = sum(self._sizes)
+        n = self.layout.size
         rows = batches.num_examples * self.num_outputs
         LinearOperator.__init__(self, dtype=np.dtype(dtype.as_numpy_dtype), shape=(rows, n))
 
@@ -423,34 +426,19 @@ class JacobianOperator(LinearOperator):
     @property
     def variable_names(self) -> list[str]:
         """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self._names)
+        return list(self.layout.names)
 
     @property
     def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self._shapes)
+        return list(self.layout.shapes)
 
     def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
         """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        tensors = list(tensors)
-        if len(tensors) != len(self._shapes):
-            raise ValueError(
-                f"expected {len(self._shapes)} arrays (one per variable), got {len(tensors)}."
-            )
-        parts = []
-        for i, (t, shape) in enumerate(zip(tensors, self._shapes)):
-            a = np.asarray(t)
-            if a.shape != shape:
-                raise ValueError(f"array {i} has shape {a.shape}; variable {i} has {shape}.")
-            parts.append(a.reshape(-1))
-        return np.concatenate(parts).astype(self.dtype, copy=False)
+        return self.layout.flatten(tensors)
 
     def unflatten(self, vector: Any) -> list[np.ndarray]:
         """Split a vector of length n into arrays shaped like the variables."""
-        v = np.asarray(vector)
-        if v.shape != (self.shape[1],):
-            raise ValueError(f"expected a vector of shape ({self.shape[1]},), got {v.shape}.")
-        pieces = np.split(v, np.cumsum(self._sizes)[:-1])
-        return [p.reshape(s) for p, s in zip(pieces, self._shapes)]
+        return self.layout.unflatten(vector)
 
     def unflatten_outputs(self, vector: Any) -> list[np.ndarray]:
         """Split an output-space vector (length N·C) into one array per output, of shape

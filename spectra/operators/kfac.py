@@ -41,11 +41,11 @@ from scipy.sparse.linalg import LinearOperator
 from spectra import _tf_compat
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.operators import keras_models
-from spectra.operators.base import validated_block
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
 from spectra.operators.fisher import _check_reduction, predictive_distribution
+from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
 
 __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
 
@@ -402,7 +402,7 @@ def _kernel_of(layer: Any) -> Any:
     return layer.kernel
 
 
-class KFACOperator(LinearOperator):
+class KFACOperator(SymmetricProducts, LinearOperator):
     """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense, Conv1D,
     Conv2D and Embedding layers, a symmetric PSD ``LinearOperator`` over the same flat
     parameter vector as :class:`~spectra.operators.HessianOperator` (same
@@ -520,14 +520,12 @@ class KFACOperator(LinearOperator):
         other_slices: Sequence[slice] = (),
         other_diagonal: np.ndarray | None = None,
     ) -> None:
-        sizes = [int(np.prod(s)) for s in variable_shapes]
-        size = int(sum(sizes))
+        #: The flat parameter vector's layout.
+        self.layout = ParameterLayout(variable_shapes, variable_names, dtype)
+        size = self.layout.size
         super().__init__(dtype=np.dtype(dtype), shape=(size, size))
         self.blocks = list(blocks)
         self.kind = kind
-        self._names = list(variable_names)
-        self._shapes = [tuple(int(d) for d in s) for s in variable_shapes]
-        self._sizes = sizes
         self._num_examples = int(num_examples)
         self._other_slices = list(other_slices)
         other_size = sum(s.stop - s.start for s in self._other_slices)
@@ -846,12 +844,12 @@ class KFACOperator(LinearOperator):
     @property
     def variable_names(self) -> list[str]:
         """Names of the variables, in the order of the flat parameter vector."""
-        return list(self._names)
+        return list(self.layout.names)
 
     @property
     def variable_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the variables, in the order of the flat parameter vector."""
-        return list(self._shapes)
+        return list(self.layout.shapes)
 
     @property
     def num_examples(self) -> int:
@@ -860,26 +858,11 @@ class KFACOperator(LinearOperator):
 
     def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
         """Concatenate per-variable arrays (row-major) into one flat vector."""
-        if len(tensors) != len(self._shapes):
-            raise ValueError(f"expected {len(self._shapes)} arrays, got {len(tensors)}")
-        parts = []
-        for i, (t, shape) in enumerate(zip(tensors, self._shapes)):
-            array = np.asarray(t)
-            if tuple(array.shape) != shape:
-                raise ValueError(
-                    f"tensors[{i}] ({self._names[i]!r}) has shape {tuple(array.shape)}, "
-                    f"expected {shape}"
-                )
-            parts.append(array.reshape(-1))
-        return np.concatenate(parts).astype(self.dtype, copy=False)
+        return self.layout.flatten(tensors)
 
     def unflatten(self, vector: Any) -> list[np.ndarray]:
         """Split a flat vector into per-variable arrays (the inverse of :meth:`flatten`)."""
-        vector = np.asarray(vector)
-        if vector.shape != (self.shape[0],):
-            raise ValueError(f"vector must have shape ({self.shape[0]},), got {vector.shape}")
-        splits = np.cumsum(self._sizes)[:-1]
-        return [p.reshape(s) for p, s in zip(np.split(vector, splits), self._shapes)]
+        return self.layout.unflatten(vector)
 
     # -- products ----------------------------------------------------------------------
     def _block_matrix(self, block: KFACBlock, X: np.ndarray) -> np.ndarray:
@@ -965,21 +948,6 @@ class KFACOperator(LinearOperator):
         X = self._checked(X, method)
         out = self._apply(X, self._block_product, lambda rows: self._other_diagonal[:, None] * rows)
         return out.astype(self.dtype, copy=False)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matmat(np.asarray(x).reshape(-1, 1)).reshape(-1)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matvec(x)
-
-    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
-        return self._matmat(X)
-
-    def _adjoint(self) -> KFACOperator:
-        return self
-
-    def _transpose(self) -> KFACOperator:
-        return self
 
     # -- the exact spectrum --------------------------------------------------------------
     def _eigens(self) -> list[_Eigen]:
