@@ -21,9 +21,12 @@ The package is layered; each layer imports only from the ones before it:
 * :mod:`spectra.plotting`, :mod:`spectra.callback`, :mod:`spectra.cli` on top.
 
 Names are imported on first use (PEP 562): ``import spectra`` and the NumPy-only
-estimators do not import TensorFlow; ``spectra.HessianOperator`` does, without TensorFlow's
-C++ start-up log lines: ``import spectra`` raises ``TF_CPP_MIN_LOG_LEVEL`` to 3 (a higher
-value stays) and makes the first import of TensorFlow quiet (:mod:`spectra._console`).
+estimators do not import TensorFlow. The operators of Keras models come from the engine of
+Keras' backend (:mod:`spectra._backend`): under ``KERAS_BACKEND=jax``,
+``spectra.HessianOperator`` is the JAX engine's and TensorFlow is never imported; on
+TensorFlow (the default) it imports TensorFlow, without TensorFlow's C++ start-up log
+lines: ``import spectra`` raises ``TF_CPP_MIN_LOG_LEVEL`` to 3 (a higher value stays) and
+makes the first import of TensorFlow quiet (:mod:`spectra._console`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from spectra._backend import module_for
 from spectra._console import install_quiet_import
 from spectra.operators.registry import operator_class_names
 
@@ -111,6 +115,8 @@ __all__ = sorted(_SOURCE)
 def __getattr__(name: str) -> Any:
     module = _SOURCE.get(name)
     if module is not None:
+        # The operators of Keras models come from the engine of Keras' backend.
+        module = module_for(name, module)
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value

@@ -145,6 +145,36 @@ def test_validation_imports_no_layer_and_no_tensorflow() -> None:
     )
 
 
+def _reaches_tensorflow(name: str) -> list[str]:
+    """The import chain from ``name`` to TensorFlow (imports inside functions count too),
+    or [] when there is none."""
+    chains = {name: [name]}
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        for module in sorted(IMPORTS.get(current, ())):
+            if module.split(".")[0] in ("tensorflow", "tf_keras"):
+                return [*chains[current], module]
+            if module in MODULES and module not in chains:
+                chains[module] = [*chains[current], module]
+                todo.append(module)
+    return []
+
+
+# What runs under KERAS_BACKEND=jax without TensorFlow installed: the backend choice, the
+# neutral parameter layout, the JAX engine and its compat module.
+JAX_PATH = ("spectra._backend", "spectra._jax_compat", "spectra.operators.layout")
+
+
+def test_the_jax_path_never_reaches_tensorflow() -> None:
+    names = [n for n in MODULES if n in JAX_PATH or _within(n, "spectra.operators.jax")]
+    assert "spectra.operators.layout" in names
+    chains = {name: _reaches_tensorflow(name) for name in names}
+    assert not {name: " -> ".join(chain) for name, chain in chains.items() if chain}
+    # and the check sees a chain where there is one
+    assert _reaches_tensorflow("spectra.operators.hessian")[-1] == "tensorflow"
+
+
 def test_estimators_run_without_tensorflow() -> None:
     estimators = sorted(name for name in MODULES if _within(name, "spectra.estimators"))
     code = (

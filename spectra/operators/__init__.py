@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from spectra._backend import module_for
 from spectra.operators.registry import CURVATURES
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ def __getattr__(name: str) -> Any:
     module = _SOURCE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    # The operators of Keras models come from the engine of Keras' backend.
+    value = getattr(importlib.import_module(module_for(name, module)), name)
     globals()[name] = value
     return value
 
