@@ -19,6 +19,7 @@ __all__ = [
     "JAX_OPERATORS",
     "SUPPORTED_BACKENDS",
     "TENSORFLOW_ONLY",
+    "configured_backend",
     "keras_backend",
     "module_for",
 ]
@@ -42,6 +43,28 @@ BACKEND_NAMES = frozenset(
 TENSORFLOW_ONLY = frozenset(
     {"EKFACOperator", "KFACOperator", "SharpnessCallback", "loss_landscape", "random_direction"}
 )
+
+
+def configured_backend() -> str:
+    """The backend Keras has or will choose, read without importing Keras: Keras' own
+    answer once it is imported, else ``KERAS_BACKEND``, else the ``backend`` of
+    ``$KERAS_HOME/keras.json`` (``~/.keras/keras.json``), else ``"tensorflow"``, as Keras
+    decides at its import."""
+    import json
+    import os
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend"):
+        return str(keras.backend.backend())
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return str(json.load(f).get("backend", "tensorflow"))
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
 
 
 def keras_backend() -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import keras
 import pytest
 
@@ -41,3 +43,19 @@ def test_a_backend_without_an_engine_is_named(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
     with pytest.raises(RuntimeError, match=r"KERAS_BACKEND='torch'.*tensorflow or jax"):
         _backend.module_for("HessianOperator", "spectra.operators.hessian")
+
+
+def test_configured_backend_is_read_as_keras_reads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    assert _backend.configured_backend() == "tensorflow"  # Keras' own answer, imported
+    monkeypatch.delitem(sys.modules, "keras")
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    assert _backend.configured_backend() == "jax"
+    monkeypatch.delenv("KERAS_BACKEND")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert _backend.configured_backend() == "tensorflow"  # no keras.json
+    (tmp_path / "keras.json").write_text('{"backend": "jax", "floatx": "float32"}')
+    assert _backend.configured_backend() == "jax"
+    (tmp_path / "keras.json").write_text("not json")
+    assert _backend.configured_backend() == "tensorflow"

@@ -1,7 +1,8 @@
 """What the subcommands share: errors, console output, inputs, reports and figures.
 
-TensorFlow is imported only by :func:`require_tensorflow` (quietly, see
-:mod:`spectra._console`) and by the functions that load models, after the cheap checks.
+Keras' backend is imported only by :func:`require_backend` (TensorFlow quietly, see
+:mod:`spectra._console`; nothing of TensorFlow under ``KERAS_BACKEND=jax``) and by the
+functions that load models, after the cheap checks.
 """
 
 from __future__ import annotations
@@ -101,11 +102,20 @@ class Console:
         return _progress_bar(total, desc, unit, self.progress)
 
 
-def require_tensorflow(args: argparse.Namespace) -> Any:
-    """TensorFlow, imported without its C++ log lines unless ``--verbose``."""
-    from spectra._console import quiet_tensorflow
+def require_backend(args: argparse.Namespace) -> str:
+    """Keras' backend (``"tensorflow"`` or ``"jax"``), imported now: TensorFlow without its
+    C++ log lines unless ``--verbose``; a backend without an engine is a user error."""
+    from spectra._backend import configured_backend, keras_backend
 
-    return quiet_tensorflow(verbose=bool(args.verbose))
+    if configured_backend() == "tensorflow":
+        from spectra._console import quiet_tensorflow
+
+        quiet_tensorflow(verbose=bool(args.verbose))
+
+    try:
+        return keras_backend()
+    except RuntimeError as err:
+        raise UserError(str(err)) from err
 
 
 # --------------------------------------------------------------------------- inputs
@@ -450,7 +460,7 @@ def _preconditioned(op: Any, model: Any) -> Any:
 def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
     """The model of ``args.model`` (checked against the data, the loss and ``--top-k``), its
     number of parameters, and the operator of the run's matrix. Imports TensorFlow."""
-    require_tensorflow(args)
+    require_backend(args)
     check_loss(args)
     check_curvature(args)
     from spectra.io.checkpoints import load_model

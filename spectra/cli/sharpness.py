@@ -61,7 +61,7 @@ from spectra.cli._common import (
     model_description,
     number_settings,
     one_line,
-    require_tensorflow,
+    require_backend,
     save_figure_formats,
     user_errors,
     versions,
@@ -465,7 +465,7 @@ def _measure_all(
     measurement; the eigenvector overlap is recorded between neighbours in the plan only
     (not across a checkpoint measured by an earlier run or one that failed). Each result also
     goes to ``events`` (``--tensorboard``) as it is recorded."""
-    require_tensorflow(args)
+    require_backend(args)
     check_loss(args)
     check_curvature(args)
     from spectra.io.checkpoints import CheckpointLoader
