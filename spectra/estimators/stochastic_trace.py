@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.linalg import qr, solve_triangular
+from scipy.linalg import solve_triangular
 
 from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
@@ -53,6 +53,7 @@ from spectra.estimators._products import (
     _rng,
     _RunningMoments,
     _seed_setting,
+    _tall_qr,
 )
 from spectra.estimators.results import FrobeniusResult, TraceResult
 
@@ -235,7 +236,7 @@ def hutchpp_trace(
     with _one_blas_thread(), _Progress(counter, num_products, "trace (hutch++)", progress) as bar:
         sketch = counter.matmat(_rademacher(rng, (n, sketch_size)))
         bar.update()
-        basis, _ = np.linalg.qr(sketch)
+        basis, _ = _tall_qr(sketch)
         rank = basis.shape[1]
         first_width = min(block_size, remaining)
         first_probes = _rademacher(rng, (n, first_width))
@@ -624,7 +625,7 @@ def _xtrace_estimates(
     If Y is numerically rank deficient (rank A < s, or Ω singular), the same definition
     with the projectors onto the column spaces: :func:`_xtrace_rank_deficient`.
     """
-    basis, triangular = qr(image, mode="economic")
+    basis, triangular = _tall_qr(image)
     rank = _numerical_rank(triangular, counter.eps)
     if rank < test.shape[1]:
         return _xtrace_rank_deficient(test, image, basis, triangular, rank, counter)
