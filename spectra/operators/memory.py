@@ -34,6 +34,7 @@ kept caches + one streamed batch + the snapshot stay within the budget.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 __all__ = [
@@ -84,11 +85,27 @@ def _meminfo_available() -> int | None:
     return None
 
 
-def _gpu_memory() -> int | None:
-    """Total memory of the first visible GPU in bytes, or None without one."""
-    from spectra import _tf_compat
+#: Per engine, its compat module and the function there that reads the accelerator's memory.
+_DEVICE_MEMORY = {
+    "tensorflow": ("spectra._tf_compat", "first_gpu_memory"),
+    "jax": ("spectra._jax_compat", "first_device_memory"),
+}
 
-    return _tf_compat.first_gpu_memory()
+
+def _gpu_memory() -> int | None:
+    """Total memory of the first accelerator (GPU) in bytes, or None without one.
+
+    Read by the compat module of the engine of Keras' backend (``spectra._tf_compat`` or
+    ``spectra._jax_compat``), which the operator asking has loaded: this module imports
+    neither, so that it serves both engines and the JAX engine never imports TensorFlow.
+    None when that module is not loaded (no operator of that engine has been built).
+    """
+    from spectra._backend import configured_backend
+
+    module, function = _DEVICE_MEMORY.get(configured_backend(), _DEVICE_MEMORY["tensorflow"])
+    compat = sys.modules.get(module)
+    lookup = getattr(compat, function, None)
+    return None if lookup is None else lookup()
 
 
 def available_memory() -> int:
