@@ -201,3 +201,34 @@ def matrix(operator) -> np.ndarray:
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got − want| / max |want|."""
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def two_inputs_two_outputs(l2: float) -> keras.Model:
+    """x = {"a": (3,), "b": (2,)} → concatenated → 4 (tanh, kernel L2(l2)) → [3 logits, 1
+    sigmoid], compiled with [sparse cross-entropy from logits, binary cross-entropy of the
+    probability] and loss weights [1.0, 2.0]."""
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    joined = layers.Concatenate()([a, b])
+    hidden = layers.Dense(4, activation="tanh", kernel_regularizer=keras.regularizers.L2(l2))(
+        joined
+    )
+    outputs = [layers.Dense(3)(hidden), layers.Dense(1, activation="sigmoid")(hidden)]
+    model = keras.Model({"a": a, "b": b}, outputs)
+    model.compile(
+        optimizer="sgd",
+        loss=[SCCE, keras.losses.BinaryCrossentropy()],
+        loss_weights=[1.0, 2.0],
+    )
+    return model
+
+
+def two_inputs_forward(params, x):
+    """The logits of both outputs (the second behind its sigmoid)."""
+    w, b, w1, b1, w2, b2 = params
+    h = jnp.tanh(dense(jnp.concatenate([x["a"], x["b"]], axis=1), w, b))
+    return dense(h, w1, b1), dense(h, w2, b2)
+
+
+def binary_ce_of_logits(logit, t):
+    """Per-example binary cross-entropy of one logit per example."""
+    return -(t * jax.nn.log_sigmoid(logit) + (1 - t) * jax.nn.log_sigmoid(-logit))[:, 0]

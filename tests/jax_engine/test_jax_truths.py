@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from _jax_models import (
     SCCE,
+    binary_ce_of_logits,
     classification_data,
     cnn,
     cnn_logits,
@@ -30,6 +31,8 @@ from _jax_models import (
     relative_error,
     sparse_ce,
     squared_error,
+    two_inputs_forward,
+    two_inputs_two_outputs,
     two_output_forward,
     two_outputs,
     unflatten,
@@ -233,6 +236,47 @@ def test_two_outputs_with_loss_weights_and_sample_weights():
         model, None, data, batch_size=5, kind="empirical", dtype=np.float64
     )
     assert relative_error(matrix(op), (g * w[:, None]).T @ g / len(x)) < F64
+
+
+def test_two_inputs_list_outputs_and_regularization():
+    # A dict of inputs, a list of outputs with loss weights, a sigmoid output whose binary
+    # cross-entropy reads its logit, and an L2 kernel regularizer, whose exact Hessian
+    # 2λI enters the GGN as well.
+    _jax_compat.set_random_seed(8)
+    l2 = 0.05
+    model = two_inputs_two_outputs(l2)
+    rng = np.random.default_rng(5)
+    x = {"a": rng.normal(size=(10, 3)), "b": rng.normal(size=(10, 2))}
+    x = {k: v.astype(np.float32) for k, v in x.items()}
+    y = [rng.integers(0, 3, size=10), rng.integers(0, 2, size=(10, 1)).astype(np.float32)]
+    params = weights(model)
+    shapes = [p.shape for p in params]
+    theta = flat(params)
+
+    def logits_of(t):
+        return jnp.concatenate(two_inputs_forward(unflatten(t, shapes), x), axis=1)
+
+    def data_loss(z):
+        per_example = sparse_ce(z[:, :3], y[0]) + 2.0 * binary_ce_of_logits(z[:, 3:], y[1])
+        return jnp.mean(per_example)
+
+    def regularization(t):
+        return l2 * jnp.sum(unflatten(t, shapes)[0] ** 2)
+
+    truth = hessian(lambda t: data_loss(logits_of(t)) + regularization(t), theta)
+    op = HessianOperator.from_keras(model, None, (x, y), dtype=np.float64)
+    assert relative_error(matrix(op), truth) < F64
+    jac = jacobian(logits_of, theta)
+    with jax.enable_x64(True):
+        z = jax.jit(logits_of)(jnp.asarray(theta))
+        h_z = jax.jit(jax.hessian(lambda f: data_loss(f.reshape(z.shape))))(z.ravel())
+    ggn = jac.T @ np.asarray(h_z) @ jac + hessian(regularization, theta)
+    op = GGNOperator.from_keras(model, None, (x, y), dtype=np.float64)
+    assert relative_error(matrix(op), ggn) < F64
+    without = GGNOperator.from_keras(
+        model, None, (x, y), include_regularization=False, dtype=np.float64
+    )
+    assert relative_error(matrix(without), jac.T @ np.asarray(h_z) @ jac) < F64
 
 
 def test_dropout_in_training_mode_is_one_fixed_symmetric_matrix():
