@@ -1,7 +1,8 @@
 """Every Keras-on-JAX workaround and private API the JAX engine uses, each with a fallback.
 
-The JAX counterpart of :mod:`spectra._tf_compat`: checked with JAX 0.10 and Keras 3.15
-(Keras' backend-independent internals are in :mod:`spectra._keras_compat`). Each fallback
+The JAX counterpart of :mod:`spectra._tf_compat`: checked with JAX 0.10.2 and Keras
+3.15.1 (:data:`SUPPORTED_JAX`, :data:`SUPPORTED_KERAS`; Keras' backend-independent
+internals are in :mod:`spectra._keras_compat`). Each fallback
 is exercised by ``tests/jax_engine/test_jax_compat.py`` (by hiding the private attribute):
 
 * :func:`exact_float64` — **Keras 3.15 on JAX computes float64 in float32.** Keras'
@@ -60,8 +61,8 @@ from typing import Any
 import jax
 import numpy as np
 
-SUPPORTED_JAX = ">=0.4.35"
-SUPPORTED_KERAS = ">=3.5,<4"
+SUPPORTED_JAX = ">=0.10,<0.11"
+SUPPORTED_KERAS = ">=3.15,<4"
 
 __all__ = [
     "LogitsRegistry",
