@@ -16,11 +16,10 @@ and ``model.losses`` — none of spectra's machinery.
 from __future__ import annotations
 
 import _zoo
-import keras
 import numpy as np
 import pytest
 from _dense import nested_tape_hessian, relative_error
-from _zoo import ZOO, N, ZooEntry, operator_for, zoo_case
+from _zoo import ZOO, N, ZooEntry, cast, operator_for, zoo_case
 
 import spectra
 from spectra.operators.engine import SPLIT_ENVIRONMENT_VARIABLE, clear_engine_cache
@@ -35,6 +34,25 @@ def _fresh_engines():
 
 # Recurrent models take seconds each to trace (TensorFlow differentiating While loops).
 _SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
+# The entries whose case several tests use: built once per module (see ``shared``).
+_SHARED = ("mlp", "lstm-masked")
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """name -> (data, zoo_case) of the entries in _SHARED, traced once for the tests that
+    use them (the LSTM's operators take seconds each); the cases of the others are not
+    kept. The data are zoo_case's: the first draws of the same generator."""
+    cases: dict[str, tuple] = {}
+
+    def get(entry: ZooEntry) -> tuple:
+        assert entry.name in _SHARED, entry.name
+        if entry.name not in cases:
+            data = entry.data(np.random.default_rng(12345), N, 4)
+            cases[entry.name] = data, zoo_case(entry, np.random.default_rng(12345))
+        return cases[entry.name]
+
+    return get
 
 
 @pytest.mark.parametrize(
@@ -42,8 +60,9 @@ _SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
     [pytest.param(e, marks=[pytest.mark.slow] if e.name in _SLOW else []) for e in ZOO],
     ids=[e.name for e in ZOO],
 )
-def test_architecture_against_dense_hessian(entry: ZooEntry, rng):
-    _, _, op64, op32, (H, g, loss) = zoo_case(entry, rng)
+def test_architecture_against_dense_hessian(entry: ZooEntry, rng, shared):
+    case = shared(entry)[1] if entry.name in _SHARED else zoo_case(entry, rng)
+    _, _, op64, op32, (H, g, loss) = case
     n = H.shape[0]
     assert op64.shape == (n, n) and n <= 300
     assert op64.product_path == "split", op64.fallback_reason
@@ -69,16 +88,23 @@ def test_a_zoo_truth_by_nested_tapes_is_refused(rng, monkeypatch):
         _zoo.dense_reference(entry, model, entry.data(rng, N, 4))
 
 
-@pytest.mark.parametrize("name", ["mlp", pytest.param("lstm-masked", marks=pytest.mark.slow)])
-def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
+@pytest.mark.parametrize(
+    "name, clone",
+    [("mlp", True), pytest.param("lstm-masked", False, marks=pytest.mark.slow)],
+    ids=["mlp", "lstm-masked"],
+)
+def test_forced_fallback_agrees_with_the_split_product(name, clone, rng, monkeypatch, shared):
+    # Against the split operator of the zoo case's float64 copy: recomputing operators of
+    # the float32 model with dtype=float64 (its float64 clone), or for the LSTM, whose
+    # clone takes seconds more to trace, of the float64 copy itself.
     entry = next(e for e in ZOO if e.name == name)
-    keras.utils.set_random_seed(5)
-    model = entry.build("float32")
-    data = entry.data(rng, N, 4)
-    split = operator_for(entry, model, data, dtype=np.float64)
+    data, (model, model64, split, _, _) = shared(entry)
+    options: dict = {"dtype": np.float64}
+    if not clone:
+        model, data, options = model64, cast(data, "float64"), {}
     monkeypatch.setenv(SPLIT_ENVIRONMENT_VARIABLE, "0")
     for cache in (True, False):
-        recompute = operator_for(entry, model, data, dtype=np.float64, cache=cache)
+        recompute = operator_for(entry, model, data, cache=cache, **options)
         assert split.product_path == "split" and recompute.product_path == "recompute"
         assert "disabled" in recompute.fallback_reason
         V = rng.standard_normal((split.shape[0], 4))
@@ -89,11 +115,10 @@ def test_forced_fallback_agrees_with_the_split_product(name, rng, monkeypatch):
 
 
 @pytest.mark.slow
-def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng):
+def test_repeated_products_on_a_cached_recurrent_model_are_identical(rng, shared):
     # Loop accumulators (TensorLists) are cached; products must never consume them.
-    entry = next(e for e in ZOO if e.name == "lstm-masked")
-    model = entry.build("float32")
-    op = operator_for(entry, model, entry.data(rng, N, 4), dtype=np.float64, cache=True)
+    op = shared(next(e for e in ZOO if e.name == "lstm-masked"))[1][2]
+    assert op.is_cached
     v = rng.standard_normal(op.shape[0])
     first = op.matvec(v)
     for _ in range(3):
