@@ -1049,7 +1049,9 @@ def test_curvature_and_preconditioner_errors_are_one_line(case, tmp_path, capsys
 
 def _checkpoint_truths(checkpoint: Path, data: str) -> dict[str, np.ndarray]:
     """Dense G = (1/N) Σ Jᵢᵀ (diag pᵢ − pᵢpᵢᵀ) Jᵢ and empirical Fisher (1/N) Σ gᵢgᵢᵀ of a
-    float64 classifier whose last layer gives logits, by TensorFlow Jacobians per example."""
+    float64 classifier whose last layer gives logits, by TensorFlow Jacobians: of all the
+    examples' logits at once (the summed loss's Hessian in them is block diagonal, one
+    block per example) and one gradient per example."""
     import keras
     import tensorflow as tf
     from _gauss_newton import dense_ggn, per_example_gradients
@@ -1063,14 +1065,9 @@ def _checkpoint_truths(checkpoint: Path, data: str) -> dict[str, np.ndarray]:
     def softmax_cross_entropy(points, label):
         return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(label, points[0]))
 
-    def example(i):
-        return (
-            lambda: [model(x[i : i + 1])],
-            lambda points: softmax_cross_entropy(points, y[i : i + 1]),
-            1 / n,
-        )
-
-    G = dense_ggn([example(i) for i in range(n)], variables)
+    G = dense_ggn(
+        [(lambda: [model(x)], lambda points: softmax_cross_entropy(points, y), 1 / n)], variables
+    )
     gradients = per_example_gradients(
         [lambda i=i: softmax_cross_entropy([model(x[i : i + 1])], y[i : i + 1]) for i in range(n)],
         variables,
