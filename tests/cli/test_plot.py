@@ -45,6 +45,7 @@ def analyze_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("analyze")
     args = ["analyze", str(DATA / "digits_mlp.keras"), "--data", str(DATA / "digits.npz")]
     args += ["--loss", LOSS, "--max-examples", "300", "--top-k", "2", "--trace", "--density"]
+    args += ["--density-steps", "15", "--density-probes", "2"]
     assert main([*args, "--out", str(out), "--no-progress", "--quiet"]) == 0
     return out
 
@@ -65,7 +66,7 @@ def test_analyze_results_reload_as_their_classes(analyze_run):
     assert eig.eigenvalues.dtype == np.float64 and eig.converged.dtype == np.bool_
     np.testing.assert_array_equal(eig.eigenvalues, written["eigenvalues"]["eigenvalues"])
     np.testing.assert_array_equal(report.density.nodes, written["density"]["nodes"])
-    assert report.density.nodes.shape == (10, 80)
+    assert report.density.nodes.shape == (2, 15)
     assert report.density.steps_taken.dtype == np.int64
     assert report.trace.estimate == written["trace"]["estimate"]
     assert report.settings == written["settings"] and report.files == written["files"]
