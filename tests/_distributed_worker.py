@@ -9,7 +9,8 @@
         shard, a bad label on one worker), TFRecord files sharded by file, a dataset of
         tensors sharded by data, Dropout in training mode with batches dealt round-robin.
     python _distributed_worker.py single OUT.json
-        the reference: the same model and examples in one process without a strategy.
+        the reference: the same model and examples in one process without a strategy
+        (also ``single_checks()`` of the module imported, as the tests do).
 
 Each writes a JSON file with the numbers the test compares. Every check reads the same 51
 examples; products are of a fixed block of 3 vectors, in float64.
@@ -27,7 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
-MODE, OUT = sys.argv[1], sys.argv[2]
+# Imported (not run) only for the single-process reference: no strategy.
+MODE = sys.argv[1] if __name__ == "__main__" else "single"
 
 if MODE == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -264,16 +266,21 @@ def mirrored_checks() -> dict:
     return result
 
 
+def single_checks() -> dict:
+    op = spectra.HessianOperator.from_keras(build_model(), LOSS, (X, Y), batch_size=BATCH)
+    result = estimates(op)
+    result["dropout"] = dropout_products(build_dropout_model(), (X, Y))
+    return result
+
+
 def main() -> None:
     if MODE == "mirrored":
         result = mirrored_checks()
     elif MODE == "worker":
         result = cluster_checks(Path(sys.argv[3]))
     else:
-        op = spectra.HessianOperator.from_keras(build_model(), LOSS, (X, Y), batch_size=BATCH)
-        result = estimates(op)
-        result["dropout"] = dropout_products(build_dropout_model(), (X, Y))
-    with open(OUT, "w") as f:
+        result = single_checks()
+    with open(sys.argv[2], "w") as f:
         json.dump(result, f)
 
 
