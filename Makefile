@@ -5,13 +5,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The JAX job's virtualenv: Keras on JAX, no TensorFlow.
+JAX_VENV ?= .venv-jax
+JAX_BIN := $(JAX_VENV)/bin
 OUT ?= out
 LINTED := spectra tests benchmarks data notebooks docs .ci
-.PHONY: help venv install run test test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
+.PHONY: help venv install run test test-jax test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
-	@echo "make test      make lint, then the test suite"
+	@echo "make test      make lint, then the test suite, then make test-jax"
+	@echo "make test-jax  the JAX backend's tests and make run's analysis, without TensorFlow"
 	@echo "make lint      ruff check, ruff format --check and mypy (make typecheck)"
 	@echo "make docs      build the documentation site into $(OUT)/site (warnings are errors)"
 	@echo "make bench     run the benchmarks (ratios to a compiled gradient)"
@@ -30,6 +34,16 @@ $(VENV)/.installed-run: setup.cfg pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: setup.cfg pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,docs]"
+	touch $@
+
+# spectra without its dependencies, then install_requires less TensorFlow and the test-jax
+# extra (.ci/requirements_without_tensorflow.py reads setup.cfg): TensorFlow never installed.
+$(JAX_VENV)/.installed-jax: setup.cfg pyproject.toml .ci/requirements_without_tensorflow.py
+	$(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_BIN)/python -m pip install --quiet --upgrade pip
+	$(PYTHON) .ci/requirements_without_tensorflow.py test-jax > $(JAX_VENV)/requirements.txt
+	$(JAX_BIN)/python -m pip install --quiet -r $(JAX_VENV)/requirements.txt
+	$(JAX_BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 $(VENV)/.installed-mutation: setup.cfg pyproject.toml | $(BIN)/python
@@ -51,6 +65,16 @@ run: $(VENV)/.installed-run
 # from a busy one's queue (--dist worksteal), so that no worker ends long after the other.
 test: lint
 	$(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
+	$(MAKE) --no-print-directory test-jax
+
+# Keras on JAX without TensorFlow (KERAS_BACKEND=jax): the JAX engine's tests (tests/jax_engine,
+# whose conftest.py is the only one read: --confcutdir) and make run's analysis.
+test-jax: $(JAX_VENV)/.installed-jax
+	KERAS_BACKEND=jax $(JAX_BIN)/python -m pytest -q -n auto --timeout=900 \
+		--confcutdir=tests/jax_engine -p no:cacheprovider tests/jax_engine
+	KERAS_BACKEND=jax $(JAX_BIN)/python -m spectra analyze data/digits_mlp.keras \
+		--data data/digits.npz --loss sparse_categorical_crossentropy --top-k 5 --trace \
+		--out $(OUT)/jax-analyze
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m "not slow"

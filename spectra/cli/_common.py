@@ -301,16 +301,14 @@ def check_data_values(data: Any, spec: str) -> None:
 
 
 def check_loss(args: argparse.Namespace) -> None:
-    """An unknown loss name is a user error (needs TensorFlow); no ``--loss`` means the
-    compiled loss, checked with the model (:func:`check_model`)."""
+    """An unknown loss name is a user error (Keras resolves it, on any backend); no
+    ``--loss`` means the compiled loss, checked with the model (:func:`check_model`)."""
     if args.loss is None:
         return
-    import tensorflow as tf
-
-    from spectra.operators import keras_models
+    from spectra.operators.losses import resolve_loss
 
     with user_errors("--loss"):
-        keras_models.resolve_loss(args.loss, tf.float32)
+        resolve_loss(args.loss, "float32")
 
 
 def compiles_model(args: argparse.Namespace) -> bool:
@@ -323,7 +321,7 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
     parameters; returns the number of parameters."""
-    from spectra.operators.data_checks import check_data_fits_model
+    from spectra.operators.keras_data import check_data_fits_model
 
     loss = args.loss if args.loss is not None else getattr(model, "loss", None)
     if loss is None:
@@ -353,7 +351,7 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
     """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
     the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
     (:func:`spectra.preconditioned`)."""
-    from spectra.operators.keras_models import ComputeCopyError
+    from spectra.operators.keras_calls import ComputeCopyError
 
     choice = curvature_choice(getattr(args, "curvature", None))
     with user_errors(), warnings.catch_warnings(record=True) as caught:
@@ -527,9 +525,9 @@ def seed_generator_states(model: Any, seed: int) -> None:
     whatever evaluates the model itself (the loss landscape) would draw other Dropout
     masks in every process; the operators are given ``seed`` and do not read them.
     """
-    from spectra import _tf_compat
+    from spectra import _keras_compat
 
-    states = _tf_compat.seed_state_variables(model)
+    states = _keras_compat.seed_state_variables(model)
     ordered = [v for v in model.variables if any(v is s for s in states)]
     ordered += [s for s in states if all(s is not v for v in ordered)]
     for j, state in enumerate(ordered):
@@ -570,7 +568,7 @@ def data_description(args: argparse.Namespace, data: Any, model: Any = None) -> 
         "sha256": data_fingerprint(data),
     }
     if model is not None:
-        from spectra.operators.data_checks import label_sources
+        from spectra.operators.keras_data import label_sources
 
         with user_errors(args.data):
             description["labels"] = label_sources(model, data.x, data.y)
@@ -627,9 +625,15 @@ def loss_record(loss: Any) -> Any:
 
 
 def versions() -> dict[str, str]:
-    """Versions of spectra and what it computes with (from the installed metadata)."""
-    found = {"spectra": __version__, "python": sys.version.split()[0]}
-    for name in ("tensorflow", "keras", "numpy", "scipy", "matplotlib"):
+    """Versions of spectra and what it computes with (from the installed metadata): Keras'
+    backend (``backend``) and its library (TensorFlow, or JAX and jaxlib), Keras, NumPy,
+    SciPy and Matplotlib."""
+    from spectra._backend import configured_backend
+
+    backend = configured_backend()
+    found = {"spectra": __version__, "python": sys.version.split()[0], "backend": backend}
+    libraries = ("jax", "jaxlib") if backend == "jax" else (backend,)
+    for name in (*libraries, "keras", "numpy", "scipy", "matplotlib"):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
