@@ -91,18 +91,20 @@ MODULES: list[tuple[str, str, list[str]]] = [
             *(
                 f"{_OPERATOR}{method}__mutmut_*"
                 for method in (
-                    "flatten",
-                    "unflatten",
                     "_owned_batches",
                     "_prepare",
                     "loss",
                     "gradient",
-                    "_matvec",
                     "_matmat",
                     "_iterate_caches",
                 )
             ),
         ],
+    ),
+    (
+        "operators/layout (flat vectors)",
+        "spectra/operators/layout.py",
+        ["spectra.operators.layout.*"],
     ),
     ("eigenvalues", "spectra/estimators/eigensolvers.py", ["spectra.estimators.eigensolvers.*"]),
 ]
@@ -113,6 +115,7 @@ ALIASES = {
     "stochastic_trace": "trace",
     "batching": "data",
     "base": "operators/base",
+    "layout": "operators/layout",
     "eigensolvers": "eigenvalues",
 }
 # Code that matters only with several processes or replicas (a failing worker's NaN that
