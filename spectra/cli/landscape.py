@@ -178,6 +178,15 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from spectra._backend import configured_backend
+
+    backend = configured_backend()
+    if backend != "tensorflow":
+        raise UserError(
+            f"spectra landscape needs Keras' TensorFlow backend (KERAS_BACKEND={backend}: "
+            "the loss landscape is not computed on the JAX engine yet); run it with "
+            "KERAS_BACKEND=tensorflow. analyze and sharpness run on either backend."
+        )
     if args.directions == 2 and args.points < 3:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
     check_cost(args)

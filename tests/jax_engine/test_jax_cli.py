@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _jax_models import (
     SCCE,
     classification_data,
@@ -23,6 +25,8 @@ from _jax_models import weights as model_weights
 
 from spectra import _jax_compat
 from spectra.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def test_analyze_under_jax_gives_the_dense_hessian_s_eigenvalues_and_trace(tmp_path, capsys):
@@ -57,3 +61,31 @@ def test_analyze_under_jax_gives_the_dense_hessian_s_eigenvalues_and_trace(tmp_p
     versions = results["versions"]
     assert versions["backend"] == "jax" and "jax" in versions and "tensorflow" not in versions
     assert "tensorflow" not in sys.modules
+
+
+def test_sharpness_under_jax_matches_the_committed_run_s_independent_float64_values(tmp_path):
+    """data/gd_trajectory (a softmax output read through its logits, as on TensorFlow):
+    λ₁ of every checkpoint within its bound plus 1e-8·λ₁ of the sharpness make_examples.py
+    computed in float64 (the tolerance of tests/truths/test_independent_truths.py)."""
+    record = json.loads((DATA / "gd_trajectory" / "trajectory.json").read_text())
+    out = tmp_path / "sharpness"
+    args = ["sharpness", str(DATA / "gd_trajectory"), "--data", str(DATA / "digits.npz")]
+    args += ["--loss", record["loss"], "--float64", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    entries = json.loads((out / "sharpness.json").read_text())["checkpoints"]
+    references = record["checkpoints"]
+    assert [e["step"] for e in entries] == [c["step"] for c in references]
+    for entry, reference in zip(entries, references, strict=True):
+        value, bound = entry["eigenvalues"][0], entry["error_bounds"][0]
+        sharpness = reference["sharpness"]
+        assert abs(value - sharpness) <= bound + 1e-8 * abs(sharpness), reference["step"]
+        assert 0 < bound <= 1e-8 * abs(value)
+        assert entry["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+
+
+def test_landscape_is_refused_in_one_line_under_jax(tmp_path, capsys):
+    args = ["landscape", str(DATA / "digits_mlp.keras"), "--data", str(DATA / "digits.npz")]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "needs Keras' TensorFlow backend" in error and "KERAS_BACKEND=jax" in error
+    assert not (tmp_path / "out").exists()
