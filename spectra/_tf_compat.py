@@ -44,20 +44,14 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   memory plan then uses the host's memory).
 * :func:`model_distribute_strategy` reads the strategy a Keras model was built under
   (``Model._distribute_strategy``); fallback: the strategy in scope.
-* :func:`flatten_layers` lists a model's layers recursively (``Layer._flatten_layers``);
-  fallback: a walk over the public ``layers`` attributes.
-* :func:`seed_state_variables` finds the state variables of a model's
-  ``keras.random.SeedGenerator`` objects (``Layer._seed_generators``); fallback: the
-  non-trainable variables whose path ends in ``seed_generator_state``.
 * :func:`optimizer_slots` reads the per-variable state of a Keras optimizer (Adam's second
   moments, ...) from its private slot lists (``_velocities``, ``_velocity_hats``,
   ``_average_gradients``, ``_accumulators``), indexed by ``_get_variable_index``, checked
   with Keras 3.15; fallback: the public ``optimizer.variables``, found by the names Keras
   gives them (``{variable path with '/' as '_'}_{slot}``, ``add_variable_from_reference``).
-* :func:`functional_structure` reads the nested input and output structure of a
-  functional or Sequential model (``_inputs_struct``/``_outputs_struct``, a Sequential's
-  ``_functional``); fallback: the public ``input``/``output`` of a functional model and
-  ``inputs``/``outputs`` of a Sequential.
+
+Keras' backend-independent internals (its layers, seed states, functional structure,
+loss keyword arguments) are read by :mod:`spectra._keras_compat`, for both engines.
 * :func:`graph_captures` lists the tensors a traced graph captured from outside, as
   ``(external, internal placeholder)`` pairs (``FuncGraph.captures``); fallback: the
   graph's ``external_captures`` and ``internal_captures`` side by side.
@@ -69,11 +63,6 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   cross-entropies read instead of the probabilities (the ``_keras_logits`` attribute
   Keras sets on the activation's output); fallback: the input of a ``Softmax`` or
   ``Sigmoid`` op.
-* :func:`loss_function_kwargs` reads the keyword arguments a Keras loss object passes to
-  its per-example function (``LossFunctionWrapper._fn_kwargs``); fallback: its
-  ``get_config()`` without the keys every loss has (name, reduction, dtype).
-* :func:`layer_input_tensors` lists the tensors a layer was called on in the model's graph
-  (``Layer._inbound_nodes``); fallback: the public ``layer.input`` (its first call).
 """
 
 from __future__ import annotations
@@ -375,82 +364,6 @@ def model_distribute_strategy(model: Any) -> tf.distribute.Strategy | None:
     return None
 
 
-def flatten_layers(model: Any) -> list[Any]:
-    """All layers nested in ``model`` (not the model itself), in no guaranteed order."""
-    private = getattr(model, "_flatten_layers", None)
-    if private is not None:
-        return list(private(include_self=False, recursive=True))
-    return _walk_layers(model)
-
-
-def _walk_layers(model: Any) -> list[Any]:
-    found: list[Any] = []
-    seen: set[int] = set()
-    stack = list(reversed(getattr(model, "layers", [])))
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        found.append(layer)
-        stack.extend(reversed(getattr(layer, "layers", [])))
-    return found
-
-
-def functional_structure(model: Any) -> tuple[Any, Any, list[Any]] | None:
-    """``(inputs, outputs, layers)`` of a functional or Sequential model's graph.
-
-    ``inputs`` and ``outputs`` are nested as the model was built (the KerasTensors of its
-    ``Input`` layers and of its outputs: a dict, list or single tensor); None for a subclassed
-    model, which declares neither.
-    """
-    graph = model if hasattr(model, "_inputs_struct") else getattr(model, "_functional", None)
-    if graph is not None and hasattr(graph, "_outputs_struct"):
-        return graph._inputs_struct, graph._outputs_struct, list(model.layers)
-    # Public: a functional model's ``input``/``output`` are the nested structures; a
-    # Sequential has one input and one output, listed in ``inputs``/``outputs``.
-    with contextlib.suppress(AttributeError, ValueError):
-        return model.input, model.output, list(model.layers)
-    with contextlib.suppress(AttributeError, ValueError, TypeError):
-        inputs, outputs = list(model.inputs), list(model.outputs)
-        if len(inputs) == 1 and len(outputs) == 1:
-            return inputs[0], outputs[0], list(model.layers)
-    return None
-
-
-def layer_input_tensors(layer: Any) -> list[Any]:
-    """The KerasTensors ``layer`` was called on in its model's graph (every call)."""
-    nodes = getattr(layer, "_inbound_nodes", None)
-    if nodes is not None:
-        return [tensor for node in nodes for tensor in node.input_tensors]
-    try:
-        return tf.nest.flatten(layer.input)
-    except (AttributeError, ValueError):
-        return []
-
-
-def seed_state_variables(model: Any) -> list[Any]:
-    """The state variables of the ``SeedGenerator`` objects used by ``model``'s layers."""
-    layers = [model, *flatten_layers(model)]
-    if all(hasattr(layer, "_seed_generators") for layer in layers):
-        states: list[Any] = []
-        for layer in layers:
-            for generator in layer._seed_generators:
-                state = getattr(generator, "state", None)
-                if state is not None and all(state is not s for s in states):
-                    states.append(state)
-        return states
-    return _seed_states_by_name(model)
-
-
-def _seed_states_by_name(model: Any) -> list[Any]:
-    return [
-        v
-        for v in model.non_trainable_variables
-        if str(getattr(v, "path", v.name)).endswith("seed_generator_state")
-    ]
-
-
 # Keras 3 optimizers' per-variable state: the private slot list and the name Keras gives
 # each slot variable, per optimizer class (Adam's ``_velocity_hats`` exist with amsgrad,
 # RMSprop's ``_average_gradients`` with centered=True).
@@ -591,24 +504,3 @@ def _logits_of_activation(output: tf.Tensor) -> tf.Tensor | None:
     if op is not None and op.type in _LOGIT_ACTIVATIONS and len(op.inputs) == 1:
         return op.inputs[0]
     return None
-
-
-# The keys of ``keras.losses.Loss.get_config()`` (and the wrapper's ``fn``): what is left
-# of a loss object's config are the keyword arguments of its per-example function.
-_LOSS_CONFIG_KEYS = frozenset({"name", "reduction", "dtype", "fn"})
-
-
-def loss_function_kwargs(loss: Any) -> dict[str, Any]:
-    """The keyword arguments a Keras loss object passes to its per-example function
-    (``{"from_logits": True, "axis": -1, ...}``); ``{}`` for one without."""
-    kwargs = getattr(loss, "_fn_kwargs", None)
-    if kwargs is not None:
-        return dict(kwargs)
-    get_config = getattr(loss, "get_config", None)
-    if get_config is None:
-        return {}
-    try:
-        config = get_config()
-    except (NotImplementedError, TypeError, ValueError):
-        return {}
-    return {k: v for k, v in dict(config or {}).items() if k not in _LOSS_CONFIG_KEYS}

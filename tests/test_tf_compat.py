@@ -1,4 +1,5 @@
-"""spectra._tf_compat: each private or version-dependent API and its fallback path.
+"""spectra._tf_compat and spectra._keras_compat (on TensorFlow's backend): each private or
+version-dependent API and its fallback path.
 
 Every fallback is exercised by hiding the private attribute (or the compat function) it
 replaces, and compared with the primary path on the same input.
@@ -16,7 +17,7 @@ import pytest
 import tensorflow as tf
 from _dense import dense_hessian, relative_error
 
-from spectra import _tf_compat
+from spectra import _keras_compat, _tf_compat
 from spectra.operators import HessianOperator
 from spectra.operators.engine import clear_engine_cache
 
@@ -144,17 +145,17 @@ def test_flatten_layers_and_its_fallback():
             layer.name for layer in layers if not isinstance(layer, keras.layers.InputLayer)
         )
 
-    primary = _tf_compat.flatten_layers(model)
-    fallback = _tf_compat.flatten_layers(_Hidden(model, "_flatten_layers"))
+    primary = _keras_compat.flatten_layers(model)
+    fallback = _keras_compat.flatten_layers(_Hidden(model, "_flatten_layers"))
     assert names(fallback) == names(primary)
     assert len(names(primary)) == 5  # inner, its Dense and Dropout, Dropout, Dense
 
 
 def test_seed_state_variables_and_its_fallback():
     model = _nested_model()
-    primary = _tf_compat.seed_state_variables(model)
+    primary = _keras_compat.seed_state_variables(model)
     assert len(primary) == 2
-    fallback = _tf_compat.seed_state_variables(_Hidden(model, "_seed_generators"))
+    fallback = _keras_compat.seed_state_variables(_Hidden(model, "_seed_generators"))
     assert {id(v) for v in fallback} == {id(v) for v in primary}
 
 
@@ -221,13 +222,13 @@ def test_functional_structure_and_its_fallback():
     functional = _multi_io_model()
     sequential = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     for model, hidden in ((functional, "_inputs_struct"), (sequential, "_functional")):
-        inputs, outputs, layers = _tf_compat.functional_structure(model)
-        fallback = _tf_compat.functional_structure(_Hidden(model, hidden))
+        inputs, outputs, layers = _keras_compat.functional_structure(model)
+        fallback = _keras_compat.functional_structure(_Hidden(model, hidden))
         assert fallback is not None
         assert tf.nest.map_structure(id, fallback[0]) == tf.nest.map_structure(id, inputs)
         assert tf.nest.map_structure(id, fallback[1]) == tf.nest.map_structure(id, outputs)
         assert [id(layer) for layer in fallback[2]] == [id(layer) for layer in layers]
-    inputs, outputs, _ = _tf_compat.functional_structure(functional)
+    inputs, outputs, _ = _keras_compat.functional_structure(functional)
     assert sorted(inputs) == ["features", "tokens"] and sorted(outputs) == ["a", "b"]
 
     class Subclassed(keras.Model):
@@ -240,18 +241,18 @@ def test_functional_structure_and_its_fallback():
 
     subclassed = Subclassed()
     subclassed(np.ones((1, 3), np.float32))
-    assert _tf_compat.functional_structure(subclassed) is None
+    assert _keras_compat.functional_structure(subclassed) is None
 
 
 def test_layer_input_tensors_and_its_fallback():
     model = _multi_io_model()
     embedding = model.get_layer("embedding")
-    primary = _tf_compat.layer_input_tensors(embedding)
+    primary = _keras_compat.layer_input_tensors(embedding)
     assert [id(t) for t in primary] == [id(model.input["tokens"])]
-    fallback = _tf_compat.layer_input_tensors(_Hidden(embedding, "_inbound_nodes"))
+    fallback = _keras_compat.layer_input_tensors(_Hidden(embedding, "_inbound_nodes"))
     assert [id(t) for t in fallback] == [id(t) for t in primary]
-    assert _tf_compat.layer_input_tensors(keras.layers.Dense(2)) == []  # never called
-    assert _tf_compat.layer_input_tensors(_Hidden(keras.layers.Dense(2), "_inbound_nodes")) == []
+    assert _keras_compat.layer_input_tensors(keras.layers.Dense(2)) == []  # never called
+    assert _keras_compat.layer_input_tensors(_Hidden(keras.layers.Dense(2), "_inbound_nodes")) == []
 
 
 class _NoCaptures:
@@ -327,14 +328,14 @@ def test_keras_logits_and_its_fallback():
     ids=["sparse", "smoothed", "binary", "mse"],
 )
 def test_loss_function_kwargs_and_its_fallback(loss):
-    primary = _tf_compat.loss_function_kwargs(loss)
+    primary = _keras_compat.loss_function_kwargs(loss)
     assert primary == loss._fn_kwargs
-    fallback = _tf_compat.loss_function_kwargs(_Hidden(loss, "_fn_kwargs"))
+    fallback = _keras_compat.loss_function_kwargs(_Hidden(loss, "_fn_kwargs"))
     # The config may leave out a default (the sparse cross-entropy's axis); every value it
     # gives is the function's.
     assert fallback.items() <= primary.items()
     assert {k: v for k, v in primary.items() if k != "axis"}.items() <= fallback.items()
-    assert _tf_compat.loss_function_kwargs(lambda y_true, y_pred: y_pred) == {}
+    assert _keras_compat.loss_function_kwargs(lambda y_true, y_pred: y_pred) == {}
 
 
 # -- exact second derivatives (moments, softsign, resizes) --------------------------------

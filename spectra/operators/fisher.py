@@ -24,8 +24,8 @@ from spectra._validation import check_int
 from spectra.operators import keras_models
 from spectra.operators.base import CurvatureOperator
 from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
-from spectra.operators.data_checks import _loss_function
 from spectra.operators.ggn import OutputSplit
+from spectra.operators.predictive import PredictiveFamily, predictive_family
 
 __all__ = [
     "EmpiricalFisher",
@@ -41,31 +41,9 @@ KINDS = ("mc", "empirical")
 
 
 @dataclass(frozen=True)
-class _Predictive:
-    """The predictive distribution p(y | z) behind a Keras loss ℓ = κ·(−log p(y | z)).
-
-    ``family``: ``"categorical"`` (cross-entropy; ``one_hot`` labels or integer ones),
-    ``"bernoulli"`` (binary cross-entropy, one independent label per output entry) or
-    ``"gaussian"`` (MSE: N(z, I)). Keras averages the binary cross-entropy and the squared
-    error over the last axis (d entries), so κ = 1/d and 2/d for them, 1 for the
-    cross-entropy; the Fisher of ℓ is κ·Fisher(p) = E[∇ℓ ∇ℓᵀ]/κ.
-    """
-
-    family: str
-    from_logits: bool
-    one_hot: bool = False
-
-    def scale(self, output: tf.Tensor) -> float:
-        """κ for outputs of this shape."""
-        if self.family == "categorical":
-            return 1.0
-        d = output.shape[-1] if output.shape.rank else 1
-        if d is None:
-            raise ValueError(
-                "the Monte Carlo Fisher of a binary cross-entropy or MSE needs the size of "
-                "the output's last axis, which is unknown here."
-            )
-        return (2.0 if self.family == "gaussian" else 1.0) / int(d)
+class _Predictive(PredictiveFamily):
+    """A :class:`~spectra.operators.predictive.PredictiveFamily` with this engine's
+    sampler."""
 
     def sample(
         self, output: tf.Tensor, point: tf.Tensor, num_samples: int, seed: tf.Tensor
@@ -131,45 +109,16 @@ def _stacked_output(
     )
 
 
-def _families() -> dict[Any, tuple[str, bool]]:
-    """Keras per-example loss functions with a predictive distribution: family, one-hot."""
-    return {
-        keras.losses.sparse_categorical_crossentropy: ("categorical", False),
-        keras.losses.categorical_crossentropy: ("categorical", True),
-        keras.losses.binary_crossentropy: ("bernoulli", False),
-        keras.losses.mean_squared_error: ("gaussian", False),
-    }
+def _last_axis(output: tf.Tensor) -> int | None:
+    """The size of ``output``'s last axis (1 for a scalar; None where it is unknown)."""
+    return output.shape[-1] if output.shape.rank else 1
 
 
 def predictive_distribution(loss: Any) -> _Predictive:
-    """The predictive distribution behind a Keras loss spec item (a ``ValueError`` for a
-    loss without one: sampling labels needs to know what the model predicts)."""
-    found = _loss_function(loss)
-    families = _families()
-    if found is None or found[0] not in families:
-        name = found[2] if found is not None else getattr(loss, "__name__", type(loss).__name__)
-        raise ValueError(
-            f"kind='mc' samples labels from the model's predictive distribution, which the "
-            f"loss {name!r} does not define. Supported: sparse or one-hot categorical "
-            "cross-entropy, binary cross-entropy (from logits or probabilities) and mean "
-            "squared error (a Gaussian of unit variance). For other losses use "
-            "kind='empirical' or GGNOperator."
-        )
-    fn, kwargs, name = found
-    if kwargs.get("label_smoothing"):
-        raise ValueError(
-            f"kind='mc': the loss {name!r} has label_smoothing={kwargs['label_smoothing']}, "
-            "so it is not the negative log-likelihood of a predictive distribution. Use a "
-            "loss without label smoothing (the Fisher of the model), or kind='empirical'."
-        )
-    if kwargs.get("axis", -1) != -1 or kwargs.get("ignore_class") is not None:
-        raise ValueError(
-            f"kind='mc' needs the loss {name!r} with classes on the last axis and no "
-            f"ignore_class; got axis={kwargs.get('axis', -1)}, "
-            f"ignore_class={kwargs.get('ignore_class')}."
-        )
-    family, one_hot = families[fn]
-    return _Predictive(family, bool(kwargs.get("from_logits", False)), one_hot)
+    """The predictive distribution behind a Keras loss spec item, with this engine's
+    sampler (:func:`spectra.operators.predictive.predictive_family`: a ``ValueError`` for
+    a loss without one)."""
+    return _Predictive(**dataclasses.asdict(predictive_family(loss)))
 
 
 def _check_reduction(loss: Any) -> None:
@@ -297,7 +246,8 @@ class MonteCarloFisher(FisherCurvature):
                     "evaluated on sampled labels; it cannot define a Monte Carlo Fisher."
                 )
             index = next(i for i, p in enumerate(split.points) if p is point)
-            factors.append(_SampledGradients(index, weighted, unit, distribution.scale(output)))
+            kappa = distribution.scale(_last_axis(output))
+            factors.append(_SampledGradients(index, weighted, unit, kappa))
 
         def product(vector: tf.Tensor) -> tf.Tensor:
             tangents = split.jvp(vector)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
-from spectra import _tf_compat
+from spectra import _keras_compat, _tf_compat
 from spectra.operators import keras_calls, losses
 from spectra.operators.keras_calls import (
     ComputeCopyError,
@@ -272,7 +272,7 @@ class KerasProgram:
             self.parameter_indices.append(
                 next(i for i, v in enumerate(self.state_variables) if v is target)
             )
-        seeds = _tf_compat.seed_state_variables(model)
+        seeds = _keras_compat.seed_state_variables(model)
         self.seed_indices = [
             i for i, v in enumerate(self.state_variables) if any(v is s for s in seeds)
         ]

@@ -38,13 +38,13 @@ import tensorflow as tf
 from scipy.linalg import lapack
 from scipy.sparse.linalg import LinearOperator
 
-from spectra import _tf_compat
+from spectra import _keras_compat, _tf_compat
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
-from spectra.operators.fisher import _check_reduction, predictive_distribution
+from spectra.operators.fisher import _check_reduction, _last_axis, predictive_distribution
 from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
 
 __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
@@ -675,7 +675,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         dense_layers: list[Any] = []
         layout: list[tuple[Any, int | None, int | None]] = []
         covered: set[int] = set()
-        for layer in _tf_compat.flatten_layers(run_model):
+        for layer in _keras_compat.flatten_layers(run_model):
             if not isinstance(layer, _FACTORED):
                 continue
             base = next(kind for kind in _FACTORED if isinstance(layer, kind))
@@ -1136,7 +1136,7 @@ class EKFACOperator(KFACOperator):
 
 def _owner(model: Any, weight: Any) -> str:
     """A layer as errors name it: ``'name' (Type)`` of the layer holding ``weight``."""
-    for layer in _tf_compat.flatten_layers(model):
+    for layer in _keras_compat.flatten_layers(model):
         if isinstance(layer, keras.Model):
             continue
         if any(w is weight for w in layer.trainable_weights):
@@ -1353,7 +1353,7 @@ def _accumulate_batch(
             "a differentiable function of (y_true, y_pred)."
         )
     keras_models.check_finite(true_value, "the batch loss", inputs=x)
-    kappa = distribution.scale(output) if kind == "mc" else 1.0
+    kappa = distribution.scale(_last_axis(output)) if kind == "mc" else 1.0
     columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa, acc)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
     abars: list[np.ndarray] = []

@@ -211,7 +211,7 @@ def test_every_curvature_gets_the_seed(curvature, dropout_model):
     generators."""
     import keras
 
-    from spectra._tf_compat import seed_state_variables
+    from spectra._keras_compat import seed_state_variables
     from spectra.cli._common import make_operator
     from spectra.cli._curvature import curvature_choice
     from spectra.cli._parser import build_parser

@@ -35,8 +35,8 @@ from spectra.operators.jax.base import CurvatureOperator
 from spectra.operators.jax.curvature import BatchProblem, Curvature, Static
 from spectra.operators.jax.ggn import OutputSplit, with_regularization
 from spectra.operators.keras_calls import unpack_batch
-from spectra.operators.keras_data import _loss_function
 from spectra.operators.losses import compiled_loss, reduction_of
+from spectra.operators.predictive import PredictiveFamily, predictive_family
 
 __all__ = [
     "EmpiricalFisher",
@@ -50,25 +50,9 @@ KINDS = ("mc", "empirical")
 
 
 @dataclass(frozen=True)
-class Predictive:
-    """The predictive distribution p(y | z) behind a Keras loss ℓ = κ·(−log p(y | z)).
-
-    ``family``: ``"categorical"`` (cross-entropy; ``one_hot`` labels or integer ones),
-    ``"bernoulli"`` (binary cross-entropy, one label per output entry) or ``"gaussian"``
-    (MSE: N(z, I)); κ is 1 for the cross-entropy, 1/d and 2/d for the binary
-    cross-entropy and MSE, which Keras average over the d entries of the last axis.
-    """
-
-    family: str
-    from_logits: bool
-    one_hot: bool = False
-
-    def scale(self, output: Any) -> float:
-        """κ for outputs of this shape."""
-        if self.family == "categorical":
-            return 1.0
-        d = output.shape[-1] if output.ndim else 1
-        return (2.0 if self.family == "gaussian" else 1.0) / int(d)
+class Predictive(PredictiveFamily):
+    """A :class:`~spectra.operators.predictive.PredictiveFamily` with this engine's
+    sampler."""
 
     def sample(self, output: Any, logits: Any, num_samples: int, key: Any) -> Any:
         """S = ``num_samples`` label sets drawn from p(y | z), stacked along the batch axis
@@ -96,45 +80,11 @@ class Predictive:
         return jax.lax.stop_gradient(labels)
 
 
-def _families() -> dict[Any, tuple[str, bool]]:
-    """Keras per-example loss functions with a predictive distribution: family, one-hot."""
-    return {
-        keras.losses.sparse_categorical_crossentropy: ("categorical", False),
-        keras.losses.categorical_crossentropy: ("categorical", True),
-        keras.losses.binary_crossentropy: ("bernoulli", False),
-        keras.losses.mean_squared_error: ("gaussian", False),
-    }
-
-
 def predictive_distribution(loss: Any) -> Predictive:
-    """The predictive distribution behind a Keras loss spec item (a ``ValueError`` for a
-    loss without one: sampling labels needs to know what the model predicts)."""
-    found = _loss_function(loss)
-    families = _families()
-    if found is None or found[0] not in families:
-        name = found[2] if found is not None else getattr(loss, "__name__", type(loss).__name__)
-        raise ValueError(
-            f"kind='mc' samples labels from the model's predictive distribution, which the "
-            f"loss {name!r} does not define. Supported: sparse or one-hot categorical "
-            "cross-entropy, binary cross-entropy (from logits or probabilities) and mean "
-            "squared error (a Gaussian of unit variance). For other losses use "
-            "kind='empirical' or GGNOperator."
-        )
-    fn, kwargs, name = found
-    if kwargs.get("label_smoothing"):
-        raise ValueError(
-            f"kind='mc': the loss {name!r} has label_smoothing={kwargs['label_smoothing']}, "
-            "so it is not the negative log-likelihood of a predictive distribution. Use a "
-            "loss without label smoothing (the Fisher of the model), or kind='empirical'."
-        )
-    if kwargs.get("axis", -1) != -1 or kwargs.get("ignore_class") is not None:
-        raise ValueError(
-            f"kind='mc' needs the loss {name!r} with classes on the last axis and no "
-            f"ignore_class; got axis={kwargs.get('axis', -1)}, "
-            f"ignore_class={kwargs.get('ignore_class')}."
-        )
-    family, one_hot = families[fn]
-    return Predictive(family, bool(kwargs.get("from_logits", False)), one_hot)
+    """The predictive distribution behind a Keras loss spec item, with this engine's
+    sampler (:func:`spectra.operators.predictive.predictive_family`: a ``ValueError`` for
+    a loss without one)."""
+    return Predictive(**dataclasses.asdict(predictive_family(loss)))
 
 
 def _spec_items(spec: Any) -> list[Any]:
@@ -249,7 +199,8 @@ class MonteCarloFisher(FisherCurvature):
             stacked_point = _stacked(point, samples)
             weighted.append(jax.grad(value)(stacked_point))
             unit.append(jax.grad(per_example)(stacked_point))
-            static.append((index, distribution.scale(term.output)))
+            last_axis = term.output.shape[-1] if term.output.ndim else 1
+            static.append((index, distribution.scale(last_axis)))
         if not static:
             raise ValueError(
                 "the loss does not depend on the model's outputs when evaluated on sampled "
