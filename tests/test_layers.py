@@ -162,8 +162,19 @@ def _reaches_tensorflow(name: str) -> list[str]:
 
 
 # What runs under KERAS_BACKEND=jax without TensorFlow installed: the backend choice, the
-# neutral parameter layout, the JAX engine and its compat module.
-JAX_PATH = ("spectra._backend", "spectra._jax_compat", "spectra.operators.layout")
+# backend-neutral modules of the operators (parameter layout, losses, model calls, data
+# checks, predictive distributions, Keras internals), the JAX engine and its compat module.
+# (The command line under JAX is run without TensorFlow by tests/jax_engine/test_jax_cli.py.)
+JAX_PATH = (
+    "spectra._backend",
+    "spectra._jax_compat",
+    "spectra._keras_compat",
+    "spectra.operators.layout",
+    "spectra.operators.losses",
+    "spectra.operators.keras_calls",
+    "spectra.operators.keras_data",
+    "spectra.operators.predictive",
+)
 
 
 def test_the_jax_path_never_reaches_tensorflow() -> None:
