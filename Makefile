@@ -46,6 +46,11 @@ $(JAX_VENV)/.installed-jax: setup.cfg pyproject.toml .ci/requirements_without_te
 	$(JAX_BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
+# make bench adds the bench extra (PyTorch, curvlinops, PyHessian: benchmarks/versus.py).
+$(VENV)/.installed-bench: setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,docs,bench]"
+	touch $@
+
 $(VENV)/.installed-mutation: setup.cfg pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,mutation]"
 	touch $@
@@ -95,18 +100,20 @@ lint: ruff-check format-check typecheck
 docs: $(VENV)/.installed-dev
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs $(OUT)/site
 
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/hvp_speed.py
 	$(BIN)/python benchmarks/zoo_speed.py
 	$(BIN)/python benchmarks/estimators_digits.py
 	$(BIN)/python benchmarks/pyhessian_compare.py
 	$(BIN)/python benchmarks/memory_streaming.py
+	$(BIN)/python benchmarks/memory_plan.py --json $(OUT)/memory_plan.json
 	$(BIN)/python benchmarks/trajectory.py
 	$(BIN)/python benchmarks/cli_help.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/approximations.py
 	$(BIN)/python benchmarks/product_ops.py --json $(OUT)/product_ops.json
 	$(BIN)/python benchmarks/scale.py --json $(OUT)/scale.json
+	$(BIN)/python benchmarks/versus.py --markdown $(OUT)/versus.md --json $(OUT)/versus.json
 
 # The reduced scale benchmark: ResNet-20 at 256 images and the GPT at 128 sequences.
 bench-quick: $(VENV)/.installed-dev

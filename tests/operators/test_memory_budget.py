@@ -10,20 +10,15 @@ The dense Hessian (``tf.GradientTape.jacobian``) is the truth for one check of e
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from _dense import FD_TRUTH_RTOL, dense_hessian, relative_error
-from _workers import WORKER_THREAD_VARIABLES
 
 from spectra.operators import HessianOperator, memory
 from spectra.operators.memory import TANGENT_FACTOR, MemoryPlan
@@ -332,84 +327,6 @@ def test_without_allocator_statistics_the_plan_keeps_its_estimate(problem, monke
     plan = op.memory_plan()
     assert not plan.per_vector_measured and plan.cache_transient == 0
     assert plan.per_vector == int(TANGENT_FACTOR * plan.cache_per_batch)
-
-
-# Builds an operator and runs a block product of 8 vectors in a fresh process, and prints
-# the plan's peak against the growth of the resident set's high-water mark (VmHWM, reset
-# through /proc/self/clear_refs after a warm-up that traces the engine on 2 examples).
-_PEAK_SCRIPT = """
-import json, os, sys
-import keras, numpy as np
-from spectra.operators import HessianOperator
-
-def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-
-keras.utils.set_random_seed(0)
-rng = np.random.default_rng(0)
-if sys.argv[1] == "cnn":
-    model = keras.Sequential([
-        keras.Input((32, 32, 3)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(10),
-    ])
-    x, batch_size = rng.standard_normal((512, 32, 32, 3)).astype(np.float32), 128
-else:
-    model = keras.Sequential([
-        keras.Input((256,)),
-        keras.layers.Dense(1024, activation="tanh"),
-        keras.layers.Dense(1024, activation="tanh"),
-        keras.layers.Dense(10),
-    ])
-    x, batch_size = rng.standard_normal((8192, 256)).astype(np.float32), 2048
-y = rng.integers(0, 10, len(x))
-loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-warm = HessianOperator.from_keras(model, loss, (x[:2], y[:2]), cache=False)
-warm.matmat(np.ones((warm.shape[0], 2), np.float32))
-V = rng.standard_normal((warm.shape[0], 8)).astype(np.float32)
-del warm
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-base = status("VmRSS")
-op = HessianOperator.from_keras(model, loss, (x, y), batch_size=batch_size, cache=True)
-op.matmat(V)
-print(json.dumps({"measured": status("VmHWM") - base, "plan": op.memory_plan(8).peak}))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc to reset VmHWM"
-)
-@pytest.mark.parametrize("model", ["cnn", "mlp"])
-def test_the_plan_estimates_the_measured_peak(model):
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
-    # One malloc arena: with glibc's default per-thread arenas, memory freed on one
-    # TensorFlow thread is not reused on another and the resident set grows with
-    # fragmentation (tens of percent, varying from run to run).
-    env["MALLOC_ARENA_MAX"] = "1"
-    # The plan models TensorFlow's default threading (more threads run more of a block's
-    # vectors at once): not the one-thread setting of a pytest-xdist worker.
-    for name in WORKER_THREAD_VARIABLES:
-        env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", _PEAK_SCRIPT, model],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["measured"] > 300 * 1024**2  # the activations dominate TF's overhead
-    assert abs(result["plan"] - result["measured"]) <= 0.25 * result["measured"], result
 
 
 def test_cache_true_over_a_tiny_budget_warns_once_and_keeps_its_products_right():
