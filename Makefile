@@ -68,9 +68,12 @@ run: $(VENV)/.installed-run
 # make lint (ruff check, ruff format --check, mypy), then the suite in one pytest-xdist
 # worker per core, each on one thread (tests/conftest.py); an idle worker takes tests
 # from a busy one's queue (--dist worksteal), so that no worker ends long after the other.
-test: lint
+# Both virtualenvs are installed side by side (-j2: mostly downloads and unpacking).
+test:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed-dev $(JAX_VENV)/.installed-jax
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
-	$(MAKE) --no-print-directory test-jax
+	@$(MAKE) --no-print-directory test-jax
 
 # Keras on JAX without TensorFlow (KERAS_BACKEND=jax): the JAX engine's tests (tests/jax_engine,
 # whose conftest.py is the only one read: --confcutdir) and make run's analysis.

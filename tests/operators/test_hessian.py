@@ -565,18 +565,22 @@ def test_dropout_seed_follows_its_documented_derivation(rng):
         HessianOperator.from_keras(model, SCE, (x, y), training=True, seed=1.5)
 
 
-@pytest.mark.slow
-def test_compiled_lstm_checkpoint_needs_no_loss(rng, tmp_path):
+def test_compiled_checkpoint_needs_no_loss(rng, tmp_path):
+    # A masked embedding (its mask reaches the pooling) in a saved, compiled model: the
+    # loaded model's compiled loss gives the same operator as the loss passed explicitly.
+    # (A compiled LSTM checkpoint without --loss is analyzed against its dense Hessian by
+    # tests/cli/test_commands.py::test_analyze_a_compiled_lstm_checkpoint_without_loss.)
     model = keras.Sequential(
         [
             keras.Input((5,), dtype="int32"),
             keras.layers.Embedding(6, 2, mask_zero=True),
-            keras.layers.LSTM(3),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(3, activation="tanh"),
             keras.layers.Dense(3),
         ]
     )
     model.compile(optimizer="sgd", loss=SCE)
-    path = tmp_path / "lstm.keras"
+    path = tmp_path / "masked.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
     tokens = rng.integers(0, 6, (8, 5)).astype("int32")
@@ -586,6 +590,7 @@ def test_compiled_lstm_checkpoint_needs_no_loss(rng, tmp_path):
     v = rng.standard_normal(explicit.shape[0]).astype(np.float32)
     np.testing.assert_allclose(from_checkpoint.matvec(v), explicit.matvec(v), rtol=1e-5)
     assert from_checkpoint.loss() == pytest.approx(explicit.loss(), rel=1e-6)
+    assert np.abs(explicit.matvec(v)).max() > 0
 
 
 # -- bad input ---------------------------------------------------------------------------
