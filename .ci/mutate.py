@@ -93,13 +93,16 @@ MODULES: list[tuple[str, str, list[str]]] = [
                 for method in (
                     "_owned_batches",
                     "_prepare",
-                    "loss",
-                    "gradient",
                     "_matmat",
                     "_iterate_caches",
                 )
             ),
         ],
+    ),
+    (
+        "operators/operator_core (loss, gradient, memory plan)",
+        "spectra/operators/operator_core.py",
+        ["spectra.operators.operator_core.*"],
     ),
     (
         "operators/layout (flat vectors)",
@@ -116,6 +119,7 @@ ALIASES = {
     "batching": "data",
     "base": "operators/base",
     "layout": "operators/layout",
+    "operator_core": "operators/operator_core",
     "eigensolvers": "eigenvalues",
 }
 # Code that matters only with several processes or replicas (a failing worker's NaN that

@@ -47,16 +47,15 @@ from spectra.operators.batching import Batches
 from spectra.operators.curvature import Curvature, FunctionProgram, variable_name
 from spectra.operators.data_checks import check_keras_data, graph_errors
 from spectra.operators.engine import BatchCache, Engine, cached_engine, spec_key
-from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
+from spectra.operators.layout import ParameterLayout
 from spectra.operators.memory import (
     PARALLEL_VECTORS,
-    TANGENT_FACTOR,
-    MemoryPlan,
     cache_share,
     default_memory_budget,
     format_bytes,
     sub_block_size,
 )
+from spectra.operators.operator_core import OperatorCore
 from spectra.operators.replicas import Replicas
 
 __all__ = ["CurvatureOperator", "block_size_for"]
@@ -156,7 +155,7 @@ class _Snapshot:
         return [*self.captures[replica], *state, seed, count, *flat_batch]
 
 
-class CurvatureOperator(SymmetricProducts, LinearOperator):
+class CurvatureOperator(OperatorCore):
     """A curvature matrix of a loss as a symmetric ``LinearOperator`` (see subclasses).
 
     A subclass names its :class:`~spectra.operators.curvature.Curvature` in
@@ -549,113 +548,11 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
             batches.synchronize()
 
     # -- memory -----------------------------------------------------------------------
-    @property
-    def max_block_size(self) -> int:
-        """Vectors per sub-block of a ``matmat`` (larger blocks are split; all sub-blocks
-        share one pass over the data).
-
-        An explicit ``max_block_size`` is used as given. Otherwise the largest power of two
-        k ≤ 64 whose product memory (the tangents of the vectors in flight and the block's
-        (k, n) arrays, see :mod:`spectra.operators.memory`) fits memory_budget − snapshot −
-        kept caches − one streamed batch cache (with ``cache=True``, the kept caches count
-        at most their share ``cache_bytes``: beyond it they are over the budget, which the
-        first pass warns about); before the first pass, with no batch measured, only the
-        block's arrays are counted.
-        """
-        if self._block_size_override is not None:
-            return self._block_size_override
-        return sub_block_size(
-            self._per_vector_bytes(),
-            self._block_room(),
-            per_row=self._per_row_bytes(),
-            parallel=self._parallel_vectors(),
-        )
-
-    @max_block_size.setter
-    def max_block_size(self, value: int) -> None:
-        self._block_size_override = check_int("max_block_size", value)
-
-    def _per_vector_bytes(self) -> int:
-        """The tangents of one vector in flight in a product: measured on the first
-        product, else estimated from the largest batch cache."""
-        if self._tangent_bytes is not None:
-            return self._tangent_bytes
-        return int(TANGENT_FACTOR * self._batch_bytes)
-
     def _parallel_vectors(self) -> int:
         """How many vectors of a large block have their tangents alive at once."""
         return self._engine.vectors_in_flight(self._batch_bytes, PARALLEL_VECTORS)
 
-    def _per_row_bytes(self) -> int:
-        """One row of a block product's (k, n) arrays."""
-        return self.shape[0] * self._engine.dtype.size
-
-    def _block_room(self) -> int:
-        streamed = self._batch_bytes if self._num_streamed else 0
-        cached = self.cache_nbytes
-        if self._cache_policy is True:
-            # Caches kept on request beyond their share (cache_bytes) are over the budget
-            # anyway (a warning says so): the products keep the room beside that share.
-            cached = min(cached, self.cache_bytes)
-        return self.memory_budget - self._snapshot_bytes - cached - streamed
-
-    def memory_plan(self, block: int | None = None) -> MemoryPlan:
-        """What this operator holds and will use, in bytes (a :class:`MemoryPlan`).
-
-        ``block``: the number of vectors of the product to plan for (default: a whole
-        sub-block, :attr:`max_block_size`); a larger block runs in sub-blocks. Before the
-        first pass over the data (``loss()``, ``gradient()`` or a product) the batch figures
-        are not known yet (``measured`` is False); afterwards they are the caches measured
-        on that pass. ``peak`` estimates the most the operator and a product add to the
-        memory the model itself holds. Costs nothing (no pass over the data).
-        """
-        block = self.max_block_size if block is None else check_int("block", block)
-        return MemoryPlan(
-            budget=self.memory_budget,
-            snapshot=self._snapshot_bytes,
-            cache_per_batch=self._batch_bytes,
-            cached=self.cache_nbytes,
-            cached_batches=len(self._caches or ()),
-            streamed_batches=self._num_streamed,
-            per_vector=self._per_vector_bytes(),
-            per_row=self._per_row_bytes(),
-            block_size=min(block, self.max_block_size),
-            measured=self._loss is not None,
-            parallel=self._parallel_vectors(),
-            per_vector_measured=self._tangent_bytes is not None,
-            cache_transient=self._cache_transient,
-        )
-
     # -- flat vectors and variables -------------------------------------------------
-    @property
-    def num_examples(self) -> int:
-        """Number of examples N the loss is averaged over (all workers together)."""
-        return self._batches.num_examples
-
-    @property
-    def num_examples_read(self) -> int:
-        """Examples this process has read from the data so far, over all passes."""
-        return self._batches.examples_read
-
-    @property
-    def num_bytes_read(self) -> int:
-        """Bytes of batches this process has read from the data so far, over all passes."""
-        return self._batches.bytes_read
-
-    @property
-    def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self.layout.shapes)
-
-    @property
-    def variable_names(self) -> list[str]:
-        """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self.layout.names)
-
-    @property
-    def curvature(self) -> str:
-        """The kind of matrix (``"hessian"``, ...)."""
-        return self._engine.curvature.name
-
     @property
     def product_path(self) -> str:
         """``"split"`` (cached vector-independent part) or ``"recompute"`` (fallback)."""
@@ -666,41 +563,7 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
         """Why products recompute everything per call (None when the graph is split)."""
         return self._engine.fallback_reason
 
-    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
-        """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        return self.layout.flatten(tensors)
-
-    def unflatten(self, vector: Any) -> list[np.ndarray]:
-        """Split a vector of length n into arrays shaped like the variables."""
-        return self.layout.unflatten(vector)
-
     # -- loss, gradient, caching ----------------------------------------------------
-    def reset_cache(self) -> None:
-        """Drop the cached batch state to free its memory.
-
-        The operator keeps its snapshot: the next use recomputes the same state.
-        """
-        self._caches = None
-        self._cached_index = {}
-        self._num_streamed = 0
-        self._loss = None
-        self._gradient = None
-
-    @property
-    def is_cached(self) -> bool:
-        """True when every batch's vector-independent state is held in memory."""
-        return self._caches is not None and self._num_streamed == 0
-
-    @property
-    def num_cached_batches(self) -> int:
-        """Batches (of this process) whose caches are kept (0 before the first pass)."""
-        return len(self._caches or ())
-
-    @property
-    def num_streamed_batches(self) -> int:
-        """Batches (of this process) recomputed in every pass (0 before the first pass)."""
-        return self._num_streamed
-
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by the kept batch caches (0 when every batch streams)."""
@@ -800,41 +663,7 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
                 stacklevel=2,
             )
 
-    def loss(self) -> float:
-        """The dataset loss L(θ) at the operator's parameters."""
-        self._prepare()
-        assert self._loss is not None
-        return self._loss
-
-    def gradient(self) -> np.ndarray:
-        """The flat gradient ∇L(θ), shape (n,), in the operator's dtype."""
-        self._prepare()
-        assert self._gradient is not None
-        return self._gradient.copy()
-
     # -- products -------------------------------------------------------------------
-    def _validated_block(self, x: Any, name: str) -> np.ndarray:
-        return validated_block(x, self.shape[0], self.dtype, name)
-
-    def matvec(self, x: Any) -> np.ndarray:
-        """C x for a vector x of shape (n,) (or (n, 1))."""
-        return super().matvec(self._validated_block(x, "matvec"))
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """C X for X of shape (n, k): k products in one pass over the data."""
-        X = self._validated_block(X, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().matmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """Cᵀ x = C x (the matrix is symmetric)."""
-        return self.matvec(x)
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """Cᵀ X = C X (the matrix is symmetric)."""
-        return self.matmat(X)
-
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         k = X.shape[1]
         if k == 0:
@@ -968,23 +797,6 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
             f"entries, from {where}) although the weights, the batch losses and gradients "
             f"are finite: the product overflows {self.dtype} for this vector. Scale the "
             "vector down (products are linear) or build the operator with dtype=np.float64."
-        )
-
-    def __repr__(self) -> str:
-        if self._caches is None:
-            mode = "not yet evaluated"
-        elif not self._caches:
-            mode = "streaming"
-        else:
-            total = len(self._caches) + self._num_streamed
-            held = format_bytes(self.cache_nbytes)
-            mode = f"cached {len(self._caches)} of {total} batches ({held})"
-            if self._num_streamed:
-                mode += f", streaming {self._num_streamed}"
-        return (
-            f"<{type(self).__name__} n={self.shape[0]} dtype={self.dtype} "
-            f"variables={len(self._engine.shapes)} examples={self._batches.num_examples} "
-            f"{mode}; {self.num_hvps} products, {self.num_data_passes} data passes>"
         )
 
 

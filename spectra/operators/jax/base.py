@@ -56,15 +56,13 @@ from spectra.operators.jax.data import Batches
 from spectra.operators.jax.engine import Engine, cached_engine, nbytes
 from spectra.operators.jax.models import ModelProgram
 from spectra.operators.keras_data import check_keras_data, describe_inputs
-from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
+from spectra.operators.layout import ParameterLayout
 from spectra.operators.memory import (
-    TANGENT_FACTOR,
-    MemoryPlan,
     cache_share,
     default_memory_budget,
     format_bytes,
-    sub_block_size,
 )
+from spectra.operators.operator_core import OperatorCore
 
 __all__ = ["CurvatureOperator"]
 
@@ -147,7 +145,7 @@ class _CachedBatch(NamedTuple):
     nbytes: int
 
 
-class CurvatureOperator(SymmetricProducts, LinearOperator):
+class CurvatureOperator(OperatorCore):
     """A curvature matrix of a Keras model's loss on JAX, a symmetric ``LinearOperator``.
 
     Built with :meth:`from_keras`; the public attributes and methods are those of the
@@ -162,6 +160,7 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
     engine the operator uses (shared by operators on the same model, loss and options).
     """
 
+    _ENGINE_TAG = " (JAX)"
     #: The matrix this class computes; its ``for_keras`` declares the matrix's keywords.
     curvature_class: ClassVar[type[Curvature]]
     #: The ``seed`` of :meth:`from_keras` when none is given.
@@ -370,6 +369,10 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
         self._cached_index: dict[int, _CachedBatch] = {}
         self._num_streamed = 0
         self._batch_bytes = 0
+        # One vector's tangents are estimated on JAX (TANGENT_FACTOR × a batch's cache):
+        # XLA keeps no allocator statistics on the CPU to measure them.
+        self._tangent_bytes: int | None = None
+        self._cache_transient = 0
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
         dtype = np.dtype(engine.dtype)
@@ -381,98 +384,10 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
         return scope(self.dtype)
 
     # -- memory -----------------------------------------------------------------------
-    @property
-    def max_block_size(self) -> int:
-        """Vectors per sub-block of a ``matmat`` (larger blocks are split; all sub-blocks
-        share one pass over the data).
-
-        An explicit ``max_block_size`` is used as given. Otherwise the largest power of two
-        k ≤ 64 whose product memory (the tangents of the vectors in flight and the block's
-        (k, n) arrays, :mod:`spectra.operators.memory`) fits memory_budget − snapshot −
-        kept caches − one streamed batch cache. With the engine's ``"loop"`` block mode
-        one vector's tangents are alive at a time.
-        """
-        if self._block_size_override is not None:
-            return self._block_size_override
-        return sub_block_size(
-            self._per_vector_bytes(),
-            self._block_room(),
-            per_row=self._per_row_bytes(),
-            parallel=self._parallel_vectors(),
-        )
-
-    @max_block_size.setter
-    def max_block_size(self, value: int) -> None:
-        self._block_size_override = check_int("max_block_size", value)
-
-    def _per_vector_bytes(self) -> int:
-        return int(TANGENT_FACTOR * self._batch_bytes)
-
     def _parallel_vectors(self) -> int:
         return 1 if self._engine.block_mode == "loop" else 64
 
-    def _per_row_bytes(self) -> int:
-        return self.shape[0] * self.dtype.itemsize
-
-    def _block_room(self) -> int:
-        streamed = self._batch_bytes if self._num_streamed else 0
-        cached = self.cache_nbytes
-        if self._cache_policy is True:
-            cached = min(cached, self.cache_bytes)
-        return self.memory_budget - self._snapshot_bytes - cached - streamed
-
-    def memory_plan(self, block: int | None = None) -> MemoryPlan:
-        """What this operator holds and will use, in bytes (a :class:`MemoryPlan`); the
-        batch figures are measured on the first pass over the data (``measured``). One
-        vector's tangents are estimated (:data:`~spectra.operators.memory.TANGENT_FACTOR`
-        times a batch's cache). Costs nothing."""
-        block = self.max_block_size if block is None else check_int("block", block)
-        return MemoryPlan(
-            budget=self.memory_budget,
-            snapshot=self._snapshot_bytes,
-            cache_per_batch=self._batch_bytes,
-            cached=self.cache_nbytes,
-            cached_batches=len(self._caches or ()),
-            streamed_batches=self._num_streamed,
-            per_vector=self._per_vector_bytes(),
-            per_row=self._per_row_bytes(),
-            block_size=min(block, self.max_block_size),
-            measured=self._loss is not None,
-            parallel=self._parallel_vectors(),
-            per_vector_measured=False,
-            cache_transient=0,
-        )
-
     # -- flat vectors and variables ---------------------------------------------------
-    @property
-    def num_examples(self) -> int:
-        """Number of examples N the loss is averaged over."""
-        return self._batches.num_examples
-
-    @property
-    def num_examples_read(self) -> int:
-        """Examples read from the data so far, over all passes."""
-        return self._batches.examples_read
-
-    @property
-    def num_bytes_read(self) -> int:
-        """Bytes of batches read from the data so far, over all passes."""
-        return self._batches.bytes_read
-
-    @property
-    def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self.layout.shapes)
-
-    @property
-    def variable_names(self) -> list[str]:
-        """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self.layout.names)
-
-    @property
-    def curvature(self) -> str:
-        """The kind of matrix (``"hessian"``, ``"ggn"``, ``"fisher-mc"``, ...)."""
-        return self._engine.curvature.name
-
     @property
     def product_path(self) -> str:
         """``"split"``: products from the cached linearization of each batch (the only
@@ -490,39 +405,7 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
         shared by the operators on the same model, loss and options)."""
         return self._engine.num_compiles
 
-    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
-        """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        return self.layout.flatten(tensors)
-
-    def unflatten(self, vector: Any) -> list[np.ndarray]:
-        """Split a vector of length n into arrays shaped like the variables."""
-        return self.layout.unflatten(vector)
-
     # -- loss, gradient, caching ------------------------------------------------------
-    def reset_cache(self) -> None:
-        """Drop the cached batch state to free its memory (the snapshot stays: the next
-        use recomputes the same state)."""
-        self._caches = None
-        self._cached_index = {}
-        self._num_streamed = 0
-        self._loss = None
-        self._gradient = None
-
-    @property
-    def is_cached(self) -> bool:
-        """True when every batch's cache is held in memory."""
-        return self._caches is not None and self._num_streamed == 0
-
-    @property
-    def num_cached_batches(self) -> int:
-        """Batches whose caches are kept (0 before the first pass)."""
-        return len(self._caches or ())
-
-    @property
-    def num_streamed_batches(self) -> int:
-        """Batches recomputed in every pass (0 before the first pass)."""
-        return self._num_streamed
-
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by the kept batch caches (0 when every batch streams)."""
@@ -636,38 +519,7 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
             "out of range, or an overflow in the model."
         )
 
-    def loss(self) -> float:
-        """The dataset loss L(θ) at the operator's parameters."""
-        self._prepare()
-        assert self._loss is not None
-        return self._loss
-
-    def gradient(self) -> np.ndarray:
-        """The flat gradient ∇L(θ), shape (n,), in the operator's dtype."""
-        self._prepare()
-        assert self._gradient is not None
-        return self._gradient.copy()
-
     # -- products -----------------------------------------------------------------------
-    def matvec(self, x: Any) -> np.ndarray:
-        """C x for a vector x of shape (n,) (or (n, 1))."""
-        return super().matvec(validated_block(x, self.shape[0], self.dtype, "matvec"))
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """C X for X of shape (n, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[0], self.dtype, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().matmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """Cᵀ x = C x (the matrix is symmetric)."""
-        return self.matvec(x)
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """Cᵀ X = C X (the matrix is symmetric)."""
-        return self.matmat(X)
-
     def _caches_in_order(self) -> Iterator[tuple[int, float, Any]]:
         """``(index, weight, cache)`` of every batch, the kept caches reused and the others
         computed now (in batch order, so the sums add in the same order whatever is kept)."""
@@ -767,21 +619,4 @@ class CurvatureOperator(SymmetricProducts, LinearOperator):
             f"entries, from {where}) although the weights, the batch losses and gradients "
             f"are finite: the product overflows {self.dtype} for this vector. Scale the "
             "vector down (products are linear) or build the operator with dtype=np.float64."
-        )
-
-    def __repr__(self) -> str:
-        if self._caches is None:
-            mode = "not yet evaluated"
-        elif not self._caches:
-            mode = "streaming"
-        else:
-            total = len(self._caches) + self._num_streamed
-            held = format_bytes(self.cache_nbytes)
-            mode = f"cached {len(self._caches)} of {total} batches ({held})"
-            if self._num_streamed:
-                mode += f", streaming {self._num_streamed}"
-        return (
-            f"<{type(self).__name__} (JAX) n={self.shape[0]} dtype={self.dtype} "
-            f"variables={len(self.layout)} examples={self._batches.num_examples} "
-            f"{mode}; {self.num_hvps} products, {self.num_data_passes} data passes>"
         )
