@@ -171,6 +171,7 @@ JAX_PATH = (
     "spectra._keras_compat",
     "spectra.operators.layout",
     "spectra.operators.operator_core",
+    "spectra.operators.jacobian_core",
     "spectra.operators.losses",
     "spectra.operators.keras_calls",
     "spectra.operators.keras_data",

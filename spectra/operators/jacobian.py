@@ -39,7 +39,8 @@ from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.data_checks import check_input_dtypes, check_input_shapes, graph_errors
 from spectra.operators.engine import spec_key
-from spectra.operators.layout import ParameterLayout, validated_block
+from spectra.operators.jacobian_core import JacobianCore, TransposedJacobianCore
+from spectra.operators.layout import ParameterLayout
 
 __all__ = ["JacobianOperator", "TransposedJacobianOperator"]
 
@@ -241,7 +242,7 @@ def _check_finite_inputs(batch: Any, where: str | None) -> None:
             )
 
 
-class JacobianOperator(LinearOperator):
+class JacobianOperator(JacobianCore):
     """J = ∂z/∂θ, the Jacobian of a Keras model's outputs over a dataset, an (N·C) × n
     ``LinearOperator``.
 
@@ -400,7 +401,9 @@ class JacobianOperator(LinearOperator):
             [str(functions.state_variables[i].path) for i in parameter_indices],
             dtype.as_numpy_dtype,
         )
-        self.num_outputs = sum(int(np.prod(s, dtype=np.int64)) for s in functions.output_shapes)
+        self._output_names = list(functions.output_names)
+        self._output_shapes = list(functions.output_shapes)
+        self.num_outputs = sum(int(np.prod(s, dtype=np.int64)) for s in self._output_shapes)
         self.num_products = 0
         self.num_data_passes = 0
         n = self.layout.size
@@ -408,67 +411,6 @@ class JacobianOperator(LinearOperator):
         LinearOperator.__init__(self, dtype=np.dtype(dtype.as_numpy_dtype), shape=(rows, n))
 
     # -- layouts --------------------------------------------------------------------
-    @property
-    def num_examples(self) -> int:
-        """N, the number of examples of the data."""
-        return self._batches.num_examples
-
-    @property
-    def output_names(self) -> list[str]:
-        """The model's outputs in the order their entries appear within an example."""
-        return list(self._functions.output_names)
-
-    @property
-    def output_shapes(self) -> list[tuple[int, ...]]:
-        """The per-example shape of each output (without the example dimension)."""
-        return list(self._functions.output_shapes)
-
-    @property
-    def variable_names(self) -> list[str]:
-        """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self.layout.names)
-
-    @property
-    def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self.layout.shapes)
-
-    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
-        """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        return self.layout.flatten(tensors)
-
-    def unflatten(self, vector: Any) -> list[np.ndarray]:
-        """Split a vector of length n into arrays shaped like the variables."""
-        return self.layout.unflatten(vector)
-
-    def unflatten_outputs(self, vector: Any) -> list[np.ndarray]:
-        """Split an output-space vector (length N·C) into one array per output, of shape
-        ``(N, *shape)`` with ``shape`` its entry of :attr:`output_shapes`."""
-        u = np.asarray(vector)
-        if u.shape != (self.shape[0],):
-            raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {u.shape}.")
-        per_example = u.reshape(self.num_examples, self.num_outputs)
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in self.output_shapes]
-        pieces = np.split(per_example, np.cumsum(sizes)[:-1], axis=1)
-        return [p.reshape(self.num_examples, *s) for p, s in zip(pieces, self.output_shapes)]
-
-    def flatten_outputs(self, arrays: Sequence[Any]) -> np.ndarray:
-        """The inverse of :meth:`unflatten_outputs`: one array of shape ``(N, *shape)`` per
-        output into an output-space vector (length N·C)."""
-        arrays = list(arrays)
-        if len(arrays) != len(self.output_shapes):
-            raise ValueError(
-                f"expected {len(self.output_shapes)} arrays (one per output), got {len(arrays)}."
-            )
-        parts = []
-        for name, a, shape in zip(self.output_names, arrays, self.output_shapes):
-            a = np.asarray(a)
-            if a.shape != (self.num_examples, *shape):
-                raise ValueError(
-                    f"output {name!r}: expected shape {(self.num_examples, *shape)}, got {a.shape}."
-                )
-            parts.append(a.reshape(self.num_examples, -1))
-        return np.concatenate(parts, axis=1).reshape(-1).astype(self.dtype, copy=False)
-
     # -- the data pass ----------------------------------------------------------------
     def _batches_in_order(self) -> Any:
         """``(index, x, n_b, first row)`` for each batch, in the data's order."""
@@ -502,34 +444,6 @@ class JacobianOperator(LinearOperator):
         return np.concatenate(rows)
 
     # -- products ---------------------------------------------------------------------
-    def matvec(self, x: Any) -> np.ndarray:
-        """J v for a parameter vector v of shape (n,) (or (n, 1))."""
-        return super().matvec(validated_block(x, self.shape[1], self.dtype, "matvec"))
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """J V for V of shape (n, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[1], self.dtype, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[1]}, k).")
-        return super().matmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """Jᵀ u for an output-space vector u of shape (N·C,) (or (N·C, 1))."""
-        return super().rmatvec(validated_block(x, self.shape[0], self.dtype, "rmatvec"))
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """Jᵀ U for U of shape (N·C, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[0], self.dtype, "rmatmat")
-        if X.ndim != 2:
-            raise ValueError(f"rmatmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().rmatmat(X)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self._rmatmat(np.reshape(x, (-1, 1))).reshape(-1)
-
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         k = X.shape[1]
         if k == 0:
@@ -568,77 +482,13 @@ class JacobianOperator(LinearOperator):
         self.num_data_passes += 1
         return np.ascontiguousarray(total.T).astype(self.dtype, copy=False)
 
-    def _transpose(self) -> TransposedJacobianOperator:
-        return TransposedJacobianOperator(self)
 
-    def _adjoint(self) -> TransposedJacobianOperator:
-        return TransposedJacobianOperator(self)
+class TransposedJacobianOperator(TransposedJacobianCore):
+    """Jᵀ, an n × (N·C) ``LinearOperator``: ``J.T`` of a :class:`JacobianOperator`
+    (:class:`~spectra.operators.jacobian_core.TransposedJacobianCore`)."""
 
-    def __repr__(self) -> str:
-        return (
-            f"<JacobianOperator shape={self.shape} dtype={self.dtype} examples="
-            f"{self.num_examples} outputs per example={self.num_outputs}; "
-            f"{self.num_products} products, {self.num_data_passes} data passes>"
-        )
+    _ENGINE_TAG = ""
+    _JACOBIAN = JacobianOperator
 
 
-class TransposedJacobianOperator(LinearOperator):
-    """Jᵀ, an n × (N·C) ``LinearOperator``: ``J.T`` of a :class:`JacobianOperator`.
-
-    Jᵀ u = Σ_i J_iᵀ u_i maps an output-space vector (one entry per example and output
-    entry, in the row order of J) to the parameter space: one VJP per batch, a block of k
-    vectors in one pass over the data. Its transpose (``.T``) is the Jacobian again; it
-    shares the Jacobian's snapshot, data and counters.
-    """
-
-    def __init__(self, jacobian: JacobianOperator) -> None:
-        if not isinstance(jacobian, JacobianOperator):
-            raise TypeError(
-                f"jacobian must be a JacobianOperator; got {type(jacobian).__name__}. Build "
-                "one with JacobianOperator.from_keras(model, data) and take its .T."
-            )
-        self.jacobian = jacobian
-        rows, columns = jacobian.shape
-        super().__init__(dtype=jacobian.dtype, shape=(columns, rows))
-
-    @classmethod
-    def from_keras(cls, model: Any, data: Any, **kwargs: Any) -> TransposedJacobianOperator:
-        """``JacobianOperator.from_keras(model, data, **kwargs).T``."""
-        return cls(JacobianOperator.from_keras(model, data, **kwargs))
-
-    def matvec(self, x: Any) -> np.ndarray:
-        """Jᵀ u for u of shape (N·C,)."""
-        return self.jacobian.rmatvec(x)
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """Jᵀ U for U of shape (N·C, k), in one pass over the data."""
-        return self.jacobian.rmatmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """J v for v of shape (n,)."""
-        return self.jacobian.matvec(x)
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """J V for V of shape (n, k)."""
-        return self.jacobian.matmat(X)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.jacobian._rmatvec(x)
-
-    def _matmat(self, X: np.ndarray) -> np.ndarray:
-        return self.jacobian._rmatmat(X)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self.jacobian._matvec(x)
-
-    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
-        return self.jacobian._matmat(X)
-
-    def _transpose(self) -> JacobianOperator:
-        return self.jacobian
-
-    def _adjoint(self) -> JacobianOperator:
-        return self.jacobian
-
-    def __repr__(self) -> str:
-        return f"<TransposedJacobianOperator shape={self.shape} dtype={self.dtype}>"
+JacobianOperator._TRANSPOSE = TransposedJacobianOperator

@@ -30,11 +30,12 @@ from scipy.sparse.linalg import LinearOperator
 from spectra import _jax_compat
 from spectra._validation import check_bool
 from spectra.operators import keras_calls
+from spectra.operators.jacobian_core import JacobianCore, TransposedJacobianCore
 from spectra.operators.jax.base import scope, snapshot_values
 from spectra.operators.jax.data import Batches, map_structure
 from spectra.operators.jax.engine import Compiled
 from spectra.operators.keras_data import check_finite_inputs, check_input_dtypes, check_input_shapes
-from spectra.operators.layout import ParameterLayout, validated_block
+from spectra.operators.layout import ParameterLayout
 from spectra.operators.losses import dtype_name, output_entries
 
 __all__ = ["JacobianOperator", "TransposedJacobianOperator"]
@@ -150,7 +151,7 @@ def _check_finite_inputs(batch: Any, where: str | None) -> None:
     check_finite_inputs(_inputs_of(batch), where=where)
 
 
-class JacobianOperator(LinearOperator):
+class JacobianOperator(JacobianCore):
     """J = ∂z/∂θ, the Jacobian of a Keras model's outputs over a dataset on JAX, an
     (N·C) × n ``LinearOperator``.
 
@@ -248,70 +249,10 @@ class JacobianOperator(LinearOperator):
 
     # -- layouts --------------------------------------------------------------------
     @property
-    def num_examples(self) -> int:
-        """N, the number of examples of the data."""
-        return self._batches.num_examples
-
-    @property
-    def output_names(self) -> list[str]:
-        """The model's outputs in the order their entries appear within an example."""
-        return list(self._output_names)
-
-    @property
-    def output_shapes(self) -> list[tuple[int, ...]]:
-        """The per-example shape of each output (without the example dimension)."""
-        return list(self._output_shapes)
-
-    @property
-    def variable_names(self) -> list[str]:
-        """Names (Keras paths) of the parameter blocks, in the flat vector's order."""
-        return list(self.layout.names)
-
-    @property
-    def variable_shapes(self) -> list[tuple[int, ...]]:
-        return list(self.layout.shapes)
-
-    @property
     def num_compiles(self) -> int:
         """Compilations of the operator's functions (one per function and batch shape)."""
         f = self._functions
         return f.outputs.num_compiles + f.jvp.num_compiles + f.vjp.num_compiles
-
-    def flatten(self, tensors: Sequence[Any]) -> np.ndarray:
-        """Concatenate per-variable arrays (row-major) into one vector of length n."""
-        return self.layout.flatten(tensors)
-
-    def unflatten(self, vector: Any) -> list[np.ndarray]:
-        """Split a vector of length n into arrays shaped like the variables."""
-        return self.layout.unflatten(vector)
-
-    def unflatten_outputs(self, vector: Any) -> list[np.ndarray]:
-        """Split an output-space vector (length N·C) into one array per output, of shape
-        ``(N, *shape)``."""
-        u = np.asarray(vector)
-        if u.shape != (self.shape[0],):
-            raise ValueError(f"expected a vector of shape ({self.shape[0]},), got {u.shape}.")
-        per_example = u.reshape(self.num_examples, self.num_outputs)
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in self.output_shapes]
-        pieces = np.split(per_example, np.cumsum(sizes)[:-1], axis=1)
-        return [p.reshape(self.num_examples, *s) for p, s in zip(pieces, self.output_shapes)]
-
-    def flatten_outputs(self, arrays: Sequence[Any]) -> np.ndarray:
-        """The inverse of :meth:`unflatten_outputs`."""
-        arrays = list(arrays)
-        if len(arrays) != len(self.output_shapes):
-            raise ValueError(
-                f"expected {len(self.output_shapes)} arrays (one per output), got {len(arrays)}."
-            )
-        parts = []
-        for name, a, shape in zip(self.output_names, arrays, self.output_shapes):
-            a = np.asarray(a)
-            if a.shape != (self.num_examples, *shape):
-                raise ValueError(
-                    f"output {name!r}: expected shape {(self.num_examples, *shape)}, got {a.shape}."
-                )
-            parts.append(a.reshape(self.num_examples, -1))
-        return np.concatenate(parts, axis=1).reshape(-1).astype(self.dtype, copy=False)
 
     # -- the data pass ----------------------------------------------------------------
     def _batches_in_order(self) -> Any:
@@ -344,34 +285,6 @@ class JacobianOperator(LinearOperator):
         return np.concatenate(rows)
 
     # -- products ---------------------------------------------------------------------
-    def matvec(self, x: Any) -> np.ndarray:
-        """J v for a parameter vector v of shape (n,) (or (n, 1))."""
-        return super().matvec(validated_block(x, self.shape[1], self.dtype, "matvec"))
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """J V for V of shape (n, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[1], self.dtype, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[1]}, k).")
-        return super().matmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """Jᵀ u for an output-space vector u of shape (N·C,) (or (N·C, 1))."""
-        return super().rmatvec(validated_block(x, self.shape[0], self.dtype, "rmatvec"))
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """Jᵀ U for U of shape (N·C, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[0], self.dtype, "rmatmat")
-        if X.ndim != 2:
-            raise ValueError(f"rmatmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().rmatmat(X)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self._rmatmat(np.reshape(x, (-1, 1))).reshape(-1)
-
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         k = X.shape[1]
         if k == 0:
@@ -409,73 +322,13 @@ class JacobianOperator(LinearOperator):
         self.num_data_passes += 1
         return total.astype(self.dtype, copy=False)
 
-    def _transpose(self) -> TransposedJacobianOperator:
-        return TransposedJacobianOperator(self)
 
-    def _adjoint(self) -> TransposedJacobianOperator:
-        return TransposedJacobianOperator(self)
+class TransposedJacobianOperator(TransposedJacobianCore):
+    """Jᵀ of a :class:`JacobianOperator` on JAX
+    (:class:`~spectra.operators.jacobian_core.TransposedJacobianCore`)."""
 
-    def __repr__(self) -> str:
-        return (
-            f"<JacobianOperator (JAX) shape={self.shape} dtype={self.dtype} examples="
-            f"{self.num_examples} outputs per example={self.num_outputs}; "
-            f"{self.num_products} products, {self.num_data_passes} data passes>"
-        )
+    _ENGINE_TAG = " (JAX)"
+    _JACOBIAN = JacobianOperator
 
 
-class TransposedJacobianOperator(LinearOperator):
-    """Jᵀ, an n × (N·C) ``LinearOperator``: ``J.T`` of a :class:`JacobianOperator`
-    (Jᵀ u = Σ_i J_iᵀ u_i; its transpose is the Jacobian again, sharing its snapshot, data
-    and counters)."""
-
-    def __init__(self, jacobian: JacobianOperator) -> None:
-        if not isinstance(jacobian, JacobianOperator):
-            raise TypeError(
-                f"jacobian must be a JacobianOperator; got {type(jacobian).__name__}. Build "
-                "one with JacobianOperator.from_keras(model, data) and take its .T."
-            )
-        self.jacobian = jacobian
-        rows, columns = jacobian.shape
-        super().__init__(dtype=jacobian.dtype, shape=(columns, rows))
-
-    @classmethod
-    def from_keras(cls, model: Any, data: Any, **kwargs: Any) -> TransposedJacobianOperator:
-        """``JacobianOperator.from_keras(model, data, **kwargs).T``."""
-        return cls(JacobianOperator.from_keras(model, data, **kwargs))
-
-    def matvec(self, x: Any) -> np.ndarray:
-        """Jᵀ u for u of shape (N·C,)."""
-        return self.jacobian.rmatvec(x)
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """Jᵀ U for U of shape (N·C, k), in one pass over the data."""
-        return self.jacobian.rmatmat(X)
-
-    def rmatvec(self, x: Any) -> np.ndarray:
-        """J v for v of shape (n,)."""
-        return self.jacobian.matvec(x)
-
-    def rmatmat(self, X: Any) -> np.ndarray:
-        """J V for V of shape (n, k)."""
-        return self.jacobian.matmat(X)
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.jacobian._rmatvec(x)
-
-    def _matmat(self, X: np.ndarray) -> np.ndarray:
-        return self.jacobian._rmatmat(X)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self.jacobian._matvec(x)
-
-    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
-        return self.jacobian._matmat(X)
-
-    def _transpose(self) -> JacobianOperator:
-        return self.jacobian
-
-    def _adjoint(self) -> JacobianOperator:
-        return self.jacobian
-
-    def __repr__(self) -> str:
-        return f"<TransposedJacobianOperator (JAX) shape={self.shape} dtype={self.dtype}>"
+JacobianOperator._TRANSPOSE = TransposedJacobianOperator
