@@ -103,8 +103,9 @@ lint: ruff-check format-check typecheck
 docs: $(VENV)/.installed-dev
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs $(OUT)/site
 
-bench: $(VENV)/.installed-bench
+bench: $(VENV)/.installed-bench $(JAX_VENV)/.installed-jax
 	$(BIN)/python benchmarks/hvp_speed.py
+	$(BIN)/python benchmarks/backends.py --jax-python $(JAX_BIN)/python --json $(OUT)/backends.json
 	$(BIN)/python benchmarks/zoo_speed.py
 	$(BIN)/python benchmarks/estimators_digits.py
 	$(BIN)/python benchmarks/pyhessian_compare.py
