@@ -44,14 +44,6 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
   memory plan then uses the host's memory).
 * :func:`model_distribute_strategy` reads the strategy a Keras model was built under
   (``Model._distribute_strategy``); fallback: the strategy in scope.
-* :func:`optimizer_slots` reads the per-variable state of a Keras optimizer (Adam's second
-  moments, ...) from its private slot lists (``_velocities``, ``_velocity_hats``,
-  ``_average_gradients``, ``_accumulators``), indexed by ``_get_variable_index``, checked
-  with Keras 3.15; fallback: the public ``optimizer.variables``, found by the names Keras
-  gives them (``{variable path with '/' as '_'}_{slot}``, ``add_variable_from_reference``).
-
-Keras' backend-independent internals (its layers, seed states, functional structure,
-loss keyword arguments) are read by :mod:`spectra._keras_compat`, for both engines.
 * :func:`graph_captures` lists the tensors a traced graph captured from outside, as
   ``(external, internal placeholder)`` pairs (``FuncGraph.captures``); fallback: the
   graph's ``external_captures`` and ``internal_captures`` side by side.
@@ -63,16 +55,19 @@ loss keyword arguments) are read by :mod:`spectra._keras_compat`, for both engin
   cross-entropies read instead of the probabilities (the ``_keras_logits`` attribute
   Keras sets on the activation's output); fallback: the input of a ``Softmax`` or
   ``Sigmoid`` op.
+
+Keras' backend-independent internals (its layers, seed states, functional structure,
+loss keyword arguments, optimizer state) are read by :mod:`spectra._keras_compat`, for
+both engines.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 SUPPORTED_TENSORFLOW = ">=2.16,<2.22"
@@ -362,106 +357,6 @@ def model_distribute_strategy(model: Any) -> tf.distribute.Strategy | None:
     if isinstance(strategy, tf.distribute.Strategy):
         return strategy
     return None
-
-
-# Keras 3 optimizers' per-variable state: the private slot list and the name Keras gives
-# each slot variable, per optimizer class (Adam's ``_velocity_hats`` exist with amsgrad,
-# RMSprop's ``_average_gradients`` with centered=True).
-OPTIMIZER_SLOTS: Mapping[str, Mapping[str, str]] = {
-    "Adam": {"_velocities": "velocity", "_velocity_hats": "velocity_hat"},
-    "AdamW": {"_velocities": "velocity", "_velocity_hats": "velocity_hat"},
-    "RMSprop": {"_velocities": "velocity", "_average_gradients": "average_gradient"},
-    "Adagrad": {"_accumulators": "accumulator"},
-}
-
-
-def optimizer_slots(
-    optimizer: Any, variables: Sequence[Any], kind: str
-) -> dict[str, list[np.ndarray]]:
-    """Per-variable float64 copies of the state of a ``kind`` optimizer (a key of
-    :data:`OPTIMIZER_SLOTS`) for ``variables``: ``{slot list name: [array shaped like
-    variable i, ...]}``, leaving out the slots it does not have.
-
-    A variable is found by identity (Keras' own key), else by its ``path`` among the
-    variables the optimizer was built on (a float64 clone, a model rebuilt with the same
-    names). Raises ValueError for a variable the optimizer does not track.
-    """
-    slots = OPTIMIZER_SLOTS[kind]
-    private = hasattr(optimizer, "_get_variable_index") and any(
-        hasattr(optimizer, attribute) for attribute in slots
-    )
-    if private:
-        return _private_slots(optimizer, variables, slots)
-    return _slots_by_name(optimizer, variables, slots)
-
-
-def _untracked(optimizer: Any, variable: Any) -> ValueError:
-    name = getattr(variable, "path", None) or getattr(variable, "name", repr(variable))
-    return ValueError(
-        f"variable {name!r} is not tracked by the optimizer {type(optimizer).__name__}: "
-        "build the operator on the variables the optimizer trains (e.g. "
-        "model.trainable_variables of the same model)"
-    )
-
-
-def _as_array(value: Any, variable: Any) -> np.ndarray:
-    return np.asarray(value.numpy(), dtype=np.float64).reshape(tuple(variable.shape))
-
-
-def _private_slots(
-    optimizer: Any, variables: Sequence[Any], slots: Mapping[str, str]
-) -> dict[str, list[np.ndarray]]:
-    tracked = list(getattr(optimizer, "_trainable_variables", []))
-    indices = []
-    for variable in variables:
-        try:
-            index = optimizer._get_variable_index(variable)
-        except (KeyError, AttributeError):
-            path = getattr(variable, "path", None)
-            same = [
-                i
-                for i, candidate in enumerate(tracked)
-                if path is not None
-                and getattr(candidate, "path", None) == path
-                and tuple(candidate.shape) == tuple(variable.shape)
-            ]
-            if len(same) != 1:
-                raise _untracked(optimizer, variable) from None
-            index = same[0]
-        indices.append(index)
-    found = {}
-    for attribute in slots:
-        values = getattr(optimizer, attribute, None)
-        if values:
-            found[attribute] = [_as_array(values[i], v) for i, v in zip(indices, variables)]
-    return found
-
-
-def _slots_by_name(
-    optimizer: Any, variables: Sequence[Any], slots: Mapping[str, str]
-) -> dict[str, list[np.ndarray]]:
-    by_name: dict[str, list[Any]] = {}
-    for candidate in optimizer.variables:
-        name = str(getattr(candidate, "name", "")).removesuffix(":0").rpartition("/")[2]
-        by_name.setdefault(name, []).append(candidate)
-    found: dict[str, list[np.ndarray]] = {}
-    for attribute, slot in slots.items():
-        values: list[np.ndarray | None] = []
-        for variable in variables:
-            path = getattr(variable, "path", None)
-            matches = [] if path is None else by_name.get(f"{path.replace('/', '_')}_{slot}", [])
-            matches = [m for m in matches if tuple(m.shape) == tuple(variable.shape)]
-            values.append(_as_array(matches[0], variable) if len(matches) == 1 else None)
-        missing = [v for v, value in zip(variables, values) if value is None]
-        if len(missing) == len(variables):
-            continue  # a slot this optimizer does not have
-        if missing:
-            raise _untracked(optimizer, missing[0])
-        found[attribute] = [value for value in values if value is not None]
-    names = list(by_name)
-    if not found and variables and any(n.endswith(f"_{s}") for n in names for s in slots.values()):
-        raise _untracked(optimizer, variables[0])  # it has state, but for other variables
-    return found
 
 
 def graph_captures(graph: Any) -> list[tuple[Any, tf.Tensor]]:

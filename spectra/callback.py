@@ -14,11 +14,15 @@ hovers there, the *edge of stability* (Cohen, Kaur, Li, Kolter & Talwalkar, ICLR
 full-batch Adam the preconditioned sharpness does so at (2 + 2β₁)/((1 − β₁)η) (Cohen et al.
 2022). The threshold of the model's optimizer (:mod:`spectra.analysis.stability`) is recorded with
 each measurement.
+
+On Keras' JAX backend the operator is the JAX engine's (:mod:`spectra.operators.jax`) and
+the callback needs no TensorFlow, except for TensorBoard logs (``log_dir``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import warnings
@@ -28,7 +32,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from spectra._format import plus_minus
 from spectra._validation import (
@@ -50,6 +53,7 @@ from spectra.analysis.trajectory import (
 from spectra.io.files import atomic_write_json, prepare_directory
 from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 from spectra.operators import HessianOperator
+from spectra.operators.losses import dtype_name
 
 __all__ = ["SharpnessCallback"]
 
@@ -256,6 +260,13 @@ class SharpnessCallback(keras.callbacks.Callback):
         self.seed = int(seed)
         self.preconditioned = bool(preconditioned)
         self.gradient_overlap = bool(gradient_overlap)
+        if log_dir is not None and importlib.util.find_spec("tensorflow") is None:
+            raise ValueError(
+                "log_dir: TensorBoard event files are written with TensorFlow's tf.summary, "
+                "and TensorFlow is not installed (Keras runs on "
+                f"{keras.backend.backend()}). Install tensorflow (the CPU wheel is enough) "
+                "for log_dir, or use log_file=..., a JSON file of the same measurements."
+            )
         self._events = None if log_dir is None else SharpnessEvents(log_dir)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.log_file = None if log_file is None else os.fspath(log_file)
@@ -476,7 +487,7 @@ class SharpnessCallback(keras.callbacks.Callback):
             "every": self.every,
             "loss": None if loss is None else loss_name(loss),
             "batch_size": self.batch_size,
-            "dtype": None if self.dtype is None else tf.as_dtype(self.dtype).name,
+            "dtype": None if self.dtype is None else dtype_name(self.dtype),
             **self.settings.numbers(),
             "warm_start": self.settings.warm_start,
             "preconditioned": self.preconditioned,

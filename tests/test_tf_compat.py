@@ -190,8 +190,8 @@ def test_optimizer_slots_and_their_fallback(rng, make):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(x) - y) ** 2)
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    primary = _tf_compat.optimizer_slots(optimizer, variables, kind)
-    fallback = _tf_compat.optimizer_slots(_PublicOptimizer(optimizer), variables, kind)
+    primary = _keras_compat.optimizer_slots(optimizer, variables, kind)
+    fallback = _keras_compat.optimizer_slots(_PublicOptimizer(optimizer), variables, kind)
     expected = {"Adagrad": 1, "RMSprop": 2}.get(kind) or (2 if optimizer.amsgrad else 1)
     assert len(primary) == expected and primary.keys() == fallback.keys()
     for name in primary:
@@ -205,7 +205,7 @@ def test_optimizer_slots_and_their_fallback(rng, make):
     stranger = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="elsewhere")])
     for seen in (optimizer, _PublicOptimizer(optimizer)):
         with pytest.raises(ValueError, match="'sequential.*elsewhere/kernel' is not tracked"):
-            _tf_compat.optimizer_slots(seen, stranger.trainable_variables, kind)
+            _keras_compat.optimizer_slots(seen, stranger.trainable_variables, kind)
 
 
 def _multi_io_model():

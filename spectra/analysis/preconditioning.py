@@ -24,7 +24,7 @@ with β₂ = 0.999 — the formulas here use the exact values):
 A ``LossScaleOptimizer`` is unwrapped. The state is read when the operator is built: a
 later training step does not change it (the operator is the matrix at the state it was
 built with). Keras keeps that state in private attributes of its optimizers; reading it is
-:func:`spectra._tf_compat.optimizer_slots`, with a fallback through the public
+:func:`spectra._keras_compat.optimizer_slots`, with a fallback through the public
 ``optimizer.variables``.
 
 Cost: a product of the preconditioned operator is one product of the wrapped one (one
@@ -48,7 +48,7 @@ __all__ = ["PreconditionedOperator", "preconditioned", "preconditioner_diagonal"
 # -- P from an optimizer -----------------------------------------------------------------------
 def _supported_optimizer(optimizer: Any) -> Any:
     """The optimizer to read (a LossScaleOptimizer's inner one), after the clear errors."""
-    from spectra._tf_compat import OPTIMIZER_SLOTS
+    from spectra._keras_compat import OPTIMIZER_SLOTS
 
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     kind = type(optimizer).__name__
@@ -85,7 +85,7 @@ def preconditioner_diagonal(
     eps = float(optimizer.epsilon if epsilon is None else epsilon)
     if not eps >= 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
-    from spectra._tf_compat import optimizer_slots
+    from spectra._keras_compat import optimizer_slots
 
     slots = optimizer_slots(optimizer, variables, kind)
 
@@ -95,7 +95,7 @@ def preconditioner_diagonal(
 
             raise RuntimeError(
                 f"cannot find the {kind} state {name!r} in Keras {keras.__version__} (read "
-                "for Keras 3.15, see spectra._tf_compat.optimizer_slots): pass P's "
+                "for Keras 3.15, see spectra._keras_compat.optimizer_slots): pass P's "
                 "diagonal as an array instead"
             )
         return slots[name]

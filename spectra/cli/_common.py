@@ -392,7 +392,7 @@ def _show_warnings(args: argparse.Namespace, caught: Sequence[warnings.WarningMe
             Console(args).warn(text)
 
 
-# The optimizers whose state gives --preconditioned its P (spectra._tf_compat.OPTIMIZER_SLOTS,
+# The optimizers whose state gives --preconditioned its P (spectra._keras_compat.OPTIMIZER_SLOTS,
 # named here so that checking a recorded optimizer needs no TensorFlow).
 PRECONDITIONED_OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "Adagrad")
 

@@ -378,7 +378,7 @@ def test_preconditioned_lion_is_refused_before_a_checkpoint_is_blamed(small, tmp
 
 
 def test_the_supported_optimizers_are_those_spectra_reads():
-    from spectra._tf_compat import OPTIMIZER_SLOTS
+    from spectra._keras_compat import OPTIMIZER_SLOTS
     from spectra.cli._common import PRECONDITIONED_OPTIMIZERS
 
     assert tuple(OPTIMIZER_SLOTS) == PRECONDITIONED_OPTIMIZERS
