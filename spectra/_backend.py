@@ -40,7 +40,7 @@ BACKEND_NAMES = frozenset(
 )
 
 #: Public names that run on the TensorFlow backend only, for now.
-TENSORFLOW_ONLY = frozenset({"EKFACOperator", "KFACOperator", "loss_landscape", "random_direction"})
+TENSORFLOW_ONLY = frozenset({"EKFACOperator", "KFACOperator"})
 
 
 def configured_backend() -> str:

@@ -23,12 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
+from spectra._backend import keras_backend
 from spectra.analysis.landscape_result import LandscapeResult
-from spectra.operators import keras_models
-from spectra.operators.batching import Batches
-from spectra.operators.data_checks import graph_errors
+from spectra.operators import keras_calls
 
 __all__ = ["LandscapeResult", "loss_landscape", "random_direction"]
 
@@ -114,7 +112,7 @@ def loss_landscape(
     are read, never assigned.
     """
     started = time.perf_counter()
-    keras_models.check_model(model)
+    keras_calls.check_model(model)
     alphas = _as_steps("alphas", alphas)
     betas = None if betas is None else _as_steps("betas", betas)
     if not directions:
@@ -123,7 +121,8 @@ def loss_landscape(
         raise ValueError(
             f"a 2-D landscape (betas given) needs exactly two directions; got {len(directions)}."
         )
-    evaluate, size, target = _compile_loss(
+    compile_loss = _jax_loss if keras_backend() == "jax" else _compile_loss
+    evaluate, size, target = compile_loss(
         model, loss, data, batch_size, variables, training, include_regularization, dtype
     )
     vectors = {str(label): _as_direction(label, d, size) for label, d in directions.items()}
@@ -154,7 +153,7 @@ def loss_landscape(
         wall_time=time.perf_counter() - started,
         settings={
             "dimension": size,
-            "dtype": target.name,
+            "dtype": np.dtype(target).name,
             "training": bool(training),
             "include_regularization": bool(include_regularization),
             "batch_size": batch_size,
@@ -201,10 +200,11 @@ class _ShiftedModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def shift(self, deltas: list[tf.Tensor]) -> None:
+    def shift(self, deltas: list[Any]) -> None:
         """Use ``variable + delta`` for the k-th shifted variable, the value for the others."""
+        import tensorflow as tf
 
-        def values(group: list[Any]) -> list[tf.Tensor]:
+        def values(group: list[Any]) -> list[Any]:
             out = []
             for variable in group:
                 value = tf.convert_to_tensor(variable.value)
@@ -219,13 +219,17 @@ class _ShiftedModel:
 class _LossAtPerturbation:
     """``evaluate(delta) -> L(θ + delta)`` over all batches, via one compiled function."""
 
-    def __init__(self, function: Any, batches: Batches, dtype: tf.DType) -> None:
+    def __init__(self, function: Any, batches: Any, dtype: Any) -> None:
         self._function = function
         self._batches = list(batches)
         self._dtype = dtype
         self.num_examples = batches.num_examples
 
     def __call__(self, delta: np.ndarray) -> float:
+        import tensorflow as tf
+
+        from spectra.operators.data_checks import graph_errors
+
         perturbation = tf.constant(delta, self._dtype)
         total = 0.0
         for index, (batch, weight) in enumerate(self._batches):
@@ -246,11 +250,16 @@ def _compile_loss(
     training: bool,
     include_regularization: bool,
     dtype: Any,
-) -> tuple[_LossAtPerturbation, int, tf.DType]:
-    """The loss as a function of a flat perturbation, its length n, and the dtype used.
-
-    The model, dtype and loss are resolved as in :meth:`HessianOperator.from_keras`.
+) -> tuple[_LossAtPerturbation, int, np.dtype]:
+    """The loss as a function of a flat perturbation, its length n, and the dtype used, on
+    TensorFlow. The model, dtype and loss are resolved as in
+    :meth:`HessianOperator.from_keras`.
     """
+    import tensorflow as tf
+
+    from spectra.operators import keras_models
+    from spectra.operators.batching import Batches
+
     _, positions, target = keras_models.resolve_variables_and_dtype(model, variables, dtype)
     run_model = keras_models.model_in_dtype(model, target)
     shifted_variables = [run_model.weights[i] for i in positions]
@@ -276,4 +285,48 @@ def _compile_loss(
         shifted_model.shift([tf.reshape(p, shape) for p, shape in zip(pieces, shapes)])
         return loss_fn(batch, num_examples)
 
-    return _LossAtPerturbation(batch_loss, batches, target), sum(sizes), target
+    evaluate = _LossAtPerturbation(batch_loss, batches, target)
+    return evaluate, sum(sizes), np.dtype(target.as_numpy_dtype)
+
+
+class _OperatorLoss:
+    """``evaluate(delta) -> L(θ + delta)`` through an operator's ``loss_at`` (the JAX
+    engine's), with ``num_examples`` as :class:`_LossAtPerturbation` has it."""
+
+    def __init__(self, operator: Any) -> None:
+        self._operator = operator
+        self.num_examples = operator.num_examples
+
+    def __call__(self, delta: np.ndarray) -> float:
+        return self._operator.loss_at(delta)
+
+
+def _jax_loss(
+    model: Any,
+    loss: Any,
+    data: Any,
+    batch_size: int | None,
+    variables: Sequence[Any] | None,
+    training: bool,
+    include_regularization: bool,
+    dtype: Any,
+) -> tuple[_OperatorLoss, int, np.dtype]:
+    """As :func:`_compile_loss`, on Keras' JAX backend: the loss of a JAX
+    :class:`~spectra.operators.jax.HessianOperator` built with the same keywords (no
+    compilation or data pass until the first point; ``seed=None``, so that Dropout in
+    training mode draws from the model's own seed generator states, as on TensorFlow)."""
+    from spectra.operators.jax import HessianOperator
+
+    operator = HessianOperator.from_keras(
+        model,
+        loss,
+        data,
+        variables=variables,
+        batch_size=batch_size,
+        training=training,
+        include_regularization=include_regularization,
+        dtype=dtype,
+        seed=None,
+        cache=False,
+    )
+    return _OperatorLoss(operator), operator.shape[0], np.dtype(operator.dtype)

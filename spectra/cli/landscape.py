@@ -178,15 +178,6 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from spectra._backend import configured_backend
-
-    backend = configured_backend()
-    if backend != "tensorflow":
-        raise UserError(
-            f"spectra landscape needs Keras' TensorFlow backend (KERAS_BACKEND={backend}: "
-            "the loss landscape is not computed on the JAX engine yet); run it with "
-            "KERAS_BACKEND=tensorflow. analyze and sharpness run on either backend."
-        )
     if args.directions == 2 and args.points < 3:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
     check_cost(args)
@@ -291,12 +282,10 @@ def _seeded_float64_copy(model: Any, seed: int) -> Any:
     with its seed generator states set from ``seed``: a copy rebuilt from the config gets
     fresh random states, which in training mode would give other Dropout masks in every
     process."""
-    import tensorflow as tf
-
-    from spectra.operators import keras_models
+    from spectra.operators import keras_calls
 
     with user_errors():
-        copy = keras_models.model_in_dtype(model, tf.float64)
+        copy = keras_calls.model_in_dtype(model, "float64")
     seed_generator_states(copy, seed)
     return copy
 

@@ -83,9 +83,21 @@ def test_sharpness_under_jax_matches_the_committed_run_s_independent_float64_val
         assert entry["loss"] == pytest.approx(reference["loss"], rel=1e-6)
 
 
-def test_landscape_is_refused_in_one_line_under_jax(tmp_path, capsys):
+def test_landscape_under_jax_runs_and_its_curves_pass_through_the_loss(tmp_path, capsys):
+    """spectra landscape of the example checkpoint (its loss values against the dense
+    truth: tests/jax_engine/test_jax_landscape.py): every curve passes through the
+    checkpoint's loss at α = 0 and rises along v1."""
+    out = tmp_path / "out"
     args = ["landscape", str(DATA / "digits_mlp.keras"), "--data", str(DATA / "digits.npz")]
-    assert main([*args, "--out", str(tmp_path / "out")]) == 2
-    error = capsys.readouterr().err
-    assert "needs Keras' TensorFlow backend" in error and "KERAS_BACKEND=jax" in error
-    assert not (tmp_path / "out").exists()
+    args += ["--loss", "sparse_categorical_crossentropy", "--points", "5", "--quiet"]
+    assert main([*args, "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = json.loads((out / "landscape.json").read_text())
+    curves, base = report["curves"], report["curves"]["base_loss"]
+    assert base == pytest.approx(0.020626, rel=1e-4)  # the loss make run prints
+    middle = len(curves["alphas"]) // 2
+    assert curves["alphas"][middle] == 0.0
+    for label, losses in curves["losses"].items():
+        assert losses[middle] == pytest.approx(base, rel=1e-6), label
+    assert min(curves["losses"]["v1"][0], curves["losses"]["v1"][-1]) > 2 * base
+    assert (out / "landscape_1d.png").exists()

@@ -53,10 +53,10 @@ from spectra._validation import MAX_SEED, check_bool, check_int, check_seed
 from spectra.operators import keras_calls, losses
 from spectra.operators.jax.curvature import Curvature
 from spectra.operators.jax.data import Batches
-from spectra.operators.jax.engine import Engine, cached_engine, nbytes
+from spectra.operators.jax.engine import Compiled, Engine, cached_engine, nbytes
 from spectra.operators.jax.models import ModelProgram
 from spectra.operators.keras_data import check_keras_data, describe_inputs
-from spectra.operators.layout import ParameterLayout
+from spectra.operators.layout import ParameterLayout, validated_block
 from spectra.operators.memory import (
     cache_share,
     default_memory_budget,
@@ -373,6 +373,7 @@ class CurvatureOperator(OperatorCore):
         # XLA keeps no allocator statistics on the CPU to measure them.
         self._tangent_bytes: int | None = None
         self._cache_transient = 0
+        self._shifted_loss: Any = None  # loss_at's compiled batch loss, made on first use
         self._loss: float | None = None
         self._gradient: np.ndarray | None = None
         dtype = np.dtype(engine.dtype)
@@ -497,6 +498,38 @@ class CurvatureOperator(OperatorCore):
                 UserWarning,
                 stacklevel=3,
             )
+
+    def loss_at(self, delta: Any) -> float:
+        """The dataset loss at shifted parameters, L(θ + δ) = Σ_b (n_b/N) L_b(θ + δ), for a
+        flat ``delta`` of length n: the loss this operator's matrix is the curvature of,
+        with the same batches, reduction, regularization, mode and random draws. The model
+        is not changed. Cost: one pass over the data, no caches; one compilation per batch
+        shape (the first call). :func:`spectra.loss_landscape` evaluates it on JAX."""
+        delta = validated_block(
+            np.asarray(delta, dtype=self.dtype), self.shape[0], self.dtype, "delta"
+        )
+        if delta.ndim != 1:
+            raise ValueError(f"loss_at: expected a flat vector of length {self.shape[0]}.")
+        shifted = [
+            np.asarray(p, self.dtype) + d
+            for p, d in zip(self._params, self.layout.unflatten(delta))
+        ]
+        if self._shifted_loss is None:
+            program = self._engine.program
+
+            def batch_loss(params: Any, state: Any, batch: Any, count: Any) -> Any:
+                with _jax_compat.keras_logits():
+                    return program.batch_loss(params, state, batch, count)
+
+            self._shifted_loss = Compiled(batch_loss, "loss_at", float64=self.dtype == np.float64)
+        total = 0.0
+        with self._scope():
+            for index, batch, n in self._batches:
+                _, state, batch, _, count = self._inputs(index, batch)
+                value = float(self._shifted_loss(shifted, state, batch, count))
+                total += n / self._batches.num_examples * value
+        self.num_data_passes += 1
+        return total
 
     def _check_batch(self, where: str, n: int, batch: Any, loss: Any, grads: Any) -> None:
         """Refuse a batch whose loss or gradient is NaN/Inf, naming it and (the weights
