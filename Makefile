@@ -10,11 +10,11 @@ JAX_VENV ?= .venv-jax
 JAX_BIN := $(JAX_VENV)/bin
 OUT ?= out
 LINTED := spectra tests benchmarks data notebooks docs .ci
-.PHONY: help venv install run test test-jax test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
+.PHONY: help venv install run test test-suite test-jax test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
-	@echo "make test      make lint, then the test suite, then make test-jax"
+	@echo "make test      make lint, then the test suite and make test-jax side by side"
 	@echo "make test-jax  the JAX backend's tests and make run's analysis, without TensorFlow"
 	@echo "make lint      ruff check, ruff format --check and mypy (make typecheck)"
 	@echo "make docs      build the documentation site into $(OUT)/site (warnings are errors)"
@@ -68,12 +68,16 @@ run: $(VENV)/.installed-run
 # make lint (ruff check, ruff format --check, mypy), then the suite in one pytest-xdist
 # worker per core, each on one thread (tests/conftest.py); an idle worker takes tests
 # from a busy one's queue (--dist worksteal), so that no worker ends long after the other.
-# Both virtualenvs are installed side by side (-j2: mostly downloads and unpacking).
+# Both virtualenvs are installed side by side (-j2: mostly downloads and unpacking), then
+# make lint, then the TensorFlow suite and the JAX job side by side (-j2; -O prints each
+# one's output whole when it ends): the JAX job fills the cores the suite leaves idle.
 test:
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed-dev $(JAX_VENV)/.installed-jax
 	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j2 -O test-suite test-jax
+
+test-suite: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
-	@$(MAKE) --no-print-directory test-jax
 
 # Keras on JAX without TensorFlow (KERAS_BACKEND=jax): the JAX engine's tests (tests/jax_engine,
 # whose conftest.py is the only one read: --confcutdir) and make run's analysis.
