@@ -544,6 +544,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                 "belong to one Dense block or to the other variables."
             )
         self._eigen: list[_Eigen] | None = None
+        # Factors cast to a product dtype ((dtype name, block) -> arrays), made on first use.
+        self._cast_factors: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -899,20 +901,20 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             start += n
 
     def _apply(self, X: np.ndarray, per_block: Any, per_other: Any) -> np.ndarray:
-        out = np.zeros(X.shape, dtype=np.float64)
+        out = np.zeros(X.shape, dtype=X.dtype)
         for index, block in enumerate(self.blocks):
             self._put_block(block, out, per_block(index, block, self._block_matrix(block, X)))
         if self._other_slices:
             self._put_other(out, per_other(self._other_rows(X)))
         return out
 
-    def _checked(self, X: Any, method: str) -> np.ndarray:
-        """X as a float64 block (P, k), refused as the exact operators refuse it (wrong
+    def _checked(self, X: Any, method: str, dtype: Any = np.float64) -> np.ndarray:
+        """X as a ``dtype`` block (P, k), refused as the exact operators refuse it (wrong
         shape, not real numbers, NaN or Inf, beyond the dtype's range)."""
         X = validated_block(X, self.shape[0], self.dtype, method)
         if X.ndim != 2:
             raise ValueError(f"{method}: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return X.astype(np.float64)
+        return X.astype(dtype, copy=False)
 
     def matvec(self, x: Any) -> np.ndarray:
         """K x for a vector of length P (or shape (P, 1)), in the operator's dtype."""
@@ -938,15 +940,33 @@ class KFACOperator(SymmetricProducts, LinearOperator):
 
     def _block_product(self, index: int, block: KFACBlock, M: np.ndarray) -> np.ndarray:
         """The block applied to M (k, d_a, d_out): A M G for K-FAC; for EKFAC
-        Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ."""
+        Q_A [(Q_Aᵀ M Q_G) ∘ S] Q_Gᵀ; in M's dtype (the factors cast to it once)."""
         if block.scalings is None:
-            return _sandwich(block.A, M, block.G)
-        e = self._eigens()[index]
-        return _sandwich(e.QA, _sandwich(e.QA.T, M, e.QG) * block.scalings, e.QG.T)
+            A, G = self._factors_in(M.dtype, index, lambda: (block.A, block.G))
+            return _sandwich(A, M, G)
+        QA, QG, scalings = self._factors_in(
+            M.dtype,
+            index,
+            lambda: (self._eigens()[index].QA, self._eigens()[index].QG, block.scalings),
+        )
+        return _sandwich(QA, _sandwich(QA.T, M, QG) * scalings, QG.T)
+
+    def _factors_in(self, dtype: Any, index: int, factors: Any) -> tuple[np.ndarray, ...]:
+        """``factors()`` (float64 arrays) in ``dtype``, cast once per block and dtype."""
+        if dtype == np.float64:
+            return factors()
+        key = (np.dtype(dtype).name, index)
+        found = self._cast_factors.get(key)
+        if found is None:
+            found = self._cast_factors[key] = tuple(np.asarray(f, dtype) for f in factors())
+        return found
 
     def _matmat(self, X: np.ndarray, method: str = "matmat") -> np.ndarray:
-        X = self._checked(X, method)
-        out = self._apply(X, self._block_product, lambda rows: self._other_diagonal[:, None] * rows)
+        # Products in the operator's dtype: a float32 K-FAC multiplies in float32 (single
+        # precision GEMMs, half the memory traffic), as the exact float32 operators do.
+        X = self._checked(X, method, self.dtype)
+        diagonal = self._other_diagonal.astype(self.dtype, copy=False)
+        out = self._apply(X, self._block_product, lambda rows: diagonal[:, None] * rows)
         return out.astype(self.dtype, copy=False)
 
     # -- the exact spectrum --------------------------------------------------------------
