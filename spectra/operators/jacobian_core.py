@@ -11,24 +11,25 @@ sharing the Jacobian's snapshot, data and counters. NumPy and SciPy only.
 
 An engine's Jacobian sets ``layout``, ``num_outputs``, ``num_products``,
 ``num_data_passes``, ``_batches`` (``num_examples``), ``_output_names`` and
-``_output_shapes``, and supplies ``_matmat`` (J V, one JVP per batch) and ``_rmatmat``
-(Jᵀ U, one VJP per batch); its transpose class names it in ``_JACOBIAN``.
+``_output_shapes``, and implements the abstract ``_matmat`` (J V, one JVP per batch) and
+``_rmatmat`` (Jᵀ U, one VJP per batch); its transpose class names it in ``_JACOBIAN``.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
-from spectra.operators.layout import ParameterLayout, validated_block
+from spectra.operators.layout import ParameterLayout, validated_block, validated_matrix
 
 __all__ = ["JacobianCore", "TransposedJacobianCore"]
 
 
-class JacobianCore(LinearOperator):
+class JacobianCore(LinearOperator, metaclass=abc.ABCMeta):
     """J, an (N·C) × n ``LinearOperator`` of a model's outputs in its parameters (see the
     module docstring for what an engine's subclass provides)."""
 
@@ -114,10 +115,7 @@ class JacobianCore(LinearOperator):
 
     def matmat(self, X: Any) -> np.ndarray:
         """J V for V of shape (n, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[1], self.dtype, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[1]}, k).")
-        return super().matmat(X)
+        return super().matmat(validated_matrix(X, self.shape[1], self.dtype, "matmat"))
 
     def rmatvec(self, x: Any) -> np.ndarray:
         """Jᵀ u for an output-space vector u of shape (N·C,) (or (N·C, 1))."""
@@ -125,10 +123,7 @@ class JacobianCore(LinearOperator):
 
     def rmatmat(self, X: Any) -> np.ndarray:
         """Jᵀ U for U of shape (N·C, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[0], self.dtype, "rmatmat")
-        if X.ndim != 2:
-            raise ValueError(f"rmatmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().rmatmat(X)
+        return super().rmatmat(validated_matrix(X, self.shape[0], self.dtype, "rmatmat"))
 
     def _matvec(self, x: np.ndarray) -> np.ndarray:
         return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
@@ -136,11 +131,13 @@ class JacobianCore(LinearOperator):
     def _rmatvec(self, x: np.ndarray) -> np.ndarray:
         return self._rmatmat(np.reshape(x, (-1, 1))).reshape(-1)
 
+    @abc.abstractmethod
     def _matmat(self, X: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """J X for a checked block X (n, k): one JVP pass over the batches."""
 
+    @abc.abstractmethod
     def _rmatmat(self, U: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Jᵀ U for a checked block U (N·C, k): one VJP pass over the batches."""
 
     def _transpose(self) -> TransposedJacobianCore:
         return self._TRANSPOSE(self)

@@ -45,7 +45,11 @@ from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
 from spectra.operators.fisher import _check_reduction, _last_axis, predictive_distribution
-from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
+from spectra.operators.layout import (
+    ParameterLayout,
+    SymmetricProducts,
+    validated_matrix,
+)
 
 __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
 
@@ -911,10 +915,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     def _checked(self, X: Any, method: str, dtype: Any = np.float64) -> np.ndarray:
         """X as a ``dtype`` block (P, k), refused as the exact operators refuse it (wrong
         shape, not real numbers, NaN or Inf, beyond the dtype's range)."""
-        X = validated_block(X, self.shape[0], self.dtype, method)
-        if X.ndim != 2:
-            raise ValueError(f"{method}: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return X.astype(dtype, copy=False)
+        return validated_matrix(X, self.shape[0], self.dtype, method).astype(dtype, copy=False)
 
     def matvec(self, x: Any) -> np.ndarray:
         """K x for a vector of length P (or shape (P, 1)), in the operator's dtype."""
@@ -944,11 +945,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         if block.scalings is None:
             A, G = self._factors_in(M.dtype, index, lambda: (block.A, block.G))
             return _sandwich(A, M, G)
-        QA, QG, scalings = self._factors_in(
-            M.dtype,
-            index,
-            lambda: (self._eigens()[index].QA, self._eigens()[index].QG, block.scalings),
-        )
+        e = self._eigens()[index]
+        QA, QG, scalings = self._factors_in(M.dtype, index, lambda: (e.QA, e.QG, block.scalings))
         return _sandwich(QA, _sandwich(QA.T, M, QG) * scalings, QG.T)
 
     def _factors_in(self, dtype: Any, index: int, factors: Any) -> tuple[np.ndarray, ...]:

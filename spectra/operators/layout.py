@@ -14,6 +14,7 @@ parameters uses one definition:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,14 +139,24 @@ def validated_block(x: Any, size: int, dtype: Any, name: str) -> np.ndarray:
     return a
 
 
-class SymmetricProducts:
+def validated_matrix(x: Any, size: int, dtype: Any, name: str) -> np.ndarray:
+    """:func:`validated_block` for a block only: ``x`` of shape (size, k), a one-line
+    ``ValueError`` for a vector."""
+    a = validated_block(x, size, dtype, name)
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array of shape ({size}, k).")
+    return a
+
+
+class SymmetricProducts(abc.ABC):
     """``LinearOperator`` plumbing of a symmetric matrix C = Cᵀ, mixed in before
     ``LinearOperator``: products with Cᵀ are products with C, the adjoint and transpose are
     the operator itself, and ``matvec`` is a one-column ``matmat`` (so that a subclass
-    implements ``_matmat`` only)."""
+    implements ``_matmat`` only; a class that does not cannot be instantiated)."""
 
-    def _matmat(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        """C X for a checked block X of shape (n, k)."""
 
     def _matvec(self, x: np.ndarray) -> np.ndarray:
         return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)

@@ -20,13 +20,14 @@ An engine's operator sets, when it is built:
   argument), ``_block_size_override``, ``_tangent_bytes`` (one vector's tangents when
   measured, else None) and ``_cache_transient`` (bytes; 0 where not measured);
 
-and supplies ``_prepare()`` (the first pass: loss, gradient, caches), ``_matmat`` (the
-products), ``_parallel_vectors()`` (vectors whose tangents are alive at once) and
-``cache_nbytes``.
+and implements the abstract ``_prepare()`` (the first pass: loss, gradient, caches),
+``_matmat`` (the products), ``_parallel_vectors()`` (vectors whose tangents are alive at
+once) and ``cache_nbytes``.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,12 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
 from spectra._validation import check_int
-from spectra.operators.layout import ParameterLayout, SymmetricProducts, validated_block
+from spectra.operators.layout import (
+    ParameterLayout,
+    SymmetricProducts,
+    validated_block,
+    validated_matrix,
+)
 from spectra.operators.memory import TANGENT_FACTOR, MemoryPlan, format_bytes, sub_block_size
 
 __all__ = ["OperatorCore"]
@@ -94,9 +100,9 @@ class OperatorCore(SymmetricProducts, LinearOperator):
     def max_block_size(self, value: int) -> None:
         self._block_size_override = check_int("max_block_size", value)
 
+    @abc.abstractmethod
     def _parallel_vectors(self) -> int:
         """How many vectors of a large block have their tangents alive at once."""
-        raise NotImplementedError
 
     def _per_vector_bytes(self) -> int:
         """The tangents of one vector in flight in a product: measured on the first
@@ -184,9 +190,9 @@ class OperatorCore(SymmetricProducts, LinearOperator):
         return self.layout.unflatten(vector)
 
     # -- loss, gradient, caching ------------------------------------------------------
+    @abc.abstractmethod
     def _prepare(self) -> None:
         """The first pass over the data: the loss, the gradient and the kept caches."""
-        raise NotImplementedError
 
     def reset_cache(self) -> None:
         """Drop the cached batch state to free its memory.
@@ -215,9 +221,9 @@ class OperatorCore(SymmetricProducts, LinearOperator):
         return self._num_streamed
 
     @property
+    @abc.abstractmethod
     def cache_nbytes(self) -> int:
         """Bytes held by the kept batch caches (0 when every batch streams)."""
-        raise NotImplementedError
 
     def loss(self) -> float:
         """The dataset loss L(θ) at the operator's parameters."""
@@ -238,10 +244,7 @@ class OperatorCore(SymmetricProducts, LinearOperator):
 
     def matmat(self, X: Any) -> np.ndarray:
         """C X for X of shape (n, k): k products in one pass over the data."""
-        X = validated_block(X, self.shape[0], self.dtype, "matmat")
-        if X.ndim != 2:
-            raise ValueError(f"matmat: expected a 2-D array of shape ({self.shape[0]}, k).")
-        return super().matmat(X)
+        return super().matmat(validated_matrix(X, self.shape[0], self.dtype, "matmat"))
 
     def rmatvec(self, x: Any) -> np.ndarray:
         """Cᵀ x = C x (the matrix is symmetric)."""
