@@ -63,6 +63,7 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.estimators.krylov": ["lanczos", "tridiagonal_eigh"],
     "spectra.analysis.landscape": ["loss_landscape", "random_direction"],
     "spectra.analysis.landscape_result": ["LandscapeResult"],
+    "spectra.analysis.minibatch": ["MinibatchSharpness", "minibatch_sharpness"],
     "spectra.analysis.per_layer": ["LayerwiseResult", "layerwise"],
     "spectra.analysis.repeats": ["RepeatResult", "repeat_estimate", "subsample_indices"],
     # The operator classes of the registered curvature matrices (spectra.operators.registry).

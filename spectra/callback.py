@@ -42,6 +42,7 @@ from spectra._validation import (
     check_seed,
     loss_name,
 )
+from spectra.analysis.minibatch import minibatch_sharpness, summary_scalars
 from spectra.analysis.preconditioning import preconditioned as precondition
 from spectra.analysis.stability import stability_threshold_of, threshold_matrix
 from spectra.analysis.trajectory import (
@@ -58,6 +59,13 @@ from spectra.operators.losses import dtype_name
 __all__ = ["SharpnessCallback"]
 
 _UNITS = ("epoch", "step")
+
+
+def _is_dataset(data: Any) -> bool:
+    """A ``tf.data.Dataset`` (or anything with its ``take``/``as_numpy_iterator``)."""
+    return callable(getattr(data, "take", None)) and callable(
+        getattr(data, "as_numpy_iterator", None)
+    )
 
 
 @contextlib.contextmanager
@@ -115,7 +123,10 @@ class SharpnessCallback(keras.callbacks.Callback):
     :func:`spectra.analysis.stability.stability_threshold`, or None for an optimizer without
     one) and ``threshold_matrix`` (which matrix that threshold bounds: ``"hessian"`` for SGD,
     ``"preconditioned"`` for Adam, AdamW, RMSprop and Adagrad; see
-    :func:`spectra.analysis.stability.threshold_matrix`). Both overlaps come from the
+    :func:`spectra.analysis.stability.threshold_matrix`) and, with ``per_batch``, ``minibatch``
+    (:meth:`spectra.analysis.minibatch.MinibatchSharpness.to_dict`: λ₁ of each of
+    ``per_batch`` mini-batch Hessians, their mean, std and quantiles, the full-batch λ₁ and
+    the threshold; else None). Both overlaps come from the
     eigenvectors the eigensolver computed anyway: no further product. ``callback.points`` lists the
     measurement points in the callback's unit (the ``step`` or ``epoch`` of each record).
     The history keeps growing over several ``fit`` calls.
@@ -129,6 +140,14 @@ class SharpnessCallback(keras.callbacks.Callback):
     and a preconditioned callback can log side by side. With ``unit="step"`` nothing goes
     into the per-epoch logs: the measurements belong to steps, and ``callback.history`` (or
     ``log_file``) holds them keyed by ``step``.
+
+    Mini-batch sharpness: with ``per_batch=M`` each measurement also takes λ₁ of the Hessian
+    of each of M mini-batch losses L_B (batches of ``per_batch_size`` examples drawn from
+    ``data`` as SGD draws them, seeded ``seed + i`` at measurement i; for a
+    ``tf.data.Dataset`` its first M batches), the distribution SGD's steps see beside the
+    full-batch λ₁ (:mod:`spectra.analysis.minibatch`; Jastrzębski et al. 2020). For batches
+    partitioning the data, their mean λ₁ is at least the full-batch λ₁ (λ_max is convex).
+    Cost: about M·b/N full-batch measurements more per point.
 
     Preconditioned sharpness: with ``preconditioned=True`` each measurement is of the
     symmetric P^{-1/2} H P^{-1/2} (the eigenvalues of P⁻¹H), with P the diagonal
@@ -191,6 +210,9 @@ class SharpnessCallback(keras.callbacks.Callback):
         Measure λ_max(P⁻¹H) with the optimizer's preconditioner P (see above).
     gradient_overlap:
         Record the gradient's overlap with the top-k eigenspace at each measurement.
+    per_batch, per_batch_size:
+        Also measure λ₁ on ``per_batch`` mini-batches of ``per_batch_size`` examples (default
+        0: off; 32 is Keras' default batch size of ``fit``).
     log_file:
         Path of a JSON file rewritten after each measurement.
     log_dir:
@@ -219,6 +241,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         warm_start: bool = True,
         preconditioned: bool = False,
         gradient_overlap: bool = False,
+        per_batch: int = 0,
+        per_batch_size: int = 32,
         log_file: str | os.PathLike | None = None,
         log_dir: str | os.PathLike | None = None,
         verbose: int = 0,
@@ -260,6 +284,8 @@ class SharpnessCallback(keras.callbacks.Callback):
         self.seed = int(seed)
         self.preconditioned = bool(preconditioned)
         self.gradient_overlap = bool(gradient_overlap)
+        self.per_batch = check_int("per_batch", per_batch, minimum=0)
+        self.per_batch_size = check_int("per_batch_size", per_batch_size)
         if log_dir is not None and importlib.util.find_spec("tensorflow") is None:
             raise ValueError(
                 "log_dir: TensorBoard event files are written with TensorFlow's tf.summary, "
@@ -444,7 +470,15 @@ class SharpnessCallback(keras.callbacks.Callback):
             **measurement.record(),
             "threshold": threshold,
             "threshold_matrix": matrix,
+            "minibatch": None,
         }
+        if self.per_batch:
+            measured = "preconditioned" if self.preconditioned else "hessian"
+            record["minibatch"] = self._minibatch(
+                index,
+                full_batch=measurement.eigenvalues[0],
+                threshold=threshold if matrix == measured else None,
+            )
         self.history.append(record)
         if not all(record["converged"]):
             warnings.warn(
@@ -460,12 +494,47 @@ class SharpnessCallback(keras.callbacks.Callback):
                 explain_null,
             )
         if self._events is not None:
-            self._events.write(
-                record[self.unit], sharpness_scalars(record, preconditioned=self.preconditioned)
-            )
+            scalars = sharpness_scalars(record, preconditioned=self.preconditioned)
+            if record["minibatch"] is not None:
+                prefix = "preconditioned_sharpness" if self.preconditioned else "sharpness"
+                scalars.update(summary_scalars(record["minibatch"]["summary"], prefix))
+            self._events.write(record[self.unit], scalars)
         if self.verbose >= 1:
             print(self._summary_line(record))
         return record
+
+    def _minibatch(self, index: int, full_batch: float, threshold: float | None) -> dict[str, Any]:
+        """λ₁ on ``per_batch`` mini-batches at the current weights (measurement ``index``)."""
+
+        def build(batch: Any) -> Any:
+            hessian = HessianOperator.from_keras(
+                self.model, self._resolved_loss, batch, variables=self.variables, dtype=self.dtype
+            )
+            return precondition(hessian, self.model.optimizer) if self.preconditioned else hessian
+
+        seed = self.seed + index
+        common: dict[str, Any] = {
+            "tol": self.tol,
+            "method": self.method,
+            "seed": seed,
+            "build": build,
+            "progress": False,
+        }
+        with _global_rng_preserved():
+            if _is_dataset(self.data):
+                batches = list(self.data.take(self.per_batch).as_numpy_iterator())
+                result = minibatch_sharpness(self.model, batches=batches, **common)
+            else:
+                result = minibatch_sharpness(
+                    self.model,
+                    self.data,
+                    batch_size=self.per_batch_size,
+                    num_batches=self.per_batch,
+                    **common,
+                )
+        result.full_batch = float(full_batch)
+        result.threshold = threshold
+        return result.to_dict()
 
     def _log_entries(self, record: dict[str, Any]) -> dict[str, float]:
         values = record["eigenvalues"]
@@ -492,6 +561,8 @@ class SharpnessCallback(keras.callbacks.Callback):
             "warm_start": self.settings.warm_start,
             "preconditioned": self.preconditioned,
             "gradient_overlap": self.gradient_overlap,
+            "per_batch": self.per_batch,
+            "per_batch_size": self.per_batch_size if self.per_batch else None,
         }
 
     def _summary_line(self, record: dict[str, Any]) -> str:
@@ -510,6 +581,12 @@ class SharpnessCallback(keras.callbacks.Callback):
             line += f", gradient overlap {record['gradient_overlap']:.3f}"
         if record["trace"] is not None:
             line += f", trace = {plus_minus(record['trace'], record['trace_stderr'])}"
+        if record["minibatch"] is not None:
+            summary = record["minibatch"]["summary"]
+            line += (
+                f", mini-batch λ₁ median {summary['q50']:.4g} "
+                f"(5–95 % {summary['q05']:.4g}–{summary['q95']:.4g})"
+            )
         if not all(record["converged"]):
             line += ", not converged"
         return line + f" [{record['num_products']} products, {record['wall_time']:.2f} s]"

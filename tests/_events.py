@@ -45,4 +45,7 @@ def expected_scalars(records, steps, prefix="sharpness", threshold=None):
         add("threshold", step, threshold(record) if threshold else None)
         for name in ("trace", "trace_stderr", "loss", "eigenvector_overlap", "gradient_overlap"):
             add(name, step, record.get(name))
+        if record.get("minibatch") is not None:
+            for name in ("mean", "std", "q05", "q25", "q50", "q75", "q95"):
+                add(f"minibatch_lambda_1_{name}", step, record["minibatch"]["summary"][name])
     return expected

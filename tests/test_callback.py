@@ -102,7 +102,9 @@ def test_epoch_mode_records_the_start_and_every_epoch(data):
         "failure_probability",
         "threshold",
         "threshold_matrix",
+        "minibatch",
     }
+    assert record["minibatch"] is None
     assert record["trace"] is None and record["trace_stderr"] is None
     assert record["num_products"] > 0 and record["wall_time"] > 0
     assert record["num_parameters"] == 5 * 8 + 8 + 8 * 3 + 3
@@ -115,6 +117,43 @@ def test_epoch_mode_records_the_start_and_every_epoch(data):
     # No previous point at the first measurement; overlaps in [0, 1] after it.
     assert record["eigenvector_overlap"] is None and record["gradient_overlap"] is None
     assert all(0 <= r["eigenvector_overlap"] <= 1 for r in callback.history[1:])
+
+
+def test_per_batch_sharpness_matches_the_closed_form_of_the_same_batches(data, tmp_path):
+    """A linear model under MSE: each mini-batch Hessian is (2/(b d)) X̃_BᵀX̃_B ⊗ I_d whatever
+    the weights, so every measurement's per-batch λ₁ has a NumPy truth on the batches that
+    ``draw_minibatches`` gives for that measurement's seed."""
+    from spectra.analysis.minibatch import draw_minibatches
+
+    x, _ = data
+    targets = np.random.default_rng(1).normal(size=(NUM_EXAMPLES, 2)).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    log_file = tmp_path / "sharpness.json"
+    callback = SharpnessCallback(
+        (x, targets), seed=4, per_batch=3, per_batch_size=8, tol=1e-7, log_file=log_file
+    )
+    _fit(model, (x, targets), [callback], epochs=1)
+    assert len(callback.history) == 2
+    for index, record in enumerate(callback.history):
+        minibatch = record["minibatch"]
+        truth = []
+        for rows in draw_minibatches(NUM_EXAMPLES, 8, 3, seed=4 + index):
+            augmented = np.hstack([x[rows].astype(np.float64), np.ones((8, 1))])
+            truth.append(2 / (8 * 2) * np.linalg.eigvalsh(augmented.T @ augmented)[-1])
+        np.testing.assert_allclose(minibatch["sharpness"], truth, rtol=5e-6)
+        assert minibatch["seed"] == 4 + index and minibatch["batch_size"] == 8
+        assert minibatch["full_batch"] == record["eigenvalues"][0]
+        assert minibatch["threshold"] == pytest.approx(2 / 0.05)
+        assert minibatch["summary"]["fraction_above_threshold"] == 0.0
+        np.testing.assert_allclose(minibatch["summary"]["q50"], np.median(truth), rtol=5e-6)
+    stored = json.loads(log_file.read_text())
+    assert stored["settings"]["per_batch"] == 3 and stored["settings"]["per_batch_size"] == 8
+    assert (
+        stored["history"][-1]["minibatch"]["sharpness"]
+        == callback.history[-1]["minibatch"]["sharpness"]
+    )
 
 
 def test_every_two_epochs_skipped_epochs_have_no_key(data):

@@ -84,7 +84,13 @@ def test_the_file_is_closed_at_train_end(epoch_run, data):
 
 def test_step_unit_and_preconditioned_tags(data, tmp_path):
     callback = SharpnessCallback(
-        data, every=3, unit="step", preconditioned=True, log_dir=tmp_path / "new" / "logs"
+        data,
+        every=3,
+        unit="step",
+        preconditioned=True,
+        per_batch=2,
+        per_batch_size=16,
+        log_dir=tmp_path / "new" / "logs",
     )
     _fit(_model(keras.optimizers.Adam(0.01)), data, [callback])
     steps = callback.points
@@ -97,6 +103,8 @@ def test_step_unit_and_preconditioned_tags(data, tmp_path):
     )
     written = read_scalars(tmp_path / "new" / "logs" / "spectra")
     assert written == expected
+    # The mini-batch distribution of λ₁(P⁻¹H) under the same prefix, at every point.
+    assert [step for step, _ in written["preconditioned_sharpness/minibatch_lambda_1_q50"]] == steps
     # Adam's threshold bounds P⁻¹H: written with the preconditioned sharpness.
     assert written["preconditioned_sharpness/threshold"][0][1] == np.float32(
         (2 + 2 * 0.9) / ((1 - 0.9) * 0.01)

@@ -5,5 +5,6 @@
 * :mod:`~spectra.analysis.stability` — stability thresholds of optimizers;
 * :mod:`~spectra.analysis.subspaces` — overlaps with the top eigenspace;
 * :mod:`~spectra.analysis.landscape` — loss landscapes along directions;
-* :mod:`~spectra.analysis.trajectory` — sharpness over a run's checkpoints.
+* :mod:`~spectra.analysis.trajectory` — sharpness over a run's checkpoints;
+* :mod:`~spectra.analysis.minibatch` — the distribution of λ₁ over mini-batches.
 """
