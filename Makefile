@@ -22,28 +22,34 @@ help:
 	@echo "make bench-quick  the reduced scale benchmark (ResNet-20, small GPT; about 10 min)"
 	@echo "make mutate    mutation testing of the numerical core (long; report in $(OUT)/mutation/)"
 
+# Packages go in with uv (pip installs it into each virtualenv first): it downloads in
+# parallel and unpacks faster, about 30 s for the development virtualenv against about 70 s
+# with pip. The bench extra goes in with pip, which reads pip's configuration (a machine's
+# local wheels of PyTorch, for instance); uv does not.
+UV_VERSION = 0.13.9
+UV_INSTALL = -m uv pip install --quiet --python
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
 # Re-install when the package metadata changes. One stamp per set of extras:
 # the package alone (make run), development (tests, lint tools, docs), mutation testing.
 $(VENV)/.installed-run: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python $(UV_INSTALL) $(BIN)/python -e .
 	touch $@
 
 $(VENV)/.installed-dev: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,docs]"
+	$(BIN)/python $(UV_INSTALL) $(BIN)/python -e ".[test,lint,docs]"
 	touch $@
 
 # spectra without its dependencies, then install_requires less TensorFlow and the test-jax
 # extra (.ci/requirements_without_tensorflow.py reads setup.cfg): TensorFlow never installed.
 $(JAX_VENV)/.installed-jax: setup.cfg pyproject.toml .ci/requirements_without_tensorflow.py
 	$(PYTHON) -m venv $(JAX_VENV)
-	$(JAX_BIN)/python -m pip install --quiet --upgrade pip
+	$(JAX_BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 	$(PYTHON) .ci/requirements_without_tensorflow.py test-jax > $(JAX_VENV)/requirements.txt
-	$(JAX_BIN)/python -m pip install --quiet -r $(JAX_VENV)/requirements.txt
-	$(JAX_BIN)/python -m pip install --quiet --no-deps -e .
+	$(JAX_BIN)/python $(UV_INSTALL) $(JAX_BIN)/python -r $(JAX_VENV)/requirements.txt
+	$(JAX_BIN)/python $(UV_INSTALL) $(JAX_BIN)/python --no-deps -e .
 	touch $@
 
 # make bench adds the bench extra (PyTorch, curvlinops, PyHessian: benchmarks/versus.py).
@@ -52,7 +58,7 @@ $(VENV)/.installed-bench: setup.cfg pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-mutation: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,mutation]"
+	$(BIN)/python $(UV_INSTALL) $(BIN)/python -e ".[test,mutation]"
 	touch $@
 
 venv install: $(VENV)/.installed-dev
