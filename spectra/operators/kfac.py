@@ -1,5 +1,5 @@
-"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense, Conv1D, Conv2D
-and Embedding layers.
+"""K-FAC: the Kronecker-factored approximation of the GGN / Fisher of Dense, EinsumDense,
+Conv1D, Conv2D and Embedding layers.
 
 For a Dense layer z = a W + b (Keras' kernel W of shape d_in × d_out), the gradient of
 example i's loss in the layer's parameters is the outer product of the layer's input and
@@ -18,10 +18,24 @@ assuming activations and output gradients independent; blocks of different layer
 dropped (block diagonal). With one example each Dense layer's block is exact (the
 cross-layer blocks are still dropped). Because the matrix is a Kronecker product per
 layer, its whole spectrum is exact: the eigenvalues of A ⊗ G are the products α_i γ_j
-of those of A and G. Conv2D layers are factored the same way with ā the image patches
-and g the output gradients at every output position (KFC, Grosse & Martens 2016), in its
-"expand" or "reduce" variant, and Conv1D layers (causal padding included) as the same on a
-sequence. An Embedding layer is a Dense layer without bias on one-hot inputs, so its A is
+of those of A and G.
+
+Layers whose weights are shared over T positions (a convolution's output positions, a
+sequence's tokens) have the per-example gradient Σ_t ā_t g_tᵀ, and are factored in the
+"expand" or "reduce" variant (Eschenhagen et al. 2023)::
+
+    expand:  A = (1/(NT)) Σ_{n,t} ā_nt ā_ntᵀ,      G = (1/N) Σ_{n,t,c} g_ntc g_ntcᵀ,
+    reduce:  A = (1/N) Σ_n ā_n ā_nᵀ (ā_n = (1/T) Σ_t ā_nt),
+             G = (1/N) Σ_{n,c} (Σ_t g_ntc)(Σ_t g_ntc)ᵀ,
+
+both exact for one example with one position. Conv2D layers are Dense layers on the image
+patches at every output position (KFC, Grosse & Martens 2016), Conv1D layers (causal
+padding included) the same on a sequence. A Dense layer on inputs (batch, ..., features)
+shares its kernel over all the axes between batch and features. An EinsumDense layer
+whose equation contracts input axes with the kernel's leading axes (attention's
+``abc,cde->abde`` projections, its ``abcd,cde->abe`` output) is the Dense layer of its
+kernel flattened to (contracted, outputs) row-major, shared over its other non-batch
+axes. An Embedding layer is a Dense layer without bias on one-hot inputs, so its A is
 diagonal (the token frequencies).
 """
 
@@ -29,6 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import string
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -67,27 +83,34 @@ MAX_DENSE_SIZE = 20_000
 #: Largest Embedding vocabulary K-FAC factors: its A is held as a dense V × V float64
 #: matrix (128 MiB at this size) and each batch's inputs as one-hot rows.
 MAX_VOCABULARY = 4096
-#: The layers K-FAC factors (a weight matrix W, and a bias for the first two).
+#: The layers K-FAC factors (a weight matrix W, and a bias for all but Embedding), most
+#: specific first (the class whose ``call`` a layer must not override).
 _FACTORED = (
     keras.layers.Dense,
+    keras.layers.EinsumDense,
     keras.layers.Conv1D,
     keras.layers.Conv2D,
+    *([keras.layers.ReversibleEmbedding] if hasattr(keras.layers, "ReversibleEmbedding") else []),
     keras.layers.Embedding,
 )
+#: The layers as errors list them.
+_FACTORED_NAMES = "Dense, EinsumDense, Conv1D, Conv2D and Embedding"
 
 
 @dataclasses.dataclass(frozen=True)
 class KFACBlock:
-    """One Dense layer's Kronecker factors.
+    """One factored layer's Kronecker factors.
 
     ``A`` (d_a × d_a): E[ā āᵀ] over examples, with ā the layer's input a (when its kernel
     is a variable of the operator) followed by 1 (when its bias is). ``G`` (d_out × d_out):
-    E[Σ_c g_c g_cᵀ] of the pre-activation output gradients. ``kernel``/``bias``: the names
-    of the variables (None when not one of the operator's). ``kernel_slice``,
-    ``bias_slice``: where they lie in the flat parameter vector. ``scalings`` (EKFAC only,
-    d_a × d_out): the eigenvalues in the eigenbasis Q_A ⊗ Q_G of A ⊗ G, re-estimated as
-    the second moments of the projected per-example gradients; ``basis`` (EKFAC only):
-    that eigenbasis (Q_A, Q_G), the one the scalings were measured in.
+    E[Σ_c g_c g_cᵀ] of the pre-activation output gradients. For a layer shared over
+    positions, both as the ``conv`` variant defines them (:class:`KFACOperator`).
+    ``kernel``/``bias``: the names of the variables (None when not one of the operator's).
+    ``kernel_slice``, ``bias_slice``: where they lie in the flat parameter vector.
+    ``scalings`` (EKFAC only, d_a × d_out): the eigenvalues in the eigenbasis Q_A ⊗ Q_G of
+    A ⊗ G, re-estimated as the second moments of the projected per-example gradients;
+    ``basis`` (EKFAC only): that eigenbasis (Q_A, Q_G), the one the scalings were
+    measured in.
     """
 
     layer: str
@@ -217,9 +240,10 @@ def _in_basis(M: np.ndarray, Q: np.ndarray, rank: int) -> np.ndarray:
 
 
 class _Capture:
-    """Record each Dense layer's input a and pre-activation output z = a W + b during one
-    forward pass, by replacing the layer's ``call`` (an instance attribute, removed on
-    exit) with the same computation written out, so that z is a tensor the tapes see.
+    """Record each factored layer's input a (n, T, d_in: T positions, 1 for a layer applied
+    once per example) and pre-activation output z = a W + b during one forward pass, by
+    replacing the layer's ``call`` (an instance attribute, removed on exit) with the same
+    computation written out, so that z is a tensor the tapes see.
 
     Why this way: Keras' Dense computes z inside ``call`` and returns only σ(z); wrapping
     ``call`` gives both a and z from the model's own forward pass (any model structure:
@@ -271,25 +295,28 @@ class _Capture:
             return self._embedding_call_of(layer)
 
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-            a = tf.convert_to_tensor(inputs)
-            if a.shape.rank != 2:
-                return self._refuse(
-                    layer,
-                    f"K-FAC supports Dense layers on inputs of shape (batch, features); layer "
-                    f"{layer.name!r} gets inputs of shape {tuple(a.shape)} (weights shared over "
-                    "positions, as in a convolution). Flatten before it, or use GGNOperator.",
-                    inputs,
-                )
             shared = self._shared(layer)
             if shared:
                 return self._refuse(layer, shared, inputs)
-            z = tf.matmul(a, tf.convert_to_tensor(layer.kernel))
-            if layer.use_bias:
-                z = z + tf.convert_to_tensor(layer.bias)
+            x = tf.convert_to_tensor(inputs)
+            try:
+                form = _dense_form(layer, x.shape.rank)
+            except ValueError as error:
+                return self._refuse(layer, str(error), inputs)
+            kernel = tf.convert_to_tensor(layer.kernel)
+            # z in (batch, positions..., outputs...) order, the kernel's output axes last
+            # in its own order; a in (batch, positions..., contracted...) order, so that
+            # both flatten to (n, T, d) with the kernel's rows and columns row-major.
+            z = tf.einsum(form.product, x, kernel)
+            if layer.bias is not None:
+                z = z + tf.reshape(tf.convert_to_tensor(layer.bias), kernel.shape[form.rows :])
             for tape in self._tapes:
                 tape.watch(z)
-            self.records[id(layer)] = (a[:, None, :], z)
-            return layer.activation(z) if layer.activation is not None else z
+            a = x if form.inputs is None else tf.einsum(form.inputs, x)
+            d_in = int(np.prod(kernel.shape[: form.rows]))
+            self.records[id(layer)] = (tf.reshape(a, [tf.shape(x)[0], -1, d_in]), z)
+            out = z if form.outputs is None else tf.einsum(form.outputs, z)
+            return layer.activation(out) if layer.activation is not None else out
 
         return call
 
@@ -345,6 +372,8 @@ class _Capture:
 
     def _embedding_call_of(self, layer: Any) -> Any:
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+            if _is_reversible(layer) and (kwargs.get("reverse") or (args and args[0])):
+                return self._reverse_call(layer, inputs, *args, **kwargs)
             shared = self._shared(layer)
             if shared:
                 return self._refuse(layer, shared, inputs)
@@ -362,6 +391,164 @@ class _Capture:
             return z
 
         return call
+
+    def _reverse_call(self, layer: Any, inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+        """A ``ReversibleEmbedding`` called with ``reverse=True`` (logits h Wᵀ): computed
+        as Keras does. With ``tie_weights=False`` its separate table is not the factored
+        one (an other variable); with tied weights the table's curvature is refused."""
+        if layer.tie_weights:
+            self.errors.append(
+                f"K-FAC: the ReversibleEmbedding layer {layer.name!r} ties its table to the "
+                "output projection (tie_weights=True, called with reverse=True): the table's "
+                "block is then E[(e_x ⊗ g + g_out ⊗ h)(...)ᵀ], two Kronecker products and "
+                "their cross terms, not one A ⊗ G. Build it with tie_weights=False, make "
+                "its table non-trainable, or use GGNOperator."
+            )
+        return type(layer).call(layer, inputs, *args, **kwargs)
+
+
+def _is_reversible(layer: Any) -> bool:
+    """Whether ``layer`` is a Keras ``ReversibleEmbedding`` (Keras ≥ 3.13)."""
+    reversible = getattr(keras.layers, "ReversibleEmbedding", None)
+    return reversible is not None and isinstance(layer, reversible)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DenseForm:
+    """A Dense or EinsumDense layer written as z = a W + b with W shared over positions.
+
+    ``product``: the einsum computing z from the input and the kernel in (batch,
+    positions..., output axes...) order, the output axes in the kernel's order;
+    ``inputs``: the einsum bringing the input to (batch, positions..., contracted axes...)
+    order, the contracted axes in the kernel's order (None: it already is); ``outputs``:
+    the einsum putting z in the layer's output order (None: it already is); ``rows``: how
+    many leading kernel axes are contracted (the kernel is (d_in, d_out) row-major with
+    d_in their size product)."""
+
+    product: str
+    inputs: str | None
+    outputs: str | None
+    rows: int
+
+
+def _equation_of(layer: Any, rank: int) -> tuple[str, str | None]:
+    """The einsum equation and bias axes of a Dense or EinsumDense layer on inputs of
+    ``rank`` axes: a Dense layer contracts the last axis, "…i,io->…o", bias "o"."""
+    if isinstance(layer, keras.layers.EinsumDense):
+        return layer.equation, layer.bias_axes
+    kept = "abcdefghijklmnpqrstuvwxyABCDEFGHIJKLMNOPQRSTUVWXYZ"[: rank - 1]
+    return f"{kept}z,zo->{kept}o", ("o" if layer.use_bias else None)
+
+
+def _dense_form(layer: Any, rank: int | None) -> _DenseForm:
+    """``layer`` (Dense or EinsumDense) on inputs of ``rank`` axes as a :class:`_DenseForm`;
+    a one-line ``ValueError`` naming the layer and its equation when it is not a Dense
+    layer shared over the non-batch axes its kernel does not touch."""
+    if rank is None:
+        raise ValueError(
+            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} gets inputs of unknown "
+            "rank; build the model on inputs of known rank."
+        )
+    equation, bias_axes = _equation_of(layer, rank)
+    reason = None
+    match = re.fullmatch(r"([a-zA-Z.]+),([a-zA-Z]+)->([a-zA-Z.]+)", equation.replace(" ", ""))
+    if match is None:
+        reason = "it is not of the form input,kernel->output"
+        inputs, kernel, output = "", "", ""
+    else:
+        inputs, kernel, output = match.groups()
+        elided = rank - len(inputs.replace("...", ""))
+        if "..." in inputs or "..." in output:
+            # Letters the equation does not use, for the axes "..." stands for.
+            unused = [
+                c for c in string.ascii_uppercase + string.ascii_lowercase if c not in equation
+            ]
+            fresh = "".join(unused[: max(elided, 0)])
+            inputs, output = inputs.replace("...", fresh), output.replace("...", fresh)
+        if "." in inputs + output or len(inputs) != rank:
+            reason = f"it does not match inputs of rank {rank}"
+    if reason is None:
+        reason = _dense_form_reason(inputs, kernel, output, bias_axes)
+    if reason is not None:
+        raise ValueError(
+            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} (equation {equation!r}"
+            f"{'' if bias_axes is None else f', bias_axes {bias_axes!r}'}) is not a Dense "
+            f"layer shared over positions: {reason}. Make its weights non-trainable and pass "
+            "other_variables='exclude' or 'diagonal', or use GGNOperator."
+        )
+    batch = inputs[0]
+    contracted = [c for c in kernel if c in inputs]
+    outputs = kernel[len(contracted) :]
+    positions = "".join(c for c in inputs[1:] if c not in kernel)
+    canonical_inputs = batch + positions + "".join(contracted)
+    canonical_output = batch + positions + outputs
+    return _DenseForm(
+        product=f"{inputs},{kernel}->{canonical_output}",
+        inputs=None if inputs == canonical_inputs else f"{inputs}->{canonical_inputs}",
+        outputs=None if output == canonical_output else f"{canonical_output}->{output}",
+        rows=len(contracted),
+    )
+
+
+def _dense_form_reason(inputs: str, kernel: str, output: str, bias_axes: str | None) -> str | None:
+    """Why the einsum ``inputs,kernel->output`` (no ``...``) with a bias on ``bias_axes``
+    is not z = a W + b over positions, or None when it is."""
+    if not inputs:
+        return "its input has no batch axis"
+    for what, spec in (("input", inputs), ("kernel", kernel), ("output", output)):
+        if len(set(spec)) != len(spec):
+            return f"a subscript repeats in its {what} ({spec!r})"
+    batch = inputs[0]
+    if batch in kernel or batch not in output:
+        return f"its batch axis {batch!r} is not kept apart from the kernel"
+    contracted = [c for c in kernel if c in inputs]
+    if not contracted:
+        return "it contracts no input axis with the kernel"
+    per_position = [c for c in contracted if c in output]
+    if per_position:
+        return (
+            f"the kernel axis {per_position[0]!r} is also an output axis (weights per "
+            "position, not shared)"
+        )
+    if kernel[: len(contracted)] != "".join(contracted):
+        return (
+            f"the kernel's contracted axes ({''.join(contracted)!r}) are not its leading "
+            "axes, so it does not flatten to (inputs, outputs) row-major"
+        )
+    summed = [c for c in inputs[1:] if c not in kernel and c not in output]
+    if summed:
+        return f"it sums over the input axis {summed[0]!r}"
+    outputs = kernel[len(contracted) :]
+    if bias_axes:
+        in_order = "".join(c for c in output if c in bias_axes)
+        if set(bias_axes) != set(outputs):
+            return (
+                f"its bias axes {bias_axes!r} are not the kernel's output axes {outputs!r} "
+                "(a bias per output unit, shared over positions)"
+            )
+        if in_order != outputs:
+            return (
+                f"its bias axes appear in the output as {in_order!r}, not in the kernel's "
+                f"order {outputs!r}"
+            )
+    return None
+
+
+def _factor_sizes(layer: Any) -> tuple[int, int]:
+    """(d_in, d_out) of a factored layer: its kernel's rows and columns, the kernel
+    flattened row-major (an EinsumDense kernel's contracted axes are its rows)."""
+    shape = [int(d) for d in _kernel_of(layer).shape]
+    rows = len(shape) - 1
+    if isinstance(layer, keras.layers.EinsumDense):
+        rows = _dense_form(layer, _static_rank(layer)).rows
+    return int(np.prod(shape[:rows])), int(np.prod(shape[rows:]))
+
+
+def _static_rank(layer: Any) -> int | None:
+    """The input rank a built EinsumDense layer was built for (its ``input_spec``)."""
+    spec = getattr(layer, "input_spec", None)
+    spec = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+    return getattr(spec, "ndim", None)
 
 
 def _check_embedding(layer: Any) -> None:
@@ -407,8 +594,9 @@ def _kernel_of(layer: Any) -> Any:
 
 
 class KFACOperator(SymmetricProducts, LinearOperator):
-    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense, Conv1D,
-    Conv2D and Embedding layers, a symmetric PSD ``LinearOperator`` over the same flat
+    """K-FAC (Kronecker-factored approximate curvature) of a Keras model's Dense,
+    EinsumDense, Conv1D, Conv2D and Embedding layers, a symmetric PSD ``LinearOperator``
+    over the same flat
     parameter vector as :class:`~spectra.operators.HessianOperator` (same
     ``variable_names``, ``flatten``, ``unflatten``).
 
@@ -457,6 +645,29 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     dilation·(k − 1) zeros on the left that Keras adds) are factored the same way, with
     patches of k positions × c_in channels.
 
+    **Dense and EinsumDense on sequences** (transformers; Eschenhagen et al. 2023). A Dense
+    layer on inputs of shape (batch, p_1, ..., p_k, features) applies its kernel at every
+    one of the T = p_1 ⋯ p_k positions t, so its per-example gradient is Σ_t ā_t g_tᵀ as
+    for a convolution, with ā_t = [a_t; 1] the features at t and g_t the gradient in its
+    output there, and the ``conv`` variant applies: ``"expand"`` (default)
+    A = (1/(NT)) Σ_{n,t} ā ā ᵀ, G = (1/N) Σ_{n,t,c} g gᵀ; ``"reduce"`` A from each example's
+    mean ā over the positions, G from Σ_t g. On inputs (batch, features) both are the
+    Dense factors above. An EinsumDense layer is factored when its equation is such a
+    Dense layer: every kernel axis is either contracted with an input axis (not kept in
+    the output) or an output axis, the contracted ones lead the kernel, the input's first
+    (batch) axis and its other non-kernel axes (the positions) are kept in the output, and
+    the bias, if any, is one per output unit (``bias_axes`` the kernel's output axes, in
+    its order). Then z = a W + b with a the contracted input axes, W the kernel as a
+    (d_in, d_out) matrix in its own row-major order (so the flat parameter vector is
+    spectra's flattening of the kernel variable) and T the product of the positions' sizes:
+    attention's query/key/value ``abc,cde->abde`` (W: d_model × heads·head_dim) and output
+    ``abcd,cde->abe`` (W: heads·head_dim × d_model), with or without bias, and ``...``
+    equations. Other equations (weights per position such as ``abc,bcd->abd``, a kernel
+    whose output axes come first, a sum over a non-kernel axis, a bias per position) are
+    refused in one line naming the layer and the equation. Exact for one example with one
+    position; the capture computes z itself from the einsum and the layer's kernel and
+    bias, in (batch, positions, outputs) order.
+
     **Embedding.** An Embedding layer (table W of shape V × d) computes z = e_x W for the
     one-hot vector e_x of its input token x: a Dense layer without bias whose input is
     one-hot, so its per-example gradient is e_x g ᵀ and A = (1/N) Σ_n e_xn e_xnᵀ is diagonal,
@@ -467,11 +678,18 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     G = (1/N) Σ_{n,t,c} g gᵀ; ``"reduce"`` A from each example's mean one-hot (its token
     histogram / T, no longer diagonal), G from Σ_t g. Exact for one example with one
     position. ``mask_zero=True`` is refused (the masked positions would be counted in A),
-    and so are vocabularies above 4096 (A is held dense, V × V).
+    and so are vocabularies above 4096 (A is held dense, V × V). A ``ReversibleEmbedding``
+    (Keras ≥ 3.13, keras-hub's token embeddings) is an Embedding on its forward calls. Its
+    reverse call (logits h Wᵀ) with ``tie_weights=True`` is refused: the shared table's
+    per-example gradient is then Σ_t e_xt g_tᵀ + Σ_s u_s h_sᵀ (u the gradient in the
+    logits), whose second moment is A_in ⊗ G_in + G_out ⊗ A_out plus cross terms, not one
+    Kronecker product. With ``tie_weights=False`` the reverse table is a separate variable,
+    not factored (an other variable, below).
 
-    **Other variables.** Trainable variables not in a Dense, Conv1D, Conv2D or Embedding
-    layer (BatchNorm, LayerNormalization, ...): ``other_variables="error"`` (default)
-    refuses them, naming the layer; ``"exclude"`` leaves their rows and columns zero
+    **Other variables.** Trainable variables not in a factored layer (BatchNorm,
+    LayerNormalization, position embeddings, ...): ``other_variables="error"`` (default)
+    refuses them in one line listing every one of them by name, grouped by the (innermost)
+    layer holding it; ``"exclude"`` leaves their rows and columns zero
     (eigenvalue 0); ``"diagonal"`` keeps the exact diagonal of the matrix of ``kind`` for
     them, (1/N) Σ_i Σ_c (J_θ,iᵀ s_ic)², from per-example Jacobians (C backward passes per
     example: small models). Regularization
@@ -481,7 +699,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     **Cost.** One pass over the data at construction: a forward pass per batch, C backward
     passes for type-2 (plus the output Hessian, C more on the outputs only), S for mc, one
     for empirical; a Conv2D layer also holds its patches (T·kh·kw·c_in per example) and an
-    Embedding its one-hot inputs (T·V per example) while its batch is processed. The
+    Embedding its one-hot inputs (T·V per example) while its batch is processed; EKFAC's
+    second pass forms each shared layer's per-example gradients (d_a·d_out per example). The
     operator then holds only the factors: a product costs O(Σ_l d_a² d_out + d_a d_out²) on
     the host, computed as A V G per layer without forming
     the Kronecker product; eigendecompositions of the factors (O(d_a³ + d_out³) per layer,
@@ -567,8 +786,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         conv: str = "expand",
         dtype: Any = None,
     ) -> KFACOperator:
-        """K-FAC of ``model``'s Dense, Conv1D, Conv2D and Embedding layers at its current
-        weights, from one pass over ``data``.
+        """K-FAC of ``model``'s Dense, EinsumDense, Conv1D, Conv2D and Embedding layers at
+        its current weights, from one pass over ``data``.
 
         Parameters
         ----------
@@ -593,11 +812,13 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             the dataset).
         other_variables:
             ``"error"`` (default), ``"exclude"`` or ``"diagonal"``: what to do with
-            trainable variables outside Dense, Conv1D, Conv2D and Embedding layers.
+            trainable variables outside the factored layers (``"error"``: a message
+            listing all of them, grouped by layer).
         conv:
-            ``"expand"`` (default) or ``"reduce"``: the KFC variant for Conv1D and Conv2D
-            layers and for Embedding layers on sequences (class docstring); no effect on
-            Dense layers.
+            ``"expand"`` (default) or ``"reduce"``: the variant for layers whose weights are
+            shared over positions (Eschenhagen et al. 2023): Conv1D and Conv2D layers, and
+            Dense, EinsumDense and Embedding layers on sequences (class docstring); no
+            effect on layers applied once per example.
         dtype:
             float32 or float64 (default: the variables' dtype); float64 runs the pass on a
             float64 clone of the model.
@@ -613,7 +834,9 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             An argument of the wrong type.
         ValueError
             A value out of range, or a model, loss or data K-FAC does not cover (named in
-            the message: several outputs, shared or sequence Dense layers, an Embedding with
+            the message: several outputs, a layer called more than once, an EinsumDense
+            equation that is not a Dense layer over positions, a tied ReversibleEmbedding
+            called in reverse, an Embedding with
             ``mask_zero=True`` or a vocabulary above 4096, sample weights,
             other trainable variables with ``other_variables="error"``, a non-convex loss
             for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
@@ -686,7 +909,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                 continue
             base = next(kind for kind in _FACTORED if isinstance(layer, kind))
             k = where(_kernel_of(layer))
-            b = where(layer.bias) if getattr(layer, "use_bias", False) else None
+            bias = getattr(layer, "bias", None)
+            b = where(bias) if bias is not None else None
             if k is None and b is None:
                 continue
             if type(layer).call is not base.call:
@@ -709,26 +933,21 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                     f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
                     "kernel is not one matrix. Merge or dequantize it first."
                 )
-            if base is keras.layers.Embedding:
+            if base in (keras.layers.Dense, keras.layers.EinsumDense):
+                rank = _static_rank(layer) if base is keras.layers.EinsumDense else 2
+                _dense_form(layer, rank)  # an EinsumDense that is not Dense-like: refused
+            if isinstance(layer, keras.layers.Embedding):
                 _check_embedding(layer)
             dense_layers.append(layer)
             layout.append((layer, k, b))
             covered.update(j for j in (k, b) if j is not None)
         others = [j for j in range(len(chosen)) if j not in covered]
         if others and other_variables == "error":
-            j = others[0]
-            owner = _owner(run_model, chosen[j])
-            listed = ", ".join(repr(names[i]) for i in others)
-            raise ValueError(
-                f"K-FAC supports Dense, Conv1D, Conv2D and Embedding layers; layer {owner} has "
-                f"trainable variables it does not cover ({listed}). Pass "
-                "other_variables='exclude' (their rows and columns are zero) or "
-                "other_variables='diagonal' (the exact diagonal of the matrix for them)."
-            )
+            raise ValueError(_uncovered(run_model, [chosen[j] for j in others], names, others))
         if not dense_layers:
             raise ValueError(
-                f"model {model.name!r} has no Dense, Conv1D, Conv2D or Embedding layer with "
-                "trainable variables: K-FAC covers those layers only."
+                f"model {model.name!r} has no {_FACTORED_NAMES.replace(' and ', ' or ')} layer "
+                "with trainable variables: K-FAC covers those layers only."
             )
         batches = Batches(
             data,
@@ -1147,19 +1366,53 @@ class EKFACOperator(KFACOperator):
     Frobenius norm and damped inverse. Cost: a second pass over the data (the eigenbasis
     needs the factors first) with the same backward passes as the first; products cost
     four matrix products per layer instead of two.
+
+    For a layer shared over T positions (Conv1D, Conv2D, Dense, EinsumDense or Embedding on
+    sequences) the per-example gradient is M_nc = Σ_t ā_nt g_ntcᵀ and
+    s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ M_nc q_G,j)², in the eigenbasis of the ``conv`` variant's
+    factors. A direction on which A or G is zero to working precision gets s_ij = 0. With
+    ``conv="expand"`` (or one position) that is exact: q_Aᵀ ā_nt = 0 at every position.
+    With ``conv="reduce"`` on several positions only the mean ā_n is orthogonal to such a
+    q_A (likewise Σ_t g for G), so the exact projection there need not vanish: a
+    rank-deficient reduce factor (fewer examples than its dimension) makes EKFAC equal to
+    diag(Qᵀ B_l Q) on the other directions only.
     """
 
     eigenvalue_corrected = True
 
 
-def _owner(model: Any, weight: Any) -> str:
-    """A layer as errors name it: ``'name' (Type)`` of the layer holding ``weight``."""
+def _owners(model: Any) -> dict[int, Any]:
+    """The innermost layer holding each trainable weight (by ``id``). Nested layers list
+    their sublayers' weights too; the innermost is the holder with the fewest."""
+    found: dict[int, tuple[int, Any]] = {}
     for layer in _keras_compat.flatten_layers(model):
-        if isinstance(layer, keras.Model):
-            continue
-        if any(w is weight for w in layer.trainable_weights):
-            return f"{layer.name!r} ({type(layer).__name__})"
-    return repr(variable_name(weight))
+        weights = list(layer.trainable_weights)
+        for w in weights:
+            if id(w) not in found or len(weights) < found[id(w)][0]:
+                found[id(w)] = (len(weights), layer)
+    return {key: layer for key, (_, layer) in found.items()}
+
+
+def _uncovered(model: Any, weights: Sequence[Any], names: Sequence[str], at: Sequence[int]) -> str:
+    """The one-line refusal listing every trainable variable K-FAC does not cover
+    (``weights``, named ``names[at[i]]``), grouped by the layer holding it."""
+    owners = _owners(model)
+    groups: dict[int, tuple[str, list[str]]] = {}
+    for weight, j in zip(weights, at):
+        layer = owners.get(id(weight))
+        owner = "no layer" if layer is None else f"layer {layer.name!r} ({type(layer).__name__})"
+        groups.setdefault(id(layer), (owner, []))[1].append(repr(names[j]))
+    listed = "; ".join(f"{owner}: {', '.join(held)}" for owner, held in groups.values())
+    count = len(weights)
+    return (
+        f"K-FAC factors {_FACTORED_NAMES} layers; {count} trainable "
+        f"variable{'s' if count != 1 else ''} in {len(groups)} "
+        f"layer{'s' if len(groups) != 1 else ''} {'is' if count == 1 else 'are'} not "
+        f"covered: {listed}. Pass "
+        "other_variables='exclude' (their rows and columns are zero) or "
+        "other_variables='diagonal' (the exact diagonal of the matrix for them), or make them "
+        "non-trainable."
+    )
 
 
 class _Accumulators:
@@ -1176,8 +1429,7 @@ class _Accumulators:
         self.A: list[np.ndarray] = []
         self.G: list[np.ndarray] = []
         for layer, k, b in self.layout:
-            d_in = int(np.prod(_kernel_of(layer).shape[:-1]))
-            d_out = int(_kernel_of(layer).shape[-1])
+            d_in, d_out = _factor_sizes(layer)
             d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
             self.A.append(np.zeros((d_a, d_a)))
             self.G.append(np.zeros((d_out, d_out)))
@@ -1380,8 +1632,8 @@ def _accumulate_batch(
     for index, ((layer, k, b), record) in enumerate(zip(acc.layout, records)):
         if record is None:
             raise ValueError(
-                f"K-FAC: the Dense layer {layer.name!r} is not called in the model's forward "
-                "pass, so it has no factors; make its weights non-trainable."
+                f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is not called in the "
+                "model's forward pass, so it has no factors; make its weights non-trainable."
             )
         a, _ = record
         abar = _augmented(np.asarray(a, np.float64), k is not None, b is not None)

@@ -351,13 +351,6 @@ def test_refusals(mlp, data, kfac):
         KFACOperator.from_keras(mlp, loss, (x, labels, np.ones(N)))
     with pytest.raises(ValueError, match="data is required"):
         KFACOperator.from_keras(mlp, loss)
-    sequence = keras.Sequential(
-        [keras.Input((2, D_IN), dtype=F64), keras.layers.Dense(3, dtype=F64),
-         keras.layers.Flatten(dtype=F64)]
-    )  # fmt: skip
-    with pytest.raises(ValueError, match=r"inputs of shape \(batch, features\)") as raised:
-        KFACOperator.from_keras(sequence, "mse", (np.zeros((2, 2, D_IN)), np.zeros((2, 6))))
-    assert "\n" not in str(raised.value)  # not wrapped in Keras' call context
     inputs = keras.Input((D_IN,), dtype=F64)
     shared_layer = keras.layers.Dense(D_IN, activation="tanh", dtype=F64)
     head = keras.layers.Dense(CLASSES, dtype=F64)
@@ -498,7 +491,7 @@ def test_dataset_input_and_unsupported_layers(mlp, data, kfac):
          keras.layers.Dense(CLASSES, dtype=F64)]
     )  # fmt: skip
     with pytest.raises(
-        ValueError, match=r"layer 'layer_normalization\w*' \(LayerNormalization\) has trainable"
+        ValueError, match=r"layer 'layer_normalization\w*' \(LayerNormalization\): '"
     ):
         KFACOperator.from_keras(normalized, "mse", (x, np.zeros((N, CLASSES))))
     with pytest.raises(ValueError, match="reduction='sum'"):
