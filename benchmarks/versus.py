@@ -809,6 +809,9 @@ def kfac_rows(rows, pair, args, m, criterion, loader, v, V16, to_torch, to_spect
             rows, m, f"K-FAC build ({kind})", "1 data pass",
             {"spectra": ours, "curvlinops": theirs}, pairs,
         )  # fmt: skip
+        if kind not in built:  # the build's row was left out (--only): build once
+            ours()
+            theirs()
         if kind == "type-2":
             gap = relative(to_spectra(built["curv type-2"] @ tv), built["type-2"].matvec(v))
             print(f"  K-FAC products agree to {gap:.1e} (relative)", flush=True)
