@@ -4,14 +4,23 @@ An error is written to 2 significant digits and its value to the same decimal pl
 trailing zeros kept (``1.6991200 ± 7.5e-06``, ``79.2 ± 7.0``, ``3800 ± 50``), as the ISO
 Guide to the Expression of Uncertainty in Measurement (GUM, section 7.2.6) recommends. The
 console (:func:`plus_minus`), the callback's log lines and the figures' value labels
-(:func:`format_value`) follow the one rule. Pure Python: any layer may import it.
+(:func:`format_value`) follow the one rule. Counts are written as a number and its noun,
+never as a compound adjective: "5 subsets of 898 examples", not "5 898-example subsets"
+(:func:`count_text`). Pure Python: any layer may import it.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["ERROR_SIGNIFICANT_DIGITS", "format_value", "keep_zeros", "plus_minus", "value_digits"]
+__all__ = [
+    "ERROR_SIGNIFICANT_DIGITS",
+    "count_text",
+    "format_value",
+    "keep_zeros",
+    "plus_minus",
+    "value_digits",
+]
 
 ERROR_SIGNIFICANT_DIGITS = 2
 # The console writes at most this many significant digits of a value (a float64 result
@@ -66,3 +75,10 @@ def plus_minus(value: float | None, error: float | None) -> str:
     if digits is None:
         return f"{value:.6g} ± {error:.2g}"
     return f"{keep_zeros(value, digits)} ± {keep_zeros(error, ERROR_SIGNIFICANT_DIGITS)}"
+
+
+def count_text(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and its noun, with thousands separators: ``"1 example"``, ``"1,797
+    examples"`` (``plural`` default ``noun + "s"``). Counts of counts read as a number
+    and its noun each, "5 subsets of 898 examples", never "5 898-example subsets"."""
+    return f"{count:,} {noun if count == 1 else (plural or noun + 's')}"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from spectra._format import format_value, value_digits
+from spectra._format import count_text, format_value, value_digits
 from spectra.estimators.results import EigenResult, SpectralDensity
 from spectra.io.files import atomic_write
 
@@ -40,9 +40,12 @@ if TYPE_CHECKING:
     from spectra.analysis.repeats import RepeatResult
 
 __all__ = [
+    "FONTS",
     "STYLES",
+    "FigureFont",
     "add_title",
     "figure_caption",
+    "figure_metadata",
     "figure_size",
     "figure_style",
     "format_value",
@@ -54,6 +57,7 @@ __all__ = [
     "plot_sharpness",
     "plot_spectral_density",
     "repeats_description",
+    "resolve_font",
     "save_figure",
     "value_digits",
 ]
@@ -169,10 +173,108 @@ _FONT_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
 _ACTIVE_STYLE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "spectra_plotting_style", default=None
 )
+_ACTIVE_FONT: contextvars.ContextVar[FigureFont | None] = contextvars.ContextVar(
+    "spectra_plotting_font", default=None
+)
 # Attributes spectra sets on the figures it styles or describes.
 _STYLE_ATTRIBUTE = "_spectra_style"
+_FONT_ATTRIBUTE = "_spectra_font"
 _METADATA_ATTRIBUTE = "_spectra_metadata"
 _CAPTION_ATTRIBUTE = "_spectra_caption"
+
+
+# The fonts a figure can ask for by kind (any other name is a font family matplotlib must
+# find). "serif": the first Times-like family found, then STIX (Times-like, shipped with
+# matplotlib, so always found) and DejaVu Serif for the glyphs they lack (matplotlib falls
+# back glyph by glyph along the list), with math in Computer Modern (mathtext; no TeX
+# needed). "sans": DejaVu Sans, matplotlib's default, with its own math.
+FONTS = ("sans", "serif")
+_TIMES_LIKE = (
+    "Times New Roman",
+    "Times",
+    "Nimbus Roman",
+    "Nimbus Roman No9 L",
+    "TeX Gyre Termes",
+    "Liberation Serif",
+    "STIXGeneral",
+)
+_SERIF_FALLBACK = "DejaVu Serif"
+_SANS = "DejaVu Sans"
+# Families of matplotlib's own math and symbol fonts, left out of the list of families an
+# unknown --font name is answered with.
+_NOT_TEXT_FAMILIES = re.compile(
+    r"^(cm[a-z]+\d*|STIX(NonUnicode|Size.*)|Last Resort.*|DejaVu Math.*)$"
+)
+_LISTED_FAMILIES = 12
+# The width of a bold character of the Times-like serif, in em (DejaVu Sans Bold: 0.62).
+_SERIF_BOLD_EM = 0.52
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureFont:
+    """The font of a figure: ``name`` as asked (``"serif"``, ``"sans"`` or a family),
+    ``families`` the families matplotlib found, in the order it falls back along them for
+    a missing glyph, and ``math`` the mathtext font set (``"cm"``: Computer Modern)."""
+
+    name: str
+    families: tuple[str, ...]
+    math: str
+
+    def rc(self) -> dict[str, Any]:
+        """The matplotlib settings that draw in this font."""
+        return {"font.family": list(self.families), "mathtext.fontset": self.math}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "families": list(self.families), "math": self.math}
+
+    def describe(self) -> str:
+        """``"serif (Liberation Serif, STIXGeneral, DejaVu Serif; math cm)"``."""
+        return f"{self.name} ({', '.join(self.families)}; math {self.math})"
+
+
+def _known_families() -> dict[str, str]:
+    """The font families matplotlib finds, by lower-case name."""
+    from matplotlib import font_manager
+
+    return {entry.name.lower(): entry.name for entry in font_manager.fontManager.ttflist}
+
+
+def resolve_font(font: str | FigureFont | None) -> FigureFont | None:
+    """The :class:`FigureFont` of ``font``: ``"serif"`` (Times-like, math in Computer
+    Modern), ``"sans"`` (DejaVu Sans, matplotlib's default) or the name of a font family
+    matplotlib finds (case does not matter; DejaVu Sans covers the glyphs it lacks);
+    None for None (matplotlib's settings unchanged).
+
+    A family matplotlib does not find is a one-line ``ValueError`` listing some it does
+    and how to add one. Cost: a look-up in matplotlib's font list (built once per
+    installation)."""
+    if font is None or isinstance(font, FigureFont):
+        return font
+    if not isinstance(font, str):
+        raise TypeError(f"font must be a str or None, got {type(font).__name__}")
+    name = font.strip()
+    known = _known_families()
+    if name.lower() in ("sans", "sans-serif"):
+        return FigureFont("sans", (_SANS,), "dejavusans")
+    if name.lower() == "serif":
+        found = [known[family.lower()] for family in _TIMES_LIKE if family.lower() in known]
+        chain = [*found[:1], "STIXGeneral", _SERIF_FALLBACK]
+        return FigureFont(
+            "serif", tuple(f for f in dict.fromkeys(chain) if f.lower() in known), "cm"
+        )
+    family = known.get(name.lower())
+    if family is None:
+        listed = sorted({f for f in known.values() if not _NOT_TEXT_FAMILIES.match(f)})
+        shown = ", ".join(listed[:_LISTED_FAMILIES]) + (
+            ", ..." if len(listed) > _LISTED_FAMILIES else ""
+        )
+        raise ValueError(
+            f"matplotlib finds no font family {name!r}; 'serif' and 'sans' always work, and "
+            f"these families are installed: {shown}. To use another, install its .ttf file "
+            "(e.g. in ~/.fonts) and remove matplotlib's font cache (fontlist-*.json in "
+            "matplotlib.get_cachedir())."
+        )
+    return FigureFont(family, tuple(dict.fromkeys([family, _SANS])), "dejavusans")
 
 
 def _check_style(style: Any) -> str | None:
@@ -188,28 +290,29 @@ def _check_style(style: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def figure_style(style: str | None) -> Iterator[None]:
+def figure_style(style: str | None, *, font: str | FigureFont | None = None) -> Iterator[None]:
     """Context in which spectra draws for print: the preset's font sizes, line widths and
     no axis offsets (matplotlib's ``rc_context``, so the user's rcParams are restored on
     exit). ``style`` is ``"column"`` (3.25 in wide), ``"page"`` (6.75 in) or None
-    (matplotlib's defaults, nothing changed). The plotting functions' ``style=`` enter it."""
+    (matplotlib's defaults, nothing changed). ``font`` is ``"serif"`` (Times-like, math in
+    Computer Modern), ``"sans"`` (DejaVu Sans), a font family matplotlib finds, or None
+    (the rcParams' font): see :func:`resolve_font`; it applies with or without a style.
+    The plotting functions' ``style=`` and ``font=`` enter it."""
     import matplotlib as mpl
 
     name = _check_style(style)
-    if name is None:
-        token = _ACTIVE_STYLE.set(None)
-        try:
-            yield
-        finally:
-            _ACTIVE_STYLE.reset(token)
-        return
-    settings: Any = STYLES[name].rc
+    chosen = resolve_font(font)
+    settings: Any = {} if name is None else dict(STYLES[name].rc)
+    if chosen is not None:
+        settings.update(chosen.rc())
     with mpl.rc_context(settings):
-        token = _ACTIVE_STYLE.set(name)
+        style_token = _ACTIVE_STYLE.set(name)
+        font_token = _ACTIVE_FONT.set(chosen)
         try:
             yield
         finally:
-            _ACTIVE_STYLE.reset(token)
+            _ACTIVE_FONT.reset(font_token)
+            _ACTIVE_STYLE.reset(style_token)
 
 
 def figure_size(style: str, aspect: float | None = None) -> tuple[float, float]:
@@ -220,24 +323,45 @@ def figure_size(style: str, aspect: float | None = None) -> tuple[float, float]:
 
 
 def new_figure(
-    style: str | None = None, *, aspect: float | None = None, nrows: int = 1, ncols: int = 1
+    style: str | None = None,
+    *,
+    aspect: float | None = None,
+    nrows: int = 1,
+    ncols: int = 1,
+    font: str | FigureFont | None = None,
 ) -> tuple[Figure, Any]:
     """A figure with ``nrows`` × ``ncols`` axes (an array of axes for more than one) and a
     constrained layout, sized by ``style`` (:func:`figure_size`; matplotlib's default
-    size for None)."""
+    size for None), its texts in ``font`` (:func:`resolve_font`; kept for the title,
+    caption and tick labels drawn later)."""
     import matplotlib.pyplot as plt
 
     name = _check_style(style)
+    chosen = resolve_font(font)
     size = None if name is None else figure_size(name, aspect)
-    with figure_style(name):
+    with figure_style(name, font=chosen):
         figure, axes = plt.subplots(nrows, ncols, figsize=size, layout="constrained")
     setattr(figure, _STYLE_ATTRIBUTE, name)
+    setattr(figure, _FONT_ATTRIBUTE, chosen)
     return figure, axes
 
 
 def _new_axes() -> Axes:
-    _, ax = new_figure(_ACTIVE_STYLE.get())
+    _, ax = new_figure(_ACTIVE_STYLE.get(), font=_ACTIVE_FONT.get())
     return ax
+
+
+def _figure_font(figure: Figure) -> FigureFont | None:
+    """The font a figure was made in (:func:`new_figure`), None for matplotlib's."""
+    font = getattr(figure, _FONT_ATTRIBUTE, None)
+    return font if isinstance(font, FigureFont) else None
+
+
+def _font_keywords(font: FigureFont | None) -> dict[str, Any]:
+    """Keywords of a matplotlib ``Text`` that draw it in ``font`` (none for None)."""
+    if font is None:
+        return {}
+    return {"fontfamily": list(font.families), "math_fontfamily": font.math}
 
 
 def _w(width: float) -> float:
@@ -253,36 +377,49 @@ def _small() -> Any:
     return STYLES[_ACTIVE_STYLE.get() or "column"].rc["legend.fontsize"]
 
 
-def _fix_tick_fonts(ax: Axes) -> None:
-    """Ticks are made when drawn, after the style's context is gone: their sizes are set
-    now (a style's sizes, at least 7 pt) on ``ax`` and its twins, and on every axes of a
-    figure spectra made (its colorbar's too); other axes of a user's figure are left."""
+def _fix_tick_fonts(ax: Axes, sized: bool = True, font: FigureFont | None = None) -> None:
+    """Ticks are made when drawn, after the style's context is gone: their sizes (with
+    ``sized``: a style's sizes, at least 7 pt) and ``font`` are set now on ``ax`` and its
+    twins, and on every axes of a figure spectra made (its colorbar's too); other axes of
+    a user's figure are left. With ``font`` the axis labels and titles of those axes,
+    made with the axes, take it too."""
     import matplotlib as mpl
 
     figure = _root_figure(ax)
-    if getattr(figure, _STYLE_ATTRIBUTE, None) is not None:
+    if getattr(figure, _STYLE_ATTRIBUTE, None) is not None or _figure_font(figure) is not None:
         chosen = list(figure.axes)
     else:
         chosen = list(ax.get_shared_x_axes().get_siblings(ax))
     for axes in chosen:
-        axes.tick_params(axis="x", which="both", labelsize=mpl.rcParams["xtick.labelsize"])
-        axes.tick_params(axis="y", which="both", labelsize=mpl.rcParams["ytick.labelsize"])
-        for axis in (axes.xaxis, axes.yaxis):
-            formatter = axis.get_major_formatter()
-            if hasattr(formatter, "set_useOffset"):
-                formatter.set_useOffset(False)
+        if sized:
+            axes.tick_params(axis="x", which="both", labelsize=mpl.rcParams["xtick.labelsize"])
+            axes.tick_params(axis="y", which="both", labelsize=mpl.rcParams["ytick.labelsize"])
+            for axis in (axes.xaxis, axes.yaxis):
+                formatter = axis.get_major_formatter()
+                if hasattr(formatter, "set_useOffset"):
+                    formatter.set_useOffset(False)
+        if font is not None:
+            axes.tick_params(axis="both", which="both", labelfontfamily=list(font.families))
+            for text in (axes.xaxis.label, axes.yaxis.label, axes.title):
+                text.set_fontfamily(list(font.families))
+                text.set_math_fontfamily(font.math)
 
 
 def _styled(function: Any) -> Any:
-    """Run a plotting function inside :func:`figure_style` of its ``style`` keyword."""
+    """Run a plotting function inside :func:`figure_style` of its ``style`` and ``font``
+    keywords."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         style = _check_style(kwargs.get("style"))
-        with figure_style(style):
+        font = resolve_font(kwargs.get("font"))
+        if font is not None:
+            kwargs["font"] = font
+        with figure_style(style, font=font):
             result = function(*args, **kwargs)
+            if style is not None or font is not None:
+                _fix_tick_fonts(result, sized=style is not None, font=font)
             if style is not None:
-                _fix_tick_fonts(result)
                 _fit_y_labels(result)
         return result
 
@@ -329,8 +466,11 @@ def _style_axes(ax: Axes) -> None:
     ax.set_axisbelow(True)
 
 
-def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) -> None:
-    """Legend over all ``axes`` when they hold > 1 labelled artist (or any, with ``always``).
+def _refresh_legend(
+    *axes: Axes, always: bool = False, outside: bool = False, shown: bool = True
+) -> None:
+    """Legend over all ``axes`` when they hold > 1 labelled artist (or any, with ``always``);
+    none without ``shown`` (the legends drawn before on them are removed either way).
 
     The legend goes on the last axes (the one drawn on top, e.g. a twin), so
     that no line of the others can cover it; with ``outside`` (and a
@@ -355,7 +495,7 @@ def _refresh_legend(*axes: Axes, always: bool = False, outside: bool = False) ->
         for legend in list(figure.legends):
             if legend.get_gid() == _SERIES_GID:
                 legend.remove()
-    if not (len(handles) > 1 or (always and handles)):
+    if not shown or not (len(handles) > 1 or (always and handles)):
         return
     engine = figure.get_layout_engine()
     constrained = engine is not None and type(engine).__name__ == "ConstrainedLayoutEngine"
@@ -386,7 +526,27 @@ def _fit_labels(labels: list[str], width: float) -> list[str]:
     size = float(STYLES[_ACTIVE_STYLE.get() or "column"].rc["legend.fontsize"])
     # About 0.55 em per character, and room for the legend's handle and padding.
     characters = max(24, int((width * 72.0 - 40.0) / (0.55 * size)))
-    return ["\n".join(textwrap.wrap(label, characters)) or label for label in labels]
+    return [
+        label
+        if _shown_length(label) <= characters
+        else "\n".join(textwrap.wrap(label, characters)) or label
+        for label in labels
+    ]
+
+
+_MATH = re.compile(r"\$[^$]*\$")
+_MATH_COMMAND = re.compile(r"\\[A-Za-z]+")
+
+
+def _shown_length(label: str) -> int:
+    """About how many characters wide ``label`` is drawn: its mathtext (``$H_{\\ell\\ell}$``)
+    counted by the symbols it shows (3), not by its source."""
+
+    def symbols(found: re.Match[str]) -> str:
+        shown = _MATH_COMMAND.sub("x", found.group())
+        return "x" * len(re.sub(r"[${}_^ ]", "", shown))
+
+    return len(_MATH.sub(symbols, label))
 
 
 def _subscript(index: int) -> str:
@@ -420,7 +580,10 @@ def plot_spectral_density(
     band: bool = True,
     label: str | None = None,
     color: Any = None,
+    negative: bool = True,
+    legend: bool = True,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """Gaussian-smoothed SLQ spectral density with its confidence band.
 
@@ -432,13 +595,29 @@ def plot_spectral_density(
     Ghorbani, Krishnan & Xiao (ICML 2019), Fig. 1.
 
     The legend names the line (``label``, else "SLQ density") with the kernel
-    width σ, and the band as "±2 s.e. across P probes" (no band for one probe).
+    width σ, and the band as "±2 s.e. across P probes" (no band for one probe); no
+    legend without ``legend``.
+
+    The λ axis of a positive semidefinite density (``density.positive_semidefinite``: a
+    GGN, a Fisher, any operator with ``is_positive_semidefinite``) starts at λ = 0: there
+    is no mass below. ``negative=False`` draws any density on λ ≥ 0 only (the default
+    grid cut at 0), e.g. a Hessian's positive side; the mass below 0 is then not drawn.
+    ``style`` and ``font`` draw for print (:func:`figure_style`).
     """
     if not isinstance(density, SpectralDensity):
         raise TypeError(f"density must be a SpectralDensity, got {type(density).__name__}")
+    from_zero = bool(density.positive_semidefinite) or not negative
     curve = density.density(grid, sigma)
+    if from_zero and grid is None and curve.grid.min() < 0:
+        top = float(curve.grid.max())
+        if top <= 0:
+            raise ValueError("negative=False draws λ ≥ 0 only, but the density has no node above 0")
+        points = max(1000, int(np.sum(curve.grid >= 0)))
+        curve = density.density(np.linspace(0.0, top, points), curve.sigma)
     if ax is None:
         ax = _new_axes()
+    reused_axes = ax.has_data()
+    previous_left = ax.get_xlim()[0]
     color = _next_color(ax, color)
     peak = float(np.max(curve.upper))
     if not np.isfinite(peak) or peak <= 0:
@@ -472,8 +651,11 @@ def plot_spectral_density(
             linewidth=0,
             label=f"±2 s.e. across {density.num_probes} probes",
         )
-    if curve.grid.min() <= 0.0 <= curve.grid.max():
+    if curve.grid.min() < 0.0 <= curve.grid.max():
         ax.axvline(0.0, color=_ZERO_LINE_COLOR, linewidth=_w(0.8), zorder=0.5)
+    if from_zero and curve.grid.min() >= 0.0:
+        # The axis starts at λ = 0, the curve's first point: no margin at negative λ.
+        ax.set_xlim(left=min(previous_left, 0.0) if reused_axes else 0.0)
 
     if log_scale:
         ax.set_yscale("log")
@@ -484,7 +666,7 @@ def plot_spectral_density(
         ax.set_ylabel("Density, ∫ = 1")
     ax.set_xlabel("Eigenvalue λ")
     _style_axes(ax)
-    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None)
+    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None, shown=legend)
     return ax
 
 
@@ -625,13 +807,15 @@ def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> No
 
 
 def _repeat_unit(repeats: RepeatResult) -> tuple[str, str]:
-    """What one repeat is, and several: ("150-example subset", "150-example subsets")
-    from ``subset_sizes`` (the fraction when the sizes differ), or ("seed", "seeds")."""
+    """What one repeat is, and several: ("subset of 150 examples", "subsets of 150
+    examples") from ``subset_sizes`` (the fraction when the sizes differ), or ("seed",
+    "seeds")."""
     if repeats.subsample is None:
         return "seed", "seeds"
     sizes = np.asarray(repeats.subset_sizes).ravel()
     if sizes.size and np.all(sizes == sizes[0]) and sizes[0] > 0:
-        return f"{int(sizes[0]):,}-example subset", f"{int(sizes[0]):,}-example subsets"
+        examples = count_text(int(sizes[0]), "example")
+        return f"subset of {examples}", f"subsets of {examples}"
     share = f"{100 * repeats.subsample:.3g}% of the data"
     return f"subset of {share}", f"subsets of {share}"
 
@@ -740,7 +924,9 @@ def plot_eigenvalues(
     log_scale: bool = False,
     annotate: bool | None = None,
     repeats: RepeatResult | None = None,
+    legend: bool = True,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """The computed eigenvalues against their index i = 1, 2, … with error bars.
 
@@ -758,8 +944,9 @@ def plot_eigenvalues(
     the run's marker: each run's value as a small dot and their mean ± sd (the sample
     standard deviation, ddof = 1) as a diamond with bars. The legend then names the two
     uncertainties apart: "numerical bound of this run" for the run's error bars, "λᵢ of R
-    150-example subsets (mean ± sd)" (the size from ``repeats.subset_sizes``; "R seeds"
-    without subsets) for the repeats' spread, which is not an error bar.
+    subsets of 150 examples (mean ± sd)" (the size from ``repeats.subset_sizes``; "R seeds"
+    without subsets) for the repeats' spread, which is not an error bar. ``legend=False``
+    draws no legend; ``style`` and ``font`` draw for print (:func:`figure_style`).
 
     On a log axis spanning under two decades the ticks are plain decimals (0.6, 1, 2, 3,
     4, 6); the x range widens until the value labels end inside the axes, and a single
@@ -812,7 +999,7 @@ def plot_eigenvalues(
     ax.set_ylabel("Eigenvalue λᵢ" + (" (log scale)" if log_scale else ""))
     _style_axes(ax)
     # In a print style the legend goes under the axes: at that size it would cover markers.
-    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None)
+    _refresh_legend(ax, always=True, outside=_ACTIVE_STYLE.get() is not None, shown=legend)
     if annotate or (values.size == 1 and not reused):
         _keep_annotations_inside(ax, centre=values.size == 1 and not reused)
     return ax
@@ -1227,7 +1414,9 @@ def plot_sharpness(
     ax: Axes | None = None,
     label: str | None = None,
     threshold_note: str | None = None,
+    legend: bool = True,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """Sharpness (top Hessian eigenvalue λ₁) along training.
 
@@ -1260,8 +1449,9 @@ def plot_sharpness(
     threshold is drawn (e.g. Adam's is for λ_max(P⁻¹H), not the λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
     the line (below it, or above it when the line is low); the threshold's legend names it
-    a stability threshold, and for which matrix (:func:`threshold_text`). ``style`` draws
-    for print (:func:`figure_style`). Returns the primary (sharpness) axes.
+    a stability threshold, and for which matrix (:func:`threshold_text`). ``legend=False``
+    draws no legend; ``style`` and ``font`` draw for print (:func:`figure_style`). Returns
+    the primary (sharpness) axes.
     """
     series = _sharpness_series(
         steps, values, lr, threshold, errors, traces, trace_errors, losses, overlaps
@@ -1316,7 +1506,7 @@ def plot_sharpness(
         ]
     if twins and series.single and len(colors) == 1:
         _color_y_axis(ax, colors[0])
-    _refresh_legend(ax, *twins, always=series.errors is not None, outside=True)
+    _refresh_legend(ax, *twins, always=series.errors is not None, outside=True, shown=legend)
     return ax
 
 
@@ -1333,8 +1523,33 @@ class _GroupBars(NamedTuple):
 
 def block_symbol(symbol: str) -> str:
     """The diagonal block ℓℓ of the matrix ``symbol`` ("H") in mathtext, ``$H_{\\ell\\ell}$``:
-    unicode subscript letters (ₗ) are unreadable at print size."""
+    unicode subscript letters (ₗ) are unreadable at print size; a combining tilde ("F̃")
+    is written ``\\tilde{F}``."""
+    if symbol.endswith("\u0303"):
+        symbol = f"\\tilde{{{symbol[:-1]}}}"
     return f"${symbol}_{{\\ell\\ell}}$"
+
+
+_SUBSCRIPT_LETTERS = {
+    **{chr(0x2080 + digit): str(digit) for digit in range(10)},
+    "ₖ": "k",
+    "ᵢ": "i",
+    "ₗ": "l",
+}
+_SUBSCRIPTED_LAMBDA = re.compile(f"λ([{''.join(_SUBSCRIPT_LETTERS)}]+)")
+
+
+def _with_math(text: str) -> str:
+    """A label that holds mathtext (``$...$``) as the active font can draw it: mathtext
+    draws the rest of such a label in its own text font, which in Computer Modern (the
+    serif font's math) lacks unicode subscripts, so there λ₁ is written ``$\\lambda_1$``."""
+    font = _ACTIVE_FONT.get()
+    if "$" not in text or font is None or font.math != "cm":
+        return text
+    return _SUBSCRIPTED_LAMBDA.sub(
+        lambda found: f"$\\lambda_{{{''.join(_SUBSCRIPT_LETTERS[c] for c in found.group(1))}}}$",
+        text,
+    )
 
 
 def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
@@ -1346,13 +1561,13 @@ def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
         values = np.asarray(result.traces, dtype=np.float64)
         errors = np.asarray(result.trace_stderr, dtype=np.float64)
         unconverged = np.zeros(len(names), dtype=bool)
-        legend = f"trace of {block_symbol(symbol)} ± standard error"
+        legend = _with_math(f"trace of {block_symbol(symbol)} ± standard error")
         xlabel = "Trace of the diagonal block"
     else:
         values = np.array([float(v[0]) for v in result.eigenvalues])
         errors = np.array([float(e[0]) for e in result.error_bounds])
         unconverged = np.array([not bool(np.all(c)) for c in result.converged])
-        legend = f"λ₁ of {block_symbol(symbol)} ± error bound"
+        legend = _with_math(f"λ₁ of {block_symbol(symbol)} ± error bound")
         xlabel = "Top eigenvalue of the diagonal block"
     errors = np.where(np.isfinite(errors) & (errors >= 0), errors, 0.0)
     return _GroupBars(values, errors, unconverged, legend, xlabel)
@@ -1384,7 +1599,7 @@ def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: s
         marker="o",
         markersize=_w(4),
         color="0.15",
-        label=f"λ₂ … λₖ of {block_symbol(symbol)}",
+        label=_with_math(f"λ₂ … λₖ of {block_symbol(symbol)}"),
     )
 
 
@@ -1410,13 +1625,17 @@ def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.nd
     )
 
 
-def _legend_under_bars(ax: Axes, extra: list[Any]) -> None:
+def _legend_under_bars(ax: Axes, extra: list[Any], shown: bool = True) -> None:
     """The legend under the axes, bars first (matplotlib lists lines before containers),
-    then ``extra`` handles, with labels wrapped to the axes' width in a print style."""
+    then ``extra`` handles, with labels wrapped to the axes' width in a print style; none
+    without ``shown``."""
+    if not shown:
+        return
     handles, labels = ax.get_legend_handles_labels()
     handles += extra
     labels += [handle.get_label() for handle in extra]
-    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(("λ₁", "trace")))
+    first = ("λ₁", "trace", "$\\lambda_{1}$")
+    order = sorted(range(len(handles)), key=lambda i: not labels[i].startswith(first))
     width = ax.get_position().width * _root_figure(ax).get_figwidth()
     labels = _fit_labels(labels, width + 0.4)
     from matplotlib.transforms import ScaledTranslation
@@ -1447,7 +1666,9 @@ def plot_layerwise(
     symbol: str = "H",
     color: Any = None,
     annotate: bool | None = None,
+    legend: bool = True,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """Per-layer bars of a :class:`spectra.LayerwiseResult`, one row per group, first at top.
 
@@ -1457,7 +1678,9 @@ def plot_layerwise(
     result computed with ``trace=True``). Groups whose eigenvalues did not converge get a
     hatched bar, named in the legend. ``symbol`` is the matrix' letter in the legend ("G"
     for a Gauss-Newton matrix). ``annotate`` writes each value at its bar (default: up to
-    30 groups). The legend goes under the axes, clear of the bars. Returns the axes.
+    30 groups). The legend goes under the axes, clear of the bars (none with
+    ``legend=False``); ``style`` and ``font`` draw for print (:func:`figure_style`).
+    Returns the axes.
     """
     from spectra.analysis.per_layer import LayerwiseResult
 
@@ -1501,7 +1724,7 @@ def plot_layerwise(
     ax.set_ylabel("Layer (parameter group)")
     _style_axes(ax)
     ax.grid(False, axis="y")
-    _legend_under_bars(ax, extra)
+    _legend_under_bars(ax, extra, shown=legend)
     return ax
 
 
@@ -1522,7 +1745,9 @@ def plot_loss_landscape_1d(
     *,
     xlabel: str = "Step size α along direction",
     references: Mapping[str, tuple[str, Any]] | None = None,
+    legend: bool = True,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """Loss along directions through the current parameters, L(θ + α d).
 
@@ -1532,7 +1757,8 @@ def plot_loss_landscape_1d(
     ``references`` maps legend labels to ``(direction label, curve)``: curves
     at the same ``alphas`` drawn thin and dashed in the color of that
     direction's line (e.g. its quadratic model L + α gᵀv + λα²/2). Few points
-    (≤ 5) get markers.
+    (≤ 5) get markers. ``legend=False`` draws no legend; ``style`` and ``font`` draw for
+    print (:func:`figure_style`).
     """
     alpha_array = _as_1d("alphas", alphas)
     if alpha_array.size == 0:
@@ -1589,7 +1815,7 @@ def plot_loss_landscape_1d(
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Loss")
     _style_axes(ax)
-    _refresh_legend(ax, outside=_ACTIVE_STYLE.get() is not None)
+    _refresh_legend(ax, outside=_ACTIVE_STYLE.get() is not None, shown=legend)
     return ax
 
 
@@ -1603,13 +1829,14 @@ def plot_loss_landscape_2d(
     labels: tuple[str, str] = ("v₁", "v₂"),
     levels: int | Sequence[float] = 30,
     style: str | None = None,
+    font: str | FigureFont | None = None,
 ) -> Axes:
     """Filled contours of the loss surface L(θ + α d₁ + β d₂).
 
     ``losses[i, j]`` is the loss at ``(alphas[i], betas[j])``; α runs along
     the x axis and β along the y axis. Adds a colorbar labelled "Loss" and a
     marker at the origin (the current parameters). Non-finite losses are left
-    blank.
+    blank. ``style`` and ``font`` draw for print (:func:`figure_style`).
     """
     alpha_array = _as_1d("alphas", alphas)
     beta_array = _as_1d("betas", betas)
@@ -1641,7 +1868,7 @@ def plot_loss_landscape_2d(
             ratio = _span(beta_array) / span if span > 0 else 1.0
             height = min(side * ratio, _MAX_SQUARE_SIDE) + 0.55
             aspect = height / STYLES[name].width
-        _, ax = new_figure(name, aspect=aspect)
+        _, ax = new_figure(name, aspect=aspect, font=_ACTIVE_FONT.get())
     filled = ax.contourf(alpha_array, beta_array, surface.T, levels=levels, cmap="viridis")
     ax.contour(
         alpha_array,
@@ -1712,7 +1939,10 @@ def figure_caption(*parts: Any) -> str:
 # A number in exponent notation with a padded exponent ("1e-08", "2.5e+03").
 _PADDED_EXPONENT = re.compile(r"(\d)e([+-]?)0*(\d+)\b")
 # Groups kept on one line of a caption: "10 probes × 80 steps", "mean ± sd", "k = 5".
-_NO_BREAK = re.compile(r"(?<=\d) (?=probes|steps|examples)| (?=[×±=] )|(?<= [×±=]) ")
+_NO_BREAK = re.compile(
+    r"(?<=\d) (?=probes|steps|examples?\b|subsets?\b|seeds?\b|checkpoints|products)"
+    r"| (?=[×±=] )|(?<= [×±=]) "
+)
 
 
 def print_text(text: str) -> str:
@@ -1769,11 +1999,23 @@ def add_title(
     the title, whether or not they are drawn; a mapping gives both ("Title",
     "Description"), e.g. the title of a figure drawn without one. Returns the figure.
     """
+    import matplotlib as mpl
+
     figure = _root_figure(fig_or_ax)
     if isinstance(metadata, Mapping):
         _describe(figure, metadata.get("Title") or title, metadata.get("Description"))
     else:
         _describe(figure, title, metadata if metadata is not None else caption)
+    font = _figure_font(figure)
+    settings: Any = {} if font is None else font.rc()
+    with mpl.rc_context(settings):
+        _draw_title(figure, fig_or_ax, title, caption)
+    return figure
+
+
+def _draw_title(figure: Figure, fig_or_ax: Any, title: str | None, caption: str | None) -> None:
+    """The title and caption of :func:`add_title`, in the figure's font."""
+    font = _font_keywords(_figure_font(figure))
     styled = getattr(figure, _STYLE_ATTRIBUTE, None) is not None
     title_size = STYLES["column"].rc["figure.titlesize"] if styled else 12
     caption_size = _MIN_FONT_SIZE if styled else _CAPTION_FONTSIZE
@@ -1781,12 +2023,13 @@ def add_title(
     if title:
         shown = title
         if styled:
-            # Bold characters are about 0.62 em wide.
+            # Bold characters are about 0.62 em wide (0.52 em in a Times-like serif).
             import textwrap
 
-            characters = int(0.85 * figure.get_figwidth() * 72.0 / (0.62 * title_size))
+            em = _SERIF_BOLD_EM if _figure_font(figure) == resolve_font("serif") else 0.62
+            characters = int(0.85 * figure.get_figwidth() * 72.0 / (em * title_size))
             shown = "\n".join(textwrap.wrap(title, max(20, characters)))
-        figure.suptitle(shown, fontsize=title_size, fontweight="bold")
+        figure.suptitle(shown, fontsize=title_size, fontweight="bold", **font)
         added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
     if caption:
         axes = fig_or_ax if not isinstance(fig_or_ax, type(figure)) else None
@@ -1799,16 +2042,15 @@ def add_title(
         text = _wrap_caption(caption, width)
         pad = 6 if styled else 8
         if axes is None:
-            figure.supxlabel(text, fontsize=caption_size, color="0.3")
+            figure.supxlabel(text, fontsize=caption_size, color="0.3", **font)
         elif _side_by_side(axes):
             _caption_across(figure, axes, text, caption_size, pad)
         else:
-            axes.set_title(text, fontsize=caption_size, color="0.3", pad=pad)
+            axes.set_title(text, fontsize=caption_size, color="0.3", pad=pad, **font)
             _centre_title_on(figure, axes)
         added_points += 1.25 * caption_size * (text.count("\n") + 1) + 6
     if styled and added_points:
         figure.set_figheight(figure.get_figheight() + added_points / 72.0)
-    return figure
 
 
 def _side_by_side(axes: Axes) -> bool:
@@ -1832,7 +2074,8 @@ def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad:
     from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
     blank = "\n".join(" " for _ in text.split("\n"))
-    axes.set_title(blank, fontsize=fontsize, pad=pad)
+    font = _font_keywords(_figure_font(figure))
+    axes.set_title(blank, fontsize=fontsize, pad=pad, **font)
     line = blended_transform_factory(figure.transSubfigure, axes.transAxes)
     caption = figure.text(
         0.5,
@@ -1844,6 +2087,7 @@ def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad:
         va="baseline",
         fontsize=fontsize,
         color="0.3",
+        **font,
     )
     caption.set_in_layout(False)
     setattr(figure, _CAPTION_ATTRIBUTE, caption)
@@ -1873,6 +2117,26 @@ def _centre_title_on(figure: Figure, axes: Axes) -> None:
     if title is not None and axes.get_subplotspec() is not None:
         title.set_transform(blended_transform_factory(axes.transAxes, figure.transSubfigure))
         title.set_x(0.5)
+
+
+def figure_metadata(fig_or_ax: Any) -> dict[str, str]:
+    """What :func:`save_figure` writes into a figure's file metadata: ``"Title"`` and
+    ``"Description"`` (recorded by :func:`add_title`: the title, drawn or not, and the full
+    caption) and ``"Keywords"``, the figure's print settings (``"style column; font serif
+    (STIXGeneral, DejaVu Serif; math cm)"``) when it was made in a style or a font."""
+    figure = _root_figure(fig_or_ax)
+    recorded = dict(getattr(figure, _METADATA_ATTRIBUTE, None) or {})
+    if "Keywords" not in recorded:
+        settings = []
+        style = getattr(figure, _STYLE_ATTRIBUTE, None)
+        if style is not None:
+            settings.append(f"style {style}")
+        font = _figure_font(figure)
+        if font is not None:
+            settings.append(f"font {font.describe()}")
+        if settings:
+            recorded["Keywords"] = "; ".join(settings)
+    return recorded
 
 
 def _file_metadata(file_format: str, recorded: Mapping[str, str]) -> dict[str, Any] | None:
@@ -1906,7 +2170,8 @@ def save_figure(
     The format comes from the suffix of ``path`` (.png, .pdf, .svg, …). Fonts stay
     fonts: TrueType (Type 42) in PDF and PostScript, ``<text>`` in SVG (set for this
     save only). The title and description that :func:`add_title` recorded, updated by
-    ``metadata`` (keys "Title", "Description", "Keywords"), go into the file's metadata:
+    ``metadata`` (keys "Title", "Description", "Keywords"; :func:`figure_metadata`), go
+    into the file's metadata:
     PDF Title/Subject/Keywords, PNG text chunks, SVG ``<metadata>``. ``dpi`` (raster
     formats) defaults to 300 for a figure in a print style, else 150. The file is written
     to a temporary file in the same directory and moved into place with ``os.replace``, so
@@ -1930,7 +2195,7 @@ def save_figure(
         dpi = STYLES["column"].rc["savefig.dpi"] if styled else 150
     if not dpi > 0:
         raise ValueError(f"dpi must be positive, got {dpi}")
-    recorded = dict(getattr(figure, _METADATA_ATTRIBUTE, None) or {})
+    recorded = figure_metadata(figure)
     for key, value in dict(metadata or {}).items():
         if key not in ("Title", "Description", "Keywords") or not isinstance(value, str):
             raise ValueError(
@@ -1939,8 +2204,11 @@ def save_figure(
         recorded[key] = value
     fields = _file_metadata(file_format, recorded)
 
+    font = _figure_font(figure)
+
     def write(temp_name: str) -> None:
-        fonts: Any = _FONT_RC
+        # Texts made while saving (tick labels of a redrawn axis) take the figure's font.
+        fonts: Any = {**_FONT_RC, **({} if font is None else font.rc())}
         with mpl.rc_context(fonts):
             figure.savefig(
                 temp_name,

@@ -41,6 +41,17 @@ from spectra.plotting import (
 # figure, so a missing glyph fails the test.
 pytestmark = pytest.mark.filterwarnings("error:Glyph .* missing from font:UserWarning")
 
+
+@pytest.fixture(autouse=True)
+def _every_glyph_drawn(caplog):
+    """Mathtext logs a glyph its font lacks ("substituting with a dummy symbol") instead of
+    warning: a box at print size too."""
+    yield
+    drawn = caplog.get_records("setup") + caplog.get_records("call")
+    missing = [record.getMessage() for record in drawn if "glyph" in record.getMessage()]
+    assert not missing, missing
+
+
 STEPS = np.arange(0, 201, 20)
 SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
 LOSSES = np.linspace(2.3, 0.4, STEPS.size)
@@ -95,20 +106,28 @@ def results(matrix):
     }
 
 
-def _draw(kind: str, results, style: str):
+def _draw(kind: str, results, style: str, **options):
+    """The figure of ``kind`` in ``style``; ``options`` (``font``, ``legend``) go to the
+    plotting function."""
     if kind == "eigenvalues":
-        return plot_eigenvalues(results["top5"], style=style)
+        return plot_eigenvalues(results["top5"], style=style, **options)
     if kind == "eigenvalue":
-        return plot_eigenvalues(results["top1"], style=style)
+        return plot_eigenvalues(results["top1"], style=style, **options)
     if kind == "eigenvalues_repeats":
-        return plot_eigenvalues(results["gram"], repeats=results["repeats"], style=style)
+        return plot_eigenvalues(results["gram"], repeats=results["repeats"], style=style, **options)
     if kind == "density":
-        return plot_spectral_density(results["density"], style=style)
+        return plot_spectral_density(results["density"], style=style, **options)
     if kind == "layers":
-        return plot_layerwise(results["layers"], style=style)
+        return plot_layerwise(results["layers"], style=style, **options)
     if kind == "sharpness":
         return plot_sharpness(
-            STEPS, SHARPNESS, lr=0.2, errors=SHARPNESS * 1e-3, losses=LOSSES, style=style
+            STEPS,
+            SHARPNESS,
+            lr=0.2,
+            errors=SHARPNESS * 1e-3,
+            losses=LOSSES,
+            style=style,
+            **options,
         )
     if kind == "sharpness_full":
         # The reviewer's `sharpness --top-k 3 --trace --plot-overlap` and the long label of
@@ -126,9 +145,10 @@ def _draw(kind: str, results, style: str):
             ylabel="Preconditioned sharpness λ₁(P⁻¹H)",
             xlabel="Training step (from the file names)",
             style=style,
+            **options,
         )
     if kind == "eigenvalues_log":
-        return plot_eigenvalues(results["log10"], log_scale=True, style=style)
+        return plot_eigenvalues(results["log10"], log_scale=True, style=style, **options)
     if kind == "landscape_1d":
         alphas = np.linspace(-1, 1, 21)
         return plot_loss_landscape_1d(
@@ -136,10 +156,12 @@ def _draw(kind: str, results, style: str):
             {"v₁": 1 + 3 * alphas**2, "random direction": 1 + alphas**2},
             xlabel="Distance α in parameter space",
             style=style,
+            **options,
         )
     alphas = np.linspace(-1, 1, 9)
     surface = 1 + alphas[:, None] ** 2 + 2 * alphas[None, :] ** 2
-    return plot_loss_landscape_2d(alphas, alphas, surface, style=style)
+    options.pop("legend", None)  # a colorbar, no legend
+    return plot_loss_landscape_2d(alphas, alphas, surface, style=style, **options)
 
 
 KINDS = [
@@ -170,6 +192,14 @@ def test_every_plot_fits_its_print_size(kind, style, titled, results):
     untouched."""
     before = dict(matplotlib.rcParams)
     ax = _draw(kind, results, style)
+    _assert_fits_print(ax, kind, style, titled)
+    assert dict(matplotlib.rcParams) == before
+    plt.close(ax.figure)
+
+
+def _assert_fits_print(ax, kind: str, style: str, titled: bool) -> list[Text]:
+    """What every print figure keeps (see :func:`test_every_plot_fits_its_print_size`),
+    after an optional title and caption; returns the texts drawn."""
     figure = ax.figure
     assert figure.get_figwidth() == pytest.approx(STYLES[style].width)
     if titled:
@@ -236,8 +266,7 @@ def test_every_plot_fits_its_print_size(kind, style, titled, results):
         box = legend.get_window_extent(renderer)
         assert canvas.x0 - 2 <= box.x0 and box.x1 <= canvas.x1 + 2
         assert canvas.y0 - 2 <= box.y0 and box.y1 <= canvas.y1 + 2
-    assert dict(matplotlib.rcParams) == before
-    plt.close(figure)
+    return texts
 
 
 @pytest.mark.parametrize("style", ["column", "page"])
@@ -402,8 +431,8 @@ def test_repeats_spread_beside_the_numerical_bound(results, style):
     # (100 of the 200 rows), not called an error bar.
     assert texts[0].startswith("λᵢ ± numerical bound of this run")
     assert texts[1:] == [
-        "λᵢ of each 100-example subset",
-        "λᵢ of 5 100-example subsets (mean\u00a0±\u00a0sd)",
+        "λᵢ of each subset of 100 examples",
+        "λᵢ of 5 subsets of 100 examples (mean\u00a0±\u00a0sd)",
     ]
     assert all(text.count("(") <= 1 for text in texts), texts
     dots = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_alpha()]
@@ -708,3 +737,239 @@ def test_layers_figure_keeps_title_and_caption_clear_of_the_axes(results, style,
         assert panels[0].y0 == pytest.approx(panels[1].y0)
         assert abs((below.x0 + below.x1) / 2 - canvas.width / 2) < 2.0
     plt.close(figure)
+
+
+# --------------------------------------------------------------------------- fonts, legends
+
+
+SERIF = ["STIXGeneral", "DejaVu Serif"]  # no Times-like family is installed here
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_plot_fits_its_print_size_in_serif(kind, style, results):
+    """font="serif": the same print checks, every text (tick labels, title and caption
+    made later included) in the Times-like family first, math in Computer Modern."""
+    from spectra.plotting import resolve_font
+
+    font = resolve_font("serif")
+    assert font.families[-2:] == ("STIXGeneral", "DejaVu Serif") and font.math == "cm"
+    before = dict(matplotlib.rcParams)
+    ax = _draw(kind, results, style, font="serif")
+    texts = _assert_fits_print(ax, kind, style, titled=True)
+    for text in texts:
+        assert text.get_fontfamily() == list(font.families), (text.get_text(), kind)
+        assert text.get_fontproperties().get_math_fontfamily() == "cm", text.get_text()
+    assert dict(matplotlib.rcParams) == before
+    plt.close(ax.figure)
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "2d"])
+def test_no_legend_draws_none_and_still_fits(kind, style, results):
+    ax = _draw(kind, results, style, legend=False)
+    figure = ax.figure
+    _assert_fits_print(ax, kind, style, titled=True)
+    assert not figure.legends
+    assert all(axes.get_legend() is None for axes in figure.axes)
+    plt.close(figure)
+
+
+def test_fonts_by_name_and_unknown_names():
+    from spectra.plotting import resolve_font
+
+    assert resolve_font(None) is None
+    assert resolve_font("sans").families == ("DejaVu Sans",)
+    named = resolve_font("dejavu serif")  # as matplotlib spells it, case aside
+    assert named.families == ("DejaVu Serif", "DejaVu Sans") and named.name == "DejaVu Serif"
+    with pytest.raises(ValueError) as raised:
+        resolve_font("Nowhere Grotesk")
+    text = str(raised.value)
+    assert "\n" not in text and "'Nowhere Grotesk'" in text
+    assert "DejaVu Sans" in text and "'serif' and 'sans' always work" in text
+    assert "cmr10" not in text  # matplotlib's math fonts are not offered as text fonts
+
+
+def test_serif_files_embed_the_font_and_record_it(results, tmp_path):
+    """PDF: the STIX font embedded as TrueType (no Type 3); PNG and PDF metadata name the
+    style and the font; SVG keeps text in the serif family."""
+    from PIL import Image
+
+    ax = plot_sharpness(STEPS, SHARPNESS, lr=0.2, losses=LOSSES, style="column", font="serif")
+    add_title(ax, "Sharpness", None, metadata="settings")
+    paths = {fmt: save_figure(ax, tmp_path / f"serif.{fmt}") for fmt in ("pdf", "png", "svg")}
+    plt.close(ax.figure)
+    pdf = paths["pdf"].read_bytes()
+    assert b"/Type3" not in pdf and b"/FontFile2" in pdf and b"STIXGeneral" in pdf
+    with Image.open(paths["png"]) as image:
+        keywords = image.text["Keywords"]
+    assert keywords == "style column; font serif (STIXGeneral, DejaVu Serif; math cm)"
+    assert "STIXGeneral" in paths["svg"].read_text()
+
+
+# --------------------------------------------------------------------------- density axis
+
+
+@pytest.fixture(scope="module")
+def psd_density():
+    """The SLQ density of a PSD operator (it says so): nodes >= 0, reflected at 0."""
+    from scipy.sparse.linalg import aslinearoperator
+
+    rng = np.random.default_rng(2)
+    op = aslinearoperator(np.diag(np.r_[[9.0, 5.0], np.abs(rng.normal(0.0, 0.05, 98))]))
+    op.is_positive_semidefinite = True
+    density = spectral_density(op, num_steps=20, num_probes=4, seed=0, distribution="gaussian")
+    assert density.positive_semidefinite
+    return density
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+@pytest.mark.parametrize("log_scale", [True, False])
+def test_psd_density_starts_at_zero(psd_density, style, log_scale):
+    """A positive semidefinite density's λ axis starts at 0, not at a margin below it."""
+    ax = plot_spectral_density(psd_density, log_scale=log_scale, style=style)
+    _assert_fits_print(ax, "density", style, titled=False)
+    assert ax.get_xlim()[0] == 0.0
+    (line,) = [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
+    assert line.get_xdata().min() == 0.0
+    assert ax.get_yscale() == ("log" if log_scale else "linear")
+    plt.close(ax.figure)
+
+
+def test_negative_side_hidden_on_request(results):
+    """A Hessian's density (nodes below 0) on λ >= 0 only with negative=False; by default
+    its axis reaches below 0."""
+    density = results["density"]
+    assert density.nodes.min() < 0 and not density.positive_semidefinite
+    shown = plot_spectral_density(density, style="column")
+    assert shown.get_xlim()[0] < 0
+    plt.close(shown.figure)
+    ax = plot_spectral_density(density, negative=False, style="column")
+    (line,) = [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
+    assert ax.get_xlim()[0] == 0.0 and line.get_xdata().min() == 0.0
+    plt.close(ax.figure)
+
+
+# --------------------------------------------------------------------------- the CLI figures
+
+
+def _analysis_report(results, density):
+    from spectra.cli.analyze import AnalysisReport
+
+    return AnalysisReport(
+        command="spectra analyze m.keras",
+        versions={},
+        settings={"dtype": "float32"},
+        data={"name": "digits", "num_examples": 300},
+        model={"name": "digits_mlp", "num_parameters": 85002, "compiled_loss": None},
+        loss=0.5,
+        eigenvalues=results["top5"],
+        eigenvalue_ratio=None,
+        trace=None,
+        density=density,
+        density_moments=None,
+        negative_mass=None,
+        layers=results["layers"],
+        layer_table=None,
+        num_products=100,
+        num_data_passes=20,
+        wall_times={},
+        files={},
+    )
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+def test_cli_figures_in_serif_without_legend_and_labels(results, style):
+    """`analyze --density --layers --font serif --no-legend --no-labels --no-density-log
+    --no-density-negative`: no legend, no value labels, the serif font, the density linear
+    on λ >= 0 (its caption says so), every figure fitting its print size."""
+    from spectra.cli._common import figure_record
+    from spectra.cli._parser import build_parser
+    from spectra.cli.analyze import _figures
+
+    words = ["analyze", "m.keras", "--data", "d.npz", "--out", "o", "--density", "--layers"]
+    words += ["--font", "serif", "--no-legend", "--no-labels", "--style", style]
+    words += ["--no-density-log", "--no-density-negative", "--caption", "full"]
+    args = build_parser().parse_args(words)
+    args.command_line = "spectra " + " ".join(words)
+    report = _analysis_report(results, results["density"])
+    figures = _figures(args, report)
+    assert [stem for _, stem, _ in figures] == ["eigenvalues", "density", "layers"]
+    for _, stem, figure in figures:
+        figure.canvas.draw()
+        assert not figure.legends and all(axes.get_legend() is None for axes in figure.axes)
+        assert all(not axes.texts for axes in figure.axes), stem  # no value labels
+        texts = _texts(figure)
+        assert all(text.get_fontfamily()[0] == "STIXGeneral" for text in texts), stem
+        assert all(text.get_fontsize() >= 7.0 for text in texts), stem
+        drawn, size = figure.get_tightbbox(), figure.get_size_inches()
+        assert drawn.x0 >= -0.02 and drawn.x1 <= size[0] + 0.02, (stem, drawn)
+        assert drawn.y0 >= -0.02 and drawn.y1 <= size[1] + 0.02, (stem, drawn)
+    density_ax = figures[1][2].axes[0]
+    assert density_ax.get_yscale() == "linear" and density_ax.get_xlim()[0] == 0.0
+    record = figure_record(args, figures)
+    assert record["settings"]["font"]["families"][:1] == ["STIXGeneral"]
+    assert record["settings"]["legend"] is False and record["settings"]["labels"] is False
+    assert "λ < 0 not drawn" in record["captions"]["density"]["caption"]
+    assert "font serif" in record["captions"]["eigenvalues"]["keywords"]
+    for _, _, figure in figures:
+        plt.close(figure)
+
+
+def test_cli_unknown_font_is_one_line(capsys):
+    from spectra.cli import main
+
+    status = main(["plot", "missing.json", "--font", "Nowhere Grotesk"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith("spectra: error: --font: matplotlib finds no font family")
+
+
+def _sharpness_args(*extra):
+    from spectra.cli._parser import build_parser
+
+    args = build_parser().parse_args(["sharpness", "run", "--data", "d.npz", "--out", "o", *extra])
+    args.command_line = "spectra sharpness run"
+    return args
+
+
+@pytest.mark.parametrize("style", ["column", "page"])
+def test_compact_sharpness_figure(style, monkeypatch):
+    """By default the sharpness figure draws no caption (it goes to the metadata and the
+    record): its axes take a larger share of the height than with the short caption drawn
+    (measured: 0.46 of it instead of 0.41 at column size, where the title and caption took
+    26 % of the height and the title alone takes 15 %; 0.62 instead of 0.58 on a page)."""
+    from spectra.cli import sharpness
+    from spectra.cli._common import figure_record
+    from spectra.plotting import figure_metadata
+
+    monkeypatch.setattr(sharpness, "describe_data", lambda data: data["name"])
+    report, done = _sharpness_record(None)
+    shares = {}
+    for caption in ("default", "short"):
+        extra = ["--style", style] + ([] if caption == "default" else ["--caption", caption])
+        args = _sharpness_args(*extra)
+        figure = sharpness.sharpness_figure(args, report, done, None, "step", "file names")
+        figure.canvas.draw()
+        ax = figure.axes[0]
+        shares[caption] = ax.get_window_extent().height / figure.bbox.height
+        if caption == "default":
+            assert ax.get_title() == "" and figure._suptitle is not None
+            described = figure_metadata(figure)["Description"]
+            assert "adam_mlp, 1,210 parameters" in described and "seed 0" in described
+            record = figure_record(args, [("sharpness_figure", "sharpness", figure)], True)
+            assert record["settings"]["caption"] == "none"
+            assert record["captions"]["sharpness"]["caption"] == described
+        plt.close(figure)
+    assert shares["default"] > shares["short"] + 0.04, shares
+
+
+def test_counts_read_as_number_and_noun():
+    from spectra._format import count_text
+    from spectra.plotting import print_text
+
+    assert count_text(1, "example") == "1 example"
+    assert count_text(898, "example") == "898 examples"
+    assert count_text(1797, "subset") == "1,797 subsets"
+    text = print_text("λᵢ of 5 subsets of 898 examples · 3 seeds")
+    assert "5\u00a0subsets of 898\u00a0examples" in text and "3\u00a0seeds" in text

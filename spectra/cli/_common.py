@@ -149,10 +149,13 @@ def matrix_title(args: argparse.Namespace) -> str:
 def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> dict[str, Any]:
     """Every option that decides the numbers of ``analyze`` and ``sharpness``.
 
-    ``loss`` None means the loss each checkpoint was compiled with.
+    ``loss`` None means the loss each checkpoint was compiled with; a dict is one loss per
+    output (``--loss OUTPUT=NAME``, None for an output left out), ``loss_weights`` the
+    ``--loss-weight`` of each output named (None without).
     """
     return {
         "loss": args.loss,
+        "loss_weights": getattr(args, "loss_weights", None),
         "max_examples": args.max_examples,
         **settings.numbers(),
         "batch_size": args.batch_size,
@@ -302,13 +305,95 @@ def check_data_values(data: Any, spec: str) -> None:
 
 def check_loss(args: argparse.Namespace) -> None:
     """An unknown loss name is a user error (Keras resolves it, on any backend); no
-    ``--loss`` means the compiled loss, checked with the model (:func:`check_model`)."""
+    ``--loss`` means the compiled loss, checked with the model (:func:`check_model`), as
+    are the output names of ``--loss OUTPUT=NAME`` and ``--loss-weight``."""
     if args.loss is None:
         return
     from spectra.operators.losses import resolve_loss
 
+    if isinstance(args.loss, dict):
+        if all(loss is None for loss in args.loss.values()):
+            raise UserError("--loss: every output is 'none': there is no loss to measure.")
+        for output, loss in args.loss.items():
+            if loss is not None:
+                with user_errors(f"--loss {output}={loss}"):
+                    resolve_loss(loss, "float32")
+        return
     with user_errors("--loss"):
         resolve_loss(args.loss, "float32")
+
+
+def operator_loss(args: argparse.Namespace) -> Any:
+    """The ``loss`` the operators and the landscape get: ``--loss`` (a name, or a dict by
+    output name, as ``compile`` takes it), or None, the loss the model is compiled with,
+    which :func:`apply_loss_weights` makes the one with the ``--loss-weight`` weights."""
+    if getattr(args, "loss_weights", None) is not None:
+        return None
+    return args.loss
+
+
+# What spectra calls the one output of a model whose outputs have no names (a Sequential
+# model), as :func:`spectra.operators.losses.output_entries` does.
+UNNAMED_OUTPUT = "output"
+
+
+def output_names(model: Any) -> list[str]:
+    """The names of the model's outputs in Keras' order (``model.output_names``), or
+    ``["output"]`` for a model without them (a Sequential model has one output)."""
+    names = [str(name) for name in (getattr(model, "output_names", None) or [])]
+    return names or [UNNAMED_OUTPUT]
+
+
+def check_output_names(model: Any, args: argparse.Namespace, source: str) -> None:
+    """The outputs ``--loss OUTPUT=NAME`` and ``--loss-weight OUTPUT=W`` name must be the
+    model's, and ``--loss OUTPUT=NAME`` must name every output (a :class:`SettingError`
+    saying which outputs the model has)."""
+    names = output_names(model)
+    known = ", ".join(names)
+    outputs = f"its outputs are {known}"
+    if not getattr(model, "output_names", None):
+        outputs = f"its one output has no name: call it {UNNAMED_OUTPUT!r}"
+    for option, given in (
+        ("--loss", args.loss),
+        ("--loss-weight", getattr(args, "loss_weights", None)),
+    ):
+        if not isinstance(given, dict):
+            continue
+        unknown = [name for name in given if name not in names]
+        if unknown:
+            raise SettingError(
+                f"{option} {unknown[0]}=...: {source} has no output {unknown[0]!r}; {outputs}."
+            )
+    if isinstance(args.loss, dict):
+        missing = [name for name in names if name not in args.loss]
+        if missing:
+            raise SettingError(
+                f"--loss names a loss for {', '.join(args.loss)} but not for "
+                f"{', '.join(missing)} of the outputs of {source} ({known}): give --loss "
+                f"{missing[0]}=NAME (or {missing[0]}=none to leave it out of the loss)."
+            )
+
+
+def apply_loss_weights(model: Any, args: argparse.Namespace, like: Any = None) -> None:
+    """With ``--loss-weight``: compile ``model`` with the run's loss (``--loss``, else the
+    compiled one of ``like``, default ``model`` itself) and those weights (1 for outputs
+    not named), keeping its optimizer, so that the operators' compiled loss (``loss=None``,
+    as in the Python API) is Σ_o w_o L_o. Nothing without ``--loss-weight``."""
+    weights = getattr(args, "loss_weights", None)
+    if weights is None:
+        return
+    source = model if like is None else like
+    loss = args.loss if args.loss is not None else getattr(source, "loss", None)
+    per_output: Any = {name: float(weights.get(name, 1.0)) for name in output_names(model)}
+    if not getattr(model, "output_names", None):
+        # Keras knows no name for the one output of a Sequential model: lists of one.
+        per_output = list(per_output.values())
+        if isinstance(loss, dict):
+            loss = [loss.get(UNNAMED_OUTPUT)]
+    optimizer = getattr(model, "optimizer", None)
+    keywords = {} if optimizer is None else {"optimizer": optimizer}
+    with user_errors("--loss-weight"):
+        model.compile(loss=loss, loss_weights=per_output, **keywords)
 
 
 def compiles_model(args: argparse.Namespace) -> bool:
@@ -323,6 +408,7 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
     parameters; returns the number of parameters."""
     from spectra.operators.keras_data import check_data_fits_model
 
+    check_output_names(model, args, source)
     loss = args.loss if args.loss is not None else getattr(model, "loss", None)
     if loss is None:
         raise SettingError(
@@ -331,6 +417,7 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
         )
     with user_errors(source):
         check_data_fits_model(model, data.x, data.y, loss)
+    apply_loss_weights(model, args)
     size = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     option = "--top-k" if hasattr(args, "top_k") else "--directions"
     top_k = getattr(args, "top_k", getattr(args, "directions", 1))
@@ -359,7 +446,7 @@ def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
         try:
             op = choice.from_keras(
                 model,
-                args.loss,
+                operator_loss(args),
                 data.as_tuple(),
                 args.seed,
                 batch_size=args.batch_size,
@@ -667,11 +754,29 @@ def describe_data(data: dict[str, Any]) -> str:
 
 
 def describe_loss(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
-    """``--loss``, or the compiled loss recorded in a :func:`model_description`."""
+    """``--loss``, or the compiled loss recorded in a :func:`model_description`; per
+    output ``"mse (out1) + 0.5·sparse_categorical_crossentropy (out2)"`` with the
+    ``--loss-weight`` weights."""
+    weights = getattr(args, "loss_weights", None) or {}
+    if isinstance(args.loss, dict):
+        return " + ".join(
+            _weighted(weights.get(output), f"{loss} ({output})")
+            for output, loss in args.loss.items()
+            if loss is not None
+        )
     if args.loss is not None:
-        return args.loss
-    compiled = None if model is None else model.get("compiled_loss")
-    return f"compiled loss {compiled}" if compiled else "compiled loss"
+        text = str(args.loss)
+    else:
+        compiled = None if model is None else model.get("compiled_loss")
+        text = f"compiled loss {compiled}" if compiled else "compiled loss"
+    if weights:
+        shown = ", ".join(f"{output} {weight:g}" for output, weight in weights.items())
+        text += f" (loss weights {shown})"
+    return text
+
+
+def _weighted(weight: float | None, text: str) -> str:
+    return text if weight is None or weight == 1 else f"{weight:g}·{text}"
 
 
 def describe_matrix(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
@@ -682,6 +787,51 @@ def describe_matrix(args: argparse.Namespace, model: dict[str, Any] | None) -> s
 
 def describe_eigensolver(args: argparse.Namespace, k: int, dtype: str) -> str:
     return f"{args.method.capitalize()}, k = {k}, tol = {args.tol:g}, {dtype} products"
+
+
+def figure_font(args: argparse.Namespace) -> Any:
+    """The :class:`spectra.plotting.FigureFont` of ``--font`` (None without the option):
+    a family matplotlib does not find is a :class:`UserError` listing some it does."""
+    from spectra.plotting import resolve_font
+
+    with user_errors("--font"):
+        return resolve_font(getattr(args, "font", None))
+
+
+def caption_choice(args: argparse.Namespace, compact: bool = False) -> str:
+    """``--caption``, else the figure's default: ``"none"`` for a ``compact`` figure (the
+    sharpness figure), ``"short"`` for the others."""
+    chosen = getattr(args, "caption", None)
+    return chosen if chosen is not None else ("none" if compact else "short")
+
+
+def figure_record(
+    args: argparse.Namespace, figures: Sequence[tuple[str, str, Any]], compact: bool = False
+) -> dict[str, Any]:
+    """What the results' JSON records of the figures (``"figures"``): the options they were
+    drawn with (``settings``: style, font with the families found, title, caption, legend,
+    value labels) and, for each figure ``(files key, stem, figure)``, the title and the full
+    caption that its file's metadata holds, drawn or not."""
+    from spectra.plotting import figure_metadata
+
+    font = figure_font(args)
+    settings = {
+        "style": getattr(args, "style", None),
+        "font": None if font is None else font.to_dict(),
+        "title": not getattr(args, "no_title", False),
+        "caption": caption_choice(args, compact),
+        "legend": not getattr(args, "no_legend", False),
+        "labels": not getattr(args, "no_labels", False),
+    }
+    captions = {}
+    for _, stem, figure in figures:
+        recorded = figure_metadata(figure)
+        captions[stem] = {
+            "title": recorded.get("Title"),
+            "caption": recorded.get("Description"),
+            "keywords": recorded.get("Keywords"),
+        }
+    return {"settings": settings, "captions": captions}
 
 
 def save_figure_formats(

@@ -15,7 +15,7 @@ import argparse
 import importlib
 import math
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spectra import __version__
 from spectra._validation import MAX_SEED, check_seed
@@ -82,9 +82,78 @@ def _formats(text: str) -> list[str]:
     return list(dict.fromkeys(formats))
 
 
-def common_options() -> argparse.ArgumentParser:
+class _PerOutputAction(argparse.Action):
+    """A repeatable ``OUTPUT=VALUE`` option gathered into a dict by output name (``None``
+    until given); with ``plain`` (``--loss``) also one ``VALUE`` for every output, as a
+    string (the last one given wins), which cannot be mixed with ``OUTPUT=VALUE``. Each
+    VALUE goes through ``convert`` (argparse's ``type`` would get the whole ``OUTPUT=VALUE``);
+    an output named twice is an error."""
+
+    def __init__(self, *args: Any, plain: bool = False, convert: Any = None, **kwargs: Any) -> None:
+        self.plain = plain
+        self.convert = convert
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        text = str(values).strip()
+        current = getattr(namespace, self.dest, None)
+        output, named, value = (part.strip() for part in text.partition("="))
+        if not named:
+            if not self.plain:
+                raise argparse.ArgumentError(
+                    self, f"give OUTPUT=VALUE, one output at a time, got {text!r}"
+                )
+            if isinstance(current, dict):
+                raise argparse.ArgumentError(
+                    self,
+                    f"{text!r} after OUTPUT=NAME: give one loss for all outputs or one "
+                    "per output (OUTPUT=NAME), not both",
+                )
+            setattr(namespace, self.dest, text)
+            return
+        if not output or not value:
+            raise argparse.ArgumentError(self, f"give OUTPUT=VALUE, got {text!r}")
+        if isinstance(current, str):
+            raise argparse.ArgumentError(
+                self,
+                f"{text!r} after {current!r}: give one loss for all outputs or one per "
+                "output (OUTPUT=NAME), not both",
+            )
+        gathered = dict(current or {})
+        if output in gathered:
+            raise argparse.ArgumentError(self, f"output {output!r} given twice")
+        try:
+            gathered[output] = value if self.convert is None else self.convert(value)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentError(self, f"{output}={value}: {err}") from None
+        setattr(namespace, self.dest, gathered)
+
+
+def _output_loss(text: str) -> str | None:
+    """A loss name of ``--loss OUTPUT=NAME``; ``none`` leaves the output out of the loss."""
+    return None if text.lower() == "none" else text
+
+
+def _loss_weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def common_options(*, value_labels: bool = False) -> argparse.ArgumentParser:
     """Options shared by all subcommands: data, loss, model loading, precision, output,
-    figures (:func:`figure_options`)."""
+    figures (:func:`figure_options`; ``value_labels``: also ``--no-labels``, for commands
+    whose figures write values at their marks)."""
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("data and loss")
     group.add_argument(
@@ -95,9 +164,26 @@ def common_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--loss",
+        action=_PerOutputAction,
+        plain=True,
+        convert=_output_loss,
+        metavar="[OUTPUT=]NAME",
         help="a Keras loss name, e.g. sparse_categorical_crossentropy, binary_crossentropy, "
-        "mse (default: the loss the model was compiled with, its loss weights included; "
-        "a .keras file saved after compile carries it)",
+        "mse, for every output; or, repeated, one per output of a multi-output model, "
+        "--loss out1=mse --loss out2=sparse_categorical_crossentropy (every output named; "
+        "OUTPUT=none leaves one out). Default: the loss the model was compiled with, its "
+        "loss weights included; a .keras file saved after compile carries it. --loss "
+        "replaces the compiled loss weights too",
+    )
+    group.add_argument(
+        "--loss-weight",
+        dest="loss_weights",
+        action=_PerOutputAction,
+        convert=_loss_weight,
+        metavar="OUTPUT=W",
+        help="repeatable: the weight W >= 0 of an output's loss in the total Σ W·L_OUTPUT "
+        "(as Keras' compile(loss_weights=...); outputs not named keep weight 1), with "
+        "--loss or the compiled loss",
     )
     group.add_argument(
         "--max-examples",
@@ -175,7 +261,7 @@ def common_options() -> argparse.ArgumentParser:
         help="more detail, and TensorFlow's own log lines (hidden by default)",
     )
     group.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
-    _add_figure_options(common)
+    _add_figure_options(common, value_labels=value_labels)
     return common
 
 
@@ -227,15 +313,16 @@ FIGURE_STYLES = ("column", "page")
 CAPTIONS = ("none", "short", "full")
 
 
-def figure_options() -> argparse.ArgumentParser:
-    """How the figures are drawn (``--style``, ``--no-title``, ``--caption``): shared by
-    analyze, sharpness, landscape and plot."""
+def figure_options(*, value_labels: bool = False) -> argparse.ArgumentParser:
+    """How the figures are drawn (``--style``, ``--font``, ``--no-title``, ``--caption``,
+    ``--no-legend``, with ``value_labels`` ``--no-labels``): shared by analyze, sharpness,
+    landscape and plot."""
     options = argparse.ArgumentParser(add_help=False)
-    _add_figure_options(options)
+    _add_figure_options(options, value_labels=value_labels)
     return options
 
 
-def _add_figure_options(parser: argparse.ArgumentParser) -> None:
+def _add_figure_options(parser: argparse.ArgumentParser, *, value_labels: bool = False) -> None:
     group = parser.add_argument_group("figures")
     group.add_argument(
         "--style",
@@ -246,6 +333,15 @@ def _add_figure_options(parser: argparse.ArgumentParser) -> None:
         "PDF/PS fonts embedded as TrueType, SVG text kept as text (default column)",
     )
     group.add_argument(
+        "--font",
+        default="sans",
+        metavar="serif|sans|FAMILY",
+        help="the figures' font: serif (Times-like, math in Computer Modern; no TeX needed), "
+        "sans (DejaVu Sans) or a font family matplotlib finds, e.g. 'DejaVu Serif' (an "
+        "unknown one is an error listing those installed); recorded in the results and in "
+        "each figure file's metadata (default sans)",
+    )
+    group.add_argument(
         "--no-title",
         action="store_true",
         help="no title above the figures (a paper's caption says what a figure shows)",
@@ -253,13 +349,26 @@ def _add_figure_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--caption",
         choices=CAPTIONS,
-        default="short",
         help="the settings line under the title: none; short (model, data, matrix, "
         "estimator); full (also the seed, products, the trace when known and what the bars "
-        "mean). Default short, so that a figure looked at later still says what it shows; "
-        "for a paper give --no-title --caption none. The full settings go into every "
-        "figure file's metadata (PDF Subject, PNG text, SVG description) either way",
+        "mean). Default short, so that a figure looked at later still says what it shows, "
+        "except the sharpness figure's (none: it keeps its height for the data); for a "
+        "paper give --no-title --caption none. The full settings go into every figure "
+        "file's metadata (PDF Subject, PNG text, SVG description) and the results' JSON "
+        "('figures') either way",
     )
+    group.add_argument(
+        "--no-legend",
+        action="store_true",
+        help="no legend (a paper's caption says what the marks are; the full caption in "
+        "the metadata says it too)",
+    )
+    if value_labels:
+        group.add_argument(
+            "--no-labels",
+            action="store_true",
+            help="no values written beside the eigenvalues' markers and the per-layer bars",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from spectra._format import plus_minus
+from spectra._format import count_text, plus_minus
 from spectra.analysis.per_layer import LayerwiseResult, layerwise
 from spectra.analysis.repeats import RepeatResult, repeat_estimate, subsample_indices
 from spectra.cli._common import (
@@ -27,7 +27,9 @@ from spectra.cli._common import (
     describe_matrix,
     describe_model,
     examples_note,
+    figure_font,
     figure_names,
+    figure_record,
     finish_outputs,
     load_data,
     load_operator,
@@ -91,13 +93,17 @@ class AnalysisReport(CommandReport):
     """With ``--repeats R``: every requested estimate rerun R times (seeds ``--seed`` ..
     ``--seed + R - 1``; with ``--subsample f`` each on a random subset of the data, drawn as
     ``repeats.subset_rule`` says), see :class:`spectra.RepeatResult`."""
+    figures: dict[str, Any] | None = None
+    """How the figures were drawn (``settings``: style, font, title, caption, legend,
+    labels) and each one's title and full caption, as its file's metadata holds them
+    (:func:`spectra.cli._common.figure_record`)."""
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
     """Register ``spectra analyze`` and its options with the subcommand parsers ``commands``."""
     analyze = commands.add_parser(
         "analyze",
-        parents=[common_options(), eigen_options(), trace_options()],
+        parents=[common_options(value_labels=True), eigen_options(), trace_options()],
         help="eigenvalues, trace, spectral density and per-layer spectra of one model's loss "
         "Hessian (or GGN, Fisher)",
         description="Top eigenvalues (with error bounds), optionally the trace (± standard "
@@ -148,6 +154,23 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         metavar="P",
         help="random probes (default 10; one probe gives no standard error)",
     )
+    group.add_argument(
+        "--density-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the density figure's density axis on a log scale, clipped at 1e-6 of the "
+        "peak, so that the bulk and the outliers both show (default); --no-density-log "
+        "draws it linear from 0",
+    )
+    group.add_argument(
+        "--density-negative",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draw the negative side of the spectrum, λ < 0 (default); --no-density-negative "
+        "draws λ >= 0 only (the caption says so). A positive semidefinite matrix (--curvature "
+        "ggn, fisher-mc, fisher-empirical) is drawn on λ >= 0 either way: it has no mass "
+        "below 0",
+    )
     group = analyze.add_argument_group("uncertainty across seeds and data")
     group.add_argument(
         "--repeats",
@@ -178,6 +201,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     _check_repeats(args)
+    figure_font(args)
     settings = measurement_settings(args)
     check_builder_use(args, [args.model])
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
@@ -190,6 +214,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         report.data = data_description(args, data, model)
         report.wall_times["load"] = loaded - started
         figures = _figures(args, report)
+        report.figures = figure_record(args, figures)
         report.wall_times["total"] = time.perf_counter() - started
         write_outputs(out, report, _RESULTS, figures, args.format)
         _print(report, console)
@@ -396,6 +421,9 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
     dtype = report.settings["dtype"]
     matrix = matrix_title(args)
     style = getattr(args, "style", None)
+    font = figure_font(args)
+    legend = not getattr(args, "no_legend", False)
+    annotate = False if getattr(args, "no_labels", False) else None
     where = (
         describe_model(report.model),
         describe_data(report.data),
@@ -417,7 +445,15 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
                 f" (this run; s.e. across probes), {across} across "
                 f"{repeats_description(repeats)} (mean ± sd)"
             )
-    ax = plot_eigenvalues(eig, log_scale=args.log_scale, repeats=repeats, style=style)
+    ax = plot_eigenvalues(
+        eig,
+        log_scale=args.log_scale,
+        repeats=repeats,
+        annotate=annotate,
+        legend=legend,
+        style=style,
+        font=font,
+    )
     count = eig.eigenvalues.size
     figure = finish_figure(
         ax,
@@ -432,8 +468,21 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
     figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]
     if report.density is not None:
         density = report.density
-        ax = plot_spectral_density(density, style=style)
+        negative = getattr(args, "density_negative", True)
+        ax = plot_spectral_density(
+            density,
+            log_scale=getattr(args, "density_log", True),
+            negative=negative,
+            legend=legend,
+            style=style,
+            font=font,
+        )
         sigma = density.default_sigma()
+        side = None
+        if density.positive_semidefinite:
+            side = "positive semidefinite: drawn on λ ≥ 0"
+        elif not negative:
+            side = "λ < 0 not drawn (--no-density-negative)"
         band = None
         if density.num_probes > 1:
             band = "band: ±2 standard errors across probes"
@@ -456,6 +505,7 @@ def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str
             (
                 f"{density.num_products} products",
                 None if repeats is not None else band,
+                side,
                 known_trace,
             ),
             matrix=where[2],
@@ -488,18 +538,26 @@ def _layers_figure(
     # layer (0.2 in: a 7 pt label and its bar) plus its axis label and legend (1.2 in).
     stacked = panels == 2 and style == "column"
     height = (1.2 + 0.2 * len(layers.groups)) * (2 if stacked else 1)
+    font = figure_font(args)
     figure, axes = new_figure(
         style,
         aspect=min(1.6, max(0.45, height / width)),
         nrows=2 if stacked else 1,
         ncols=1 if stacked else panels,
+        font=font,
     )
     axes = np.atleast_1d(axes).ravel()
     symbol = curvature_choice(args.curvature).symbol
-    with figure_style(style):
-        plot_layerwise(layers, ax=axes[0], symbol=symbol, style=style)
+    shown = {
+        "legend": not getattr(args, "no_legend", False),
+        "annotate": False if getattr(args, "no_labels", False) else None,
+        "style": style,
+        "font": font,
+    }
+    with figure_style(style, font=font):
+        plot_layerwise(layers, ax=axes[0], symbol=symbol, **shown)
         if panels == 2:
-            plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[1], style=style)
+            plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[1], **shown)
             if not stacked:
                 axes[1].set_yticklabels([])
                 axes[1].set_ylabel("")
@@ -589,9 +647,9 @@ def _print(report: AnalysisReport, console: Console) -> None:
 def _repeat_note(repeats: RepeatResult | None, name: str) -> str:
     """For the quantity ``name`` of ``--repeats``: across seeds ``"   across 3 seeds:
     10.2 ± 0.6 (sd), mean 10.2 ± 0.7 (95% CI)"``; across subsets what the subset numbers
-    are and how far they lie from this run's (full-data) value, ``"   λ1 of 150-example
-    subsets: 7.58 ± 0.25 (sd over 3); mean − this run's value = +1.29 (+5.2 sd); 95% CI
-    of the 150-example mean: 7.58 ± 0.63"``; empty without."""
+    are and how far they lie from this run's (full-data) value, ``"   λ1 of subsets of
+    150 examples: 7.58 ± 0.25 (sd over 3); mean − this run's value = +1.29 (+5.2 sd); 95%
+    CI of the mean over subsets of 150 examples: 7.58 ± 0.63"``; empty without."""
     if repeats is None or name not in repeats.names:
         return ""
     j = repeats.quantity(name)
@@ -603,8 +661,8 @@ def _repeat_note(repeats: RepeatResult | None, name: str) -> str:
             f"   across {repeats.repeats} seeds: {plus_minus(mean, sd)} (sd), mean "
             f"{plus_minus(mean, half)} ({level})"
         )
-    size = f"{int(repeats.subset_sizes[0]):,}-example"
-    note = f"   {name} of {size} subsets: {plus_minus(mean, sd)} (sd over {repeats.repeats})"
+    subsets = f"subsets of {count_text(int(repeats.subset_sizes[0]), 'example')}"
+    note = f"   {name} of {subsets}: {plus_minus(mean, sd)} (sd over {repeats.repeats})"
     if repeats.full_values is not None and repeats.shift is not None:
         difference = mean - float(repeats.full_values[j])
         shift = float(repeats.shift[j])
@@ -612,7 +670,7 @@ def _repeat_note(repeats: RepeatResult | None, name: str) -> str:
         rounded = plus_minus(difference, sd).split(" ± ")[0]
         sign = "+" if difference >= 0 and not rounded.startswith("-") else ""
         note += f"; mean − this run's value = {sign}{rounded}{units}"
-    return note + f"; {level} of the {size} mean: {plus_minus(mean, half)}"
+    return note + f"; {level} of the mean over {subsets}: {plus_minus(mean, half)}"
 
 
 def _print_repeats(report: AnalysisReport, console: Console) -> None:
@@ -634,7 +692,7 @@ def _print_repeats(report: AnalysisReport, console: Console) -> None:
             f"(bound: this run's numerical error for its matrix, on all {total:,} examples; "
             f"subsets: {repeats.repeats} random subsets of {size:,} of {total:,} examples, "
             f"seeds {repeats.seeds[0]}..{repeats.seeds[-1]}: sd is how much the numbers "
-            f"depend on the data, the mean and CI are those of {size:,}-example data, not "
+            f"depend on the data, the mean and CI are those of data sets of {size:,} examples, not "
             f"this run's (λ_max of a smaller sample is larger on average: the shift from this "
             f"run's value is that bias); {cost})"
         )

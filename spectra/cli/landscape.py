@@ -13,6 +13,7 @@ from spectra.cli._common import (
     CommandReport,
     Console,
     UserError,
+    apply_loss_weights,
     bound_note,
     check_builder_use,
     data_description,
@@ -20,13 +21,16 @@ from spectra.cli._common import (
     describe_eigensolver,
     describe_matrix,
     describe_model,
+    figure_font,
     figure_names,
+    figure_record,
     finish_outputs,
     load_data,
     load_operator,
     locked_output,
     matrix_title,
     model_description,
+    operator_loss,
     seed_generator_states,
     user_errors,
     versions,
@@ -61,6 +65,9 @@ class LandscapeReport(CommandReport):
     curves: Any
     surface: Any
     files: dict[str, Any]
+    figures: dict[str, Any] | None = None
+    """How the figures were drawn and each one's title and full caption
+    (:func:`spectra.cli._common.figure_record`)."""
 
 
 def default_radius(loss: float, top_eigenvalue: float) -> tuple[float, str]:
@@ -182,8 +189,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise UserError("--directions 2 draws a surface: it needs --points 3 or more.")
     check_cost(args)
     check_builder_use(args, [args.model])
+    figure_font(args)
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         report, figures = _compute(args, console)
+        report.figures = figure_record(args, figures)
         write_outputs(out, report, _RESULTS, figures, args.format)
         _print(args, report, console)
         finish_outputs(out)
@@ -227,16 +236,18 @@ def _compute(
     evaluated = model
     if args.training and args.float64:
         evaluated = _seeded_float64_copy(model, args.seed)
+        apply_loss_weights(evaluated, args, like=model)
         common["dtype"] = None
+    loss = operator_loss(args)
     _announce_cost(args, console, evaluated, data, common)
     with user_errors():
-        curves = loss_landscape(evaluated, args.loss, data.as_tuple(), directions, alphas, **common)
+        curves = loss_landscape(evaluated, loss, data.as_tuple(), directions, alphas, **common)
     surface = None
     if args.directions == 2:
         plane = {label: directions[label] for label in ("v1", "v2")}
         with user_errors():
             surface = loss_landscape(
-                evaluated, args.loss, data.as_tuple(), plane, alphas, betas=alphas, **common
+                evaluated, loss, data.as_tuple(), plane, alphas, betas=alphas, **common
             )
     _check_finite(curves, surface, radius, rule, base_loss, top)
     slope = float(op.gradient().astype(np.float64) @ directions["v1"])
@@ -245,6 +256,7 @@ def _compute(
         versions=versions(),
         settings={
             "loss": args.loss,
+            "loss_weights": args.loss_weights,
             "directions": args.directions,
             "radius": radius,
             "points": int(alphas.size),
@@ -348,7 +360,9 @@ def _announce_cost(
     zero = {"probe": np.zeros(sum(int(np.prod(v.shape)) for v in model.trainable_weights))}
     with user_errors():
         for n in (1, 10):
-            probe = loss_landscape(model, args.loss, data.as_tuple(), zero, np.zeros(n), **common)
+            probe = loss_landscape(
+                model, operator_loss(args), data.as_tuple(), zero, np.zeros(n), **common
+            )
     per_pass = probe.wall_time / probe.num_evaluations
     console.info(
         f"landscape: {count:,} loss evaluations (one pass over {data.num_examples:,} examples "
@@ -384,12 +398,15 @@ def _figures(
     )
     solver = describe_eigensolver(args, args.directions, report.settings["dtype"])
     style = getattr(args, "style", None)
+    font = figure_font(args)
     ax = plot_loss_landscape_1d(
         alphas,
         {names[label]: curves.losses[label] for label in curves.labels},
         xlabel="Distance α in parameter space",
         references={"quadratic model of v₁: L + α gᵀv₁ + λ₁α²/2": (names["v1"], quadratic)},
+        legend=not getattr(args, "no_legend", False),
         style=style,
+        font=font,
     )
     figure = finish_figure(
         ax,
@@ -404,7 +421,12 @@ def _figures(
     figures: list[tuple[str, str, Any]] = [("curves_figure", "landscape_1d", figure)]
     if report.surface is not None:
         ax = plot_loss_landscape_2d(
-            alphas, alphas, report.surface.losses_2d, labels=("v₁", "v₂"), style=style
+            alphas,
+            alphas,
+            report.surface.losses_2d,
+            labels=("v₁", "v₂"),
+            style=style,
+            font=font,
         )
         figure = finish_figure(
             ax,

@@ -26,6 +26,8 @@ from typing import Any
 from spectra.cli._common import (
     Console,
     UserError,
+    caption_choice,
+    figure_font,
     figure_names,
     finish_outputs,
     locked_output,
@@ -45,7 +47,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     """Register ``spectra plot`` and its options with the subcommand parsers ``commands``."""
     plot = commands.add_parser(
         "plot",
-        parents=[figure_options()],
+        parents=[figure_options(value_labels=True)],
         help="redraw a run's figures from its results.json, sharpness.json or landscape.json "
         "(no TensorFlow, nothing recomputed)",
         description="Redraw the figures of a spectra analyze, sharpness or landscape run from "
@@ -91,6 +93,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    figure_font(args)
     path = Path(args.results)
     with user_errors():
         report = _read(path)
@@ -114,18 +117,21 @@ def finish_figure(
     full: Sequence[Any] = (),
     *,
     matrix: str | None = None,
+    compact: bool = False,
 ) -> Any:
     """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
     the short caption is ``short`` (model, data, estimator; the title names the matrix),
     the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
     full one goes into the file's metadata either way
-    (:func:`spectra.plotting.add_title`). Returns the figure."""
+    (:func:`spectra.plotting.add_title`). Without ``--caption`` a ``compact`` figure (the
+    sharpness figure) draws none (:func:`spectra.cli._common.caption_choice`). Returns the
+    figure."""
     from spectra.plotting import add_title, figure_caption
 
     seed = getattr(args, "seed", None)
     complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
     caption = {"none": None, "short": figure_caption(*short), "full": complete}[
-        getattr(args, "caption", "short")
+        caption_choice(args, compact)
     ]
     shown = None if getattr(args, "no_title", False) else title
     return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
@@ -161,7 +167,8 @@ def _recorded_args(
     path: Path, command: Any, options: argparse.Namespace | None = None
 ) -> argparse.Namespace:
     """The options of the run: its recorded command line parsed again, with the figure
-    options (``--style``, ``--no-title``, ``--caption``) of ``options``."""
+    options (``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``,
+    ``--no-labels``) of ``options``."""
     from spectra.cli._parser import build_parser
 
     words = shlex.split(str(command)) if command else []
@@ -177,6 +184,8 @@ def _recorded_args(
     if options is not None:
         for name in ("style", "no_title", "caption"):
             setattr(args, name, getattr(options, name))
+        for name, default in (("font", "sans"), ("no_legend", False), ("no_labels", False)):
+            setattr(args, name, getattr(options, name, default))
         if getattr(options, "x_axis", None) is not None:
             args.x_axis = options.x_axis
     return args

@@ -53,7 +53,9 @@ from spectra.cli._common import (
     data_fingerprint,
     describe_data,
     describe_matrix,
+    figure_font,
     figure_names,
+    figure_record,
     load_data,
     make_operator,
     matrix_title,
@@ -148,6 +150,10 @@ class SharpnessReport(CommandReport):
     """The recorded optimizer's threshold when it bounds the other matrix and is not drawn
     (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`; e.g. Adam's, which
     bounds λ_max(P⁻¹H), on a run measuring λ_max(H)), so that the figure can name it."""
+    figures: dict[str, Any] | None = None
+    """How the figure was drawn and its title and full caption, which the compact figure
+    does not draw by default (:func:`spectra.cli._common.figure_record`); None before a
+    checkpoint is measured."""
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -278,6 +284,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     settings = measurement_settings(args)
     check_out_option(args)
+    figure_font(args)
     events = _tensorboard_events(args)
     with user_errors("--out"):
         store = SharpnessRun(args.out)
@@ -406,7 +413,12 @@ def _run_locked(
         _measure_all(
             args, console, settings, store, plan, pending, data, threshold, unit, events=events
         )
-    store.finish()
+    figure = None
+    try:
+        # Drawn before the last write, so that sharpness.json records its caption.
+        figure = _prepared_figure(args, store, threshold, unit, step_source)
+    finally:
+        store.finish()
     if events is not None:
         # One file from sharpness.json: a resumed run's earlier values once each.
         done = [entry for entry in store.entries if entry["status"] == "done"]
@@ -419,7 +431,25 @@ def _run_locked(
             f"TensorBoard: {len(done)} steps in {written} "
             f"(view with: tensorboard --logdir {events.log_dir})"
         )
-    return _conclude(args, console, store, threshold, unit, step_source)
+    return _conclude(args, console, store, threshold, unit, figure)
+
+
+def _prepared_figure(
+    args: argparse.Namespace,
+    store: SharpnessRun,
+    threshold: StabilityThreshold | None,
+    unit: str,
+    step_source: str,
+) -> Any:
+    """The figure of the checkpoints measured so far (None before the first), not yet
+    saved; its settings, title and full caption go into the record's ``figures``."""
+    done = [entry for entry in store.entries if entry["status"] == "done"]
+    if not done:
+        return None
+    figure = sharpness_figure(args, store.report(), done, threshold, unit, step_source)
+    record = figure_record(args, [("sharpness_figure", _FIGURE, figure)], compact=True)
+    store.update_header(figures=record)
+    return figure
 
 
 def _nothing_measured(path: Path) -> bool:
@@ -789,14 +819,14 @@ def _conclude(
     store: SharpnessRun,
     threshold: StabilityThreshold | None,
     unit: str,
-    step_source: str,
+    figure: Any,
 ) -> int:
     entries = store.entries
     done = [entry for entry in entries if entry["status"] == "done"]
     failed = [entry for entry in entries if entry["status"] == "failed"]
     figures: list[str] = []
     if done:
-        figures = _figure(args, store, done, threshold, unit, step_source)
+        figures = _save_figure(args, store, figure, len(done))
         top = max(done, key=lambda entry: entry["eigenvalues"][0])
         largest = plus_minus(top["eigenvalues"][0], top["error_bounds"][0])
         summary = f"largest λ1 = {largest} at {unit} {top['step']}"
@@ -838,22 +868,17 @@ def _conclude(
     return 0
 
 
-def _figure(
-    args: argparse.Namespace,
-    store: SharpnessRun,
-    done: list[dict[str, Any]],
-    threshold: StabilityThreshold | None,
-    unit: str,
-    step_source: str,
+def _save_figure(
+    args: argparse.Namespace, store: SharpnessRun, figure: Any, count: int
 ) -> list[str]:
-    figure = sharpness_figure(args, store.report(), done, threshold, unit, step_source)
+    """Save the run's figure in every ``--format``; the paths written."""
     try:
         return save_figure_formats(figure, store.out, _FIGURE, args.format)
     except OSError as err:
         reason = os.strerror(err.errno) if err.errno else one_line(str(err))
         raise UserError(
             f"not written: the figure {_FIGURE} ({reason}); {store.json_path} and "
-            f"{store.csv_path} hold the {len(done)} results."
+            f"{store.csv_path} hold the {count} results."
         ) from err
 
 
@@ -900,7 +925,9 @@ def sharpness_figure(
         xlabel=xlabel,
         ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
         threshold_note=missing,
+        legend=not getattr(args, "no_legend", False),
         style=getattr(args, "style", None),
+        font=figure_font(args),
     )
     uncertified = [not entry_certified(entry, args.method) for entry in done]
     if any(uncertified):
@@ -939,6 +966,7 @@ def sharpness_figure(
         short,
         full,
         matrix=describe_matrix(args, model),
+        compact=True,
     )
 
 

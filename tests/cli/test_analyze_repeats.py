@@ -76,14 +76,19 @@ def test_results_json_holds_the_repeats(subsample_run: tuple[Path, str]) -> None
     difference = repeats.mean[0] - repeats.full_values[0]
     assert "(bound)" in line
     assert (
-        f"λ1 of 30-example subsets: {plus_minus(repeats.mean[0], repeats.sd[0])} (sd over 3)"
+        f"λ1 of subsets of 30 examples: {plus_minus(repeats.mean[0], repeats.sd[0])} (sd over 3)"
         in (line)
     )
     rounded = plus_minus(difference, repeats.sd[0]).split(" ± ")[0]
     sign = "" if rounded.startswith("-") else "+"
     assert f"mean − this run's value = {sign}{rounded} ({shift[0]:+.1f} sd)" in line
     half = repeats.ci_high[0] - repeats.mean[0]
-    assert f"95% CI of the 30-example mean: {plus_minus(repeats.mean[0], half)}" in line
+    assert (
+        f"95% CI of the mean over subsets of 30 examples: {plus_minus(repeats.mean[0], half)}"
+        in line
+    )
+    # Counts read as a number and its noun each, never "3 30-example subsets".
+    assert "-example" not in printed
     assert "across 3 subsets" not in printed
     assert "λ_max of a smaller sample is larger on average" in printed
 
@@ -177,10 +182,10 @@ def test_eigenvalue_figure_shows_the_spread_and_replots(
     ax = figure.axes[0]
     texts = [text.get_text().replace("\n", " ") for text in figure.legends[0].get_texts()]
     repeats = report.repeats
-    size = f"{int(repeats.subset_sizes[0]):,}-example"
+    size = f"{int(repeats.subset_sizes[0]):,} examples"
     assert texts[0].startswith("λᵢ ± numerical bound of this run")
-    assert texts[1] == f"λᵢ of each {size} subset"
-    assert texts[2] == f"λᵢ of 3 {size} subsets (mean\u00a0±\u00a0sd)"
+    assert texts[1] == f"λᵢ of each subset of {size}"
+    assert texts[2] == f"λᵢ of 3 subsets of {size} (mean\u00a0±\u00a0sd)"
     # The dots: every repeat's λ1 and λ2, left of the run's markers.
     dots = [
         line
