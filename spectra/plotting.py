@@ -529,7 +529,7 @@ def _fit_labels(labels: list[str], width: float) -> list[str]:
     return [
         label
         if _shown_length(label) <= characters
-        else "\n".join(textwrap.wrap(label, characters)) or label
+        else "\n".join(textwrap.wrap(label, characters, break_on_hyphens=False)) or label
         for label in labels
     ]
 
@@ -1251,6 +1251,23 @@ def _draw_eigenvalue_lines(
     return colors
 
 
+def _draw_minibatch_band(
+    ax: Axes, steps: np.ndarray, minibatch: Any, color: Any, label: str | None
+) -> None:
+    """Mini-batch λ₁ per step: the median (thin dashed) in a band between two quantiles."""
+    quantiles = np.asarray(minibatch, dtype=np.float64)
+    if quantiles.shape != (steps.size, 3):
+        raise ValueError(
+            f"minibatch must have shape ({steps.size}, 3): a low quantile, the median and a "
+            f"high quantile per step; got {quantiles.shape}."
+        )
+    name = label or "mini-batch λ₁: median (dashed), 5–95 % (band)"
+    ax.fill_between(
+        steps, quantiles[:, 0], quantiles[:, 2], color=color, alpha=0.18, linewidth=0, label=name
+    )
+    ax.plot(steps, quantiles[:, 1], color=color, linestyle="--", linewidth=0.8)
+
+
 def _draw_threshold(ax: Axes, threshold: tuple[float, str], columns: np.ndarray) -> float | None:
     """The stability threshold as a dashed line, or only named in the legend when it is
     more than ``_OFF_SCALE_FACTOR`` times above the data (drawn, it would squash them);
@@ -1408,6 +1425,8 @@ def plot_sharpness(
     trace_errors: Any = None,
     losses: Any = None,
     overlaps: Any = None,
+    minibatch: Any = None,
+    minibatch_label: str | None = None,
     xlabel: str = "Training step",
     ylabel: str | None = None,
     log_scale: bool = False,
@@ -1445,8 +1464,13 @@ def plot_sharpness(
     ``xlabel`` names the unit of ``steps`` (``"Epoch"``, …); ``ylabel`` names
     the measured quantity (default "Sharpness λ₁", e.g. "Preconditioned
     sharpness λ₁(P⁻¹H)"), also in the legend; ``log_scale`` makes the sharpness
-    axis logarithmic. ``threshold_note`` is a legend line without a mark saying why no
-    threshold is drawn (e.g. Adam's is for λ_max(P⁻¹H), not the λ_max(H) plotted).
+    axis logarithmic. ``minibatch`` (steps × 3: a low quantile, the median and a high
+    quantile of λ₁ over mini-batches at each step, NaN where not measured;
+    :mod:`spectra.analysis.minibatch`) draws the median as a thin dashed line inside a band
+    between the quantiles, in λ₁'s color, named ``minibatch_label`` (default "mini-batch
+    λ₁: median (dashed), 5–95 % (band)"). ``threshold_note`` is a legend line without a
+    mark saying why no threshold is drawn (e.g. Adam's is for λ_max(P⁻¹H), not the
+    λ_max(H) plotted).
     With a threshold line and losses, the loss axis' limits keep the loss curve clear of
     the line (below it, or above it when the line is low); the threshold's legend names it
     a stability threshold, and for which matrix (:func:`threshold_text`). ``legend=False``
@@ -1465,6 +1489,8 @@ def plot_sharpness(
         lower = _lower_panel(ax)
     marker = "o" if series.steps.size <= _MAX_MARKED_POINTS else None
     colors = _draw_eigenvalue_lines(ax, series, quantity, label, log_scale, marker)
+    if minibatch is not None:
+        _draw_minibatch_band(ax, series.steps, minibatch, colors[0], minibatch_label)
     if log_scale:
         ax.set_yscale("log")
     drawn_threshold = None
@@ -1966,7 +1992,7 @@ def _wrap_caption(caption: str, width: int) -> str:
         if lines and len(lines[-1]) + 3 + len(part) <= width:
             lines[-1] += " · " + part
         else:
-            lines.extend(textwrap.wrap(part, width=width) or [""])
+            lines.extend(textwrap.wrap(part, width=width, break_on_hyphens=False) or [""])
     return "\n".join(lines)
 
 
@@ -2028,7 +2054,7 @@ def _draw_title(figure: Figure, fig_or_ax: Any, title: str | None, caption: str 
 
             em = _SERIF_BOLD_EM if _figure_font(figure) == resolve_font("serif") else 0.62
             characters = int(0.85 * figure.get_figwidth() * 72.0 / (em * title_size))
-            shown = "\n".join(textwrap.wrap(title, max(20, characters)))
+            shown = "\n".join(textwrap.wrap(title, max(20, characters), break_on_hyphens=False))
         figure.suptitle(shown, fontsize=title_size, fontweight="bold", **font)
         added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
     if caption:

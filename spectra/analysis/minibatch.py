@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import keras
 import numpy as np
 
 from spectra._validation import check_float, check_int, check_seed
@@ -171,15 +170,24 @@ def _quantile_key(q: float) -> str:
     return f"q{round(100 * q):02d}"
 
 
+def _map_arrays(function: Callable[[Any], Any], tree: Any) -> Any:
+    """``function`` applied to every array of a nest of dicts, lists and tuples (no Keras
+    import: this module must not start TensorFlow)."""
+    if isinstance(tree, Mapping):
+        return {key: _map_arrays(function, value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_map_arrays(function, value) for value in tree)
+    return function(tree)
+
+
 def _take_examples(data: Sequence[Any], index: np.ndarray) -> tuple[Any, ...]:
     """The examples ``index`` of ``(x, y[, sample_weight])``, each a (nested) array."""
-    return tuple(
-        keras.tree.map_structure(lambda array: np.asarray(array)[index], part) for part in data
-    )
+    return tuple(_map_arrays(lambda array: np.asarray(array)[index], part) for part in data)
 
 
 def _num_examples(data: Sequence[Any]) -> int:
-    lengths = {len(np.asarray(array)) for array in keras.tree.flatten(data[0])}
+    lengths: set[int] = set()
+    _map_arrays(lambda array: lengths.add(len(np.asarray(array))), data[0])
     if len(lengths) != 1:
         raise ValueError(f"the inputs x have different lengths {sorted(lengths)}.")
     return lengths.pop()

@@ -116,7 +116,9 @@ class SharpnessSettings:
     ``trace_products`` products (:func:`spectra.trace`); ``seed`` for the random start vectors
     and probes. ``warm_start`` starts the eigensolver from the previous point's eigenvectors;
     it changes the work, not the answer beyond the error bounds, so it is not one of the
-    :meth:`numbers` settings.
+    :meth:`numbers` settings. ``per_batch`` > 0 also measures λ₁ on that many mini-batches
+    of ``per_batch_size`` examples at each point (:mod:`spectra.analysis.minibatch`; the
+    same batches, drawn with ``seed``, at every point).
     """
 
     top_k: int = 1
@@ -127,9 +129,18 @@ class SharpnessSettings:
     trace_products: int = 100
     seed: int = 0
     warm_start: bool = True
+    per_batch: int = 0
+    per_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         check_int("top_k", self.top_k)
+        check_int("per_batch", self.per_batch, minimum=0)
+        check_int("per_batch_size", self.per_batch_size, allow_none=True)
+        if self.per_batch and self.per_batch_size is None:
+            raise ValueError(
+                "per_batch_size is required with per_batch: the number of examples in each "
+                "mini-batch (the batch size of training)."
+            )
         check_int("trace_products", self.trace_products)
         check_seed("seed", self.seed, allow_none=False, allow_generator=False)
         check_float("tol", self.tol)
@@ -148,6 +159,12 @@ class SharpnessSettings:
             "trace_method": self.trace_method if self.trace else None,
             "trace_products": int(self.trace_products) if self.trace else None,
             "seed": int(self.seed),
+            # Only when asked for, so that runs recorded before these settings resume.
+            **(
+                {"per_batch": int(self.per_batch), "per_batch_size": int(self.per_batch_size)}
+                if self.per_batch and self.per_batch_size is not None
+                else {}
+            ),
         }
 
 
@@ -193,6 +210,8 @@ class SharpnessMeasurement:
     gradient is P^{-1/2}∇L) and cost no product. ``failure_probability`` is the
     eigensolver's (:class:`spectra.EigenResult`): the bounds hold with probability at
     least 1 − failure_probability, None where the method makes no such statement.
+    ``minibatch`` is :meth:`spectra.analysis.minibatch.MinibatchSharpness.to_dict` of the
+    mini-batch λ₁ at this point, when measured (None otherwise).
     """
 
     loss: float | None
@@ -211,6 +230,7 @@ class SharpnessMeasurement:
     eigenvector_overlap: float | None = None
     gradient_overlap: float | None = None
     failure_probability: float | None = None
+    minibatch: dict[str, Any] | None = None
     eigenvectors: np.ndarray | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
@@ -500,6 +520,8 @@ _CSV_TAIL = [
     "sha256",
     "error",
 ]
+# The columns of a mini-batch distribution (``minibatch_lambda_1_<name>``), when measured.
+_CSV_MINIBATCH = ("mean", "std", "q05", "q25", "q50", "q75", "q95")
 _CSV_PREFIX = {
     "eigenvalues": "eigenvalue",
     "error_bounds": "error_bound",
@@ -521,6 +543,9 @@ def sharpness_csv(entries: Sequence[Mapping[str, Any]], top_k: int) -> str:
     for name in _CSV_VALUES:
         columns += [f"{_CSV_PREFIX[name]}_{i}" for i in range(1, top_k + 1)]
     columns += _CSV_TAIL
+    minibatch = any(entry.get("minibatch") for entry in entries)
+    if minibatch:
+        columns += [f"minibatch_lambda_1_{name}" for name in _CSV_MINIBATCH]
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(columns)
@@ -530,6 +555,9 @@ def sharpness_csv(entries: Sequence[Mapping[str, Any]], top_k: int) -> str:
             values = list(entry.get(name) or [])
             row += [_csv_value(v) for v in values] + [""] * (top_k - len(values))
         row += [_csv_value(entry.get(name)) for name in _CSV_TAIL]
+        if minibatch:
+            summary = (entry.get("minibatch") or {}).get("summary") or {}
+            row += [_csv_value(summary.get(name)) for name in _CSV_MINIBATCH]
         writer.writerow(row)
     return text.getvalue()
 

@@ -133,6 +133,8 @@ def measurement_settings(args: argparse.Namespace) -> SharpnessSettings:
             trace_products=args.trace_products,
             seed=args.seed,
             warm_start=not getattr(args, "cold_start", False),
+            per_batch=getattr(args, "per_batch", None) or 0,
+            per_batch_size=getattr(args, "per_batch_size", None),
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from spectra._format import plus_minus
+from spectra._format import count_text, plus_minus
+from spectra.analysis.minibatch import minibatch_sharpness, summary_scalars
 from spectra.analysis.stability import (
     StabilityThreshold,
     gradient_descent_threshold,
@@ -271,6 +273,24 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         "checkpoint's eigenvectors",
     )
     sharpness.add_argument(
+        "--per-batch",
+        type=_positive_int,
+        metavar="M",
+        help="also measure λ1 on M mini-batches of --per-batch-size examples at every "
+        "checkpoint (the same batches, drawn with --seed as SGD draws them, each a seeded "
+        "permutation's runs of that size): their median and 5-95 %% band go on the figure, "
+        "their values, mean and quantiles into sharpness.json (Jastrzębski et al. 2020); "
+        "with --trace each batch's trace too. Cost: about M × (batch size) / (examples) "
+        "measurements more per checkpoint",
+    )
+    sharpness.add_argument(
+        "--per-batch-size",
+        type=_positive_int,
+        metavar="B",
+        help="examples in each mini-batch of --per-batch (the batch size of training; "
+        "required with --per-batch)",
+    )
+    sharpness.add_argument(
         "--tensorboard",
         metavar="DIR",
         help="also write the values of each checkpoint as TensorBoard scalars at its step "
@@ -312,7 +332,53 @@ def _tensorboard_scalars(
     if threshold is not None:
         matrix = "preconditioned" if threshold.preconditioned else "hessian"
         record.update(threshold=threshold.value, threshold_matrix=matrix)
-    return sharpness_scalars(record, preconditioned=preconditioned)
+    scalars = sharpness_scalars(record, preconditioned=preconditioned)
+    if entry.get("minibatch"):
+        prefix = "preconditioned_sharpness" if preconditioned else "sharpness"
+        scalars.update(summary_scalars(entry["minibatch"]["summary"], prefix))
+    return scalars
+
+
+def _minibatch(
+    model: Any,
+    args: argparse.Namespace,
+    data: Any,
+    settings: Any,
+    measurement: Any,
+    threshold: StabilityThreshold | None,
+) -> dict[str, Any]:
+    """λ₁ (and with --trace the trace) of the run's matrix on each of ``--per-batch``
+    mini-batches at the checkpoint's weights, with the full-batch λ₁ and the threshold."""
+
+    def build(batch: tuple[Any, ...]) -> Any:
+        x, y, *weight = batch
+        subset = dataclasses.replace(
+            data,
+            x=x,
+            y=y,
+            sample_weight=weight[0] if weight else None,
+            num_examples=settings.per_batch_size,
+        )
+        return make_operator(model, args, subset)
+
+    with user_errors("--per-batch"):
+        result = minibatch_sharpness(
+            model,
+            data.as_tuple(),
+            batch_size=settings.per_batch_size,
+            num_batches=settings.per_batch,
+            seed=settings.seed,
+            tol=settings.tol,
+            method=settings.method,
+            trace=settings.trace,
+            trace_products=settings.trace_products,
+            build=build,
+            progress=False,
+        )
+    result.full_batch = measurement.eigenvalues[0]
+    if threshold is not None and threshold.preconditioned == bool(args.preconditioned):
+        result.threshold = threshold.value
+    return result.to_dict()
 
 
 def _run_locked(
@@ -539,6 +605,10 @@ def _measure_all(
                         previous=vectors if neighbour else None,
                         progress=False,
                     )
+                    if settings.per_batch:
+                        measurement.minibatch = _minibatch(
+                            model, args, data, settings, measurement, threshold
+                        )
             except SettingError:
                 raise
             except UserError as err:
@@ -640,6 +710,12 @@ def _line(
         finite = stderr is not None and math.isfinite(stderr)
         trace = plus_minus(entry["trace"], stderr) if finite else f"{entry['trace']:.5g}"
         line += f"  trace = {trace}"
+    if entry.get("minibatch"):
+        summary = entry["minibatch"]["summary"]
+        line += (
+            f"  mini-batch λ1 median {summary['q50']:.4g} "
+            f"(5-95 % {summary['q05']:.4g} to {summary['q95']:.4g})"
+        )
     start = "warm" if entry["warm_start"] else "cold"
     return (
         line + f"  loss {entry['loss']:.4f}  [{entry['num_products']} products, "
@@ -882,6 +958,22 @@ def _save_figure(
         ) from err
 
 
+def _minibatch_quantiles(done: list[dict[str, Any]]) -> tuple[np.ndarray | None, str | None]:
+    """The (5 %, median, 95 %) of the entries' mini-batch λ₁ (NaN where not measured) and
+    their legend text, or (None, None) without any."""
+    measured = [entry.get("minibatch") for entry in done]
+    first = next((m for m in measured if m), None)
+    if first is None:
+        return None, None
+    rows = [
+        [m["summary"][q] for q in ("q05", "q50", "q95")] if m else [np.nan] * 3 for m in measured
+    ]
+    batches = count_text(first["num_batches"], "mini-batch", "mini-batches")
+    examples = count_text(first["batch_size"], "example")
+    label = f"λ₁ of {batches} of {examples}: median (dashed), 5–95 % (band)"
+    return np.array(rows, dtype=np.float64), label
+
+
 def sharpness_figure(
     args: argparse.Namespace,
     report: dict[str, Any],
@@ -913,6 +1005,7 @@ def sharpness_figure(
             np.nan if entry.get("eigenvector_overlap") is None else entry["eigenvector_overlap"]
             for entry in done
         ]
+    minibatch, minibatch_label = _minibatch_quantiles(done)
     ax = plot_sharpness(
         steps,
         values,
@@ -922,6 +1015,8 @@ def sharpness_figure(
         trace_errors=trace_errors,
         losses=[entry["loss"] for entry in done],
         overlaps=overlaps,
+        minibatch=minibatch,
+        minibatch_label=minibatch_label,
         xlabel=xlabel,
         ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
         threshold_note=missing,

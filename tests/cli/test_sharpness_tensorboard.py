@@ -53,6 +53,10 @@ def two_checkpoints(tmp_path_factory):
             str(base / "out"),
             "--tensorboard",
             str(base / "logs"),
+            "--per-batch",
+            "2",
+            "--per-batch-size",
+            "50",
         ]
     )
     assert status == 0, err
@@ -73,6 +77,7 @@ def test_each_checkpoint_is_written_at_its_step(two_checkpoints):
     assert [step for step, _ in expected["sharpness/lambda_1"]] == [0, 20]
     assert expected["sharpness/threshold"] == [(0, np.float32(10.0)), (20, np.float32(10.0))]
     assert [step for step, _ in expected["sharpness/eigenvector_overlap"]] == [20]
+    assert [step for step, _ in expected["sharpness/minibatch_lambda_1_q50"]] == [0, 20]
     assert read_scalars(run) == expected
 
 
