@@ -432,21 +432,25 @@ def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) ->
 
 def check_curvature(args: argparse.Namespace) -> None:
     """A ``--curvature`` whose operator this build of spectra lacks is a user error."""
+    from spectra.operators import curvature_operator
+
     with user_errors():
-        curvature_choice(getattr(args, "curvature", None)).operator_class()
+        curvature_operator(getattr(args, "curvature", None))
 
 
 def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
     """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
     the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
     (:func:`spectra.preconditioned`)."""
+    from spectra.operators import build_curvature_operator
     from spectra.operators.keras_calls import ComputeCopyError
 
     choice = curvature_choice(getattr(args, "curvature", None))
     with user_errors(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            op = choice.from_keras(
+            op = build_curvature_operator(
+                choice.name,
                 model,
                 operator_loss(args),
                 data.as_tuple(),
@@ -805,6 +809,34 @@ def caption_choice(args: argparse.Namespace, compact: bool = False) -> str:
     sharpness figure), ``"short"`` for the others."""
     chosen = getattr(args, "caption", None)
     return chosen if chosen is not None else ("none" if compact else "short")
+
+
+def finish_figure(
+    fig_or_ax: Any,
+    args: argparse.Namespace,
+    title: str,
+    short: Sequence[Any],
+    full: Sequence[Any] = (),
+    *,
+    matrix: str | None = None,
+    compact: bool = False,
+) -> Any:
+    """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
+    the short caption is ``short`` (model, data, estimator; the title names the matrix),
+    the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
+    full one goes into the file's metadata either way
+    (:func:`spectra.plotting.add_title`). Without ``--caption`` a ``compact`` figure (the
+    sharpness figure) draws none (:func:`spectra.cli._common.caption_choice`). Returns the
+    figure."""
+    from spectra.plotting import add_title, figure_caption
+
+    seed = getattr(args, "seed", None)
+    complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
+    caption = {"none": None, "short": figure_caption(*short), "full": complete}[
+        caption_choice(args, compact)
+    ]
+    shown = None if getattr(args, "no_title", False) else title
+    return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
 
 
 def figure_record(

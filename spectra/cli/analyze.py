@@ -30,6 +30,7 @@ from spectra.cli._common import (
     figure_font,
     figure_names,
     figure_record,
+    finish_figure,
     finish_outputs,
     load_data,
     load_operator,
@@ -411,7 +412,6 @@ def _compute(
 def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str, str, Any]]:
     """The figures of the report as ``(files key, file stem, figure)``, not yet saved, in
     ``--style`` with the title and caption ``--no-title`` and ``--caption`` ask for."""
-    from spectra.cli.plot import finish_figure
     from spectra.plotting import plot_eigenvalues, plot_spectral_density, repeats_description
 
     eig = report.eigenvalues
@@ -522,7 +522,6 @@ def _layers_figure(
 ) -> Any:
     """Per-layer top eigenvalues (and traces) as bar charts, one row per layer, side by side
     on one figure of ``--style``'s width whose height grows with the number of layers."""
-    from spectra.cli.plot import finish_figure
     from spectra.plotting import (
         block_symbol,
         figure_size,

@@ -24,6 +24,7 @@ from spectra.cli._common import (
     figure_font,
     figure_names,
     figure_record,
+    finish_figure,
     finish_outputs,
     load_data,
     load_operator,
@@ -379,7 +380,6 @@ def _figures(
 ) -> list[tuple[str, str, Any]]:
     """The figures as ``(files key, file stem, figure)``, not yet saved, in ``--style``
     with the title and caption ``--no-title`` and ``--caption`` ask for."""
-    from spectra.cli.plot import finish_figure
     from spectra.plotting import format_value, plot_loss_landscape_1d, plot_loss_landscape_2d
 
     eig, curves = report.eigenvalues, report.curves

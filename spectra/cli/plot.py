@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from spectra.cli._common import (
     Console,
     UserError,
-    caption_choice,
     figure_font,
     figure_names,
     finish_outputs,
@@ -107,34 +105,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         finish_outputs(out)
     console.info(f"figures: {', '.join(written)}")
     return 0
-
-
-def finish_figure(
-    fig_or_ax: Any,
-    args: argparse.Namespace,
-    title: str,
-    short: Sequence[Any],
-    full: Sequence[Any] = (),
-    *,
-    matrix: str | None = None,
-    compact: bool = False,
-) -> Any:
-    """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
-    the short caption is ``short`` (model, data, estimator; the title names the matrix),
-    the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
-    full one goes into the file's metadata either way
-    (:func:`spectra.plotting.add_title`). Without ``--caption`` a ``compact`` figure (the
-    sharpness figure) draws none (:func:`spectra.cli._common.caption_choice`). Returns the
-    figure."""
-    from spectra.plotting import add_title, figure_caption
-
-    seed = getattr(args, "seed", None)
-    complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
-    caption = {"none": None, "short": figure_caption(*short), "full": complete}[
-        caption_choice(args, compact)
-    ]
-    shown = None if getattr(args, "no_title", False) else title
-    return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
 
 
 def _read(path: Path) -> Any:

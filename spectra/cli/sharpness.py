@@ -58,6 +58,7 @@ from spectra.cli._common import (
     figure_font,
     figure_names,
     figure_record,
+    finish_figure,
     load_data,
     make_operator,
     matrix_title,
@@ -984,7 +985,6 @@ def sharpness_figure(
 ) -> Any:
     """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
     not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
-    from spectra.cli.plot import finish_figure
     from spectra.plotting import plot_sharpness, threshold_text
 
     threshold, missing = _plotted_threshold(args, report, threshold)

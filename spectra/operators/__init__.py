@@ -28,7 +28,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from spectra._backend import module_for
-from spectra.operators.registry import CURVATURES
+from spectra.operators.registry import CURVATURES, curvature_entry
 
 if TYPE_CHECKING:
     from spectra.operators.base import CurvatureOperator, block_size_for
@@ -83,8 +83,43 @@ __all__ = [
     "SubmatrixOperator",
     "TransposedJacobianOperator",
     "block_size_for",
+    "build_curvature_operator",
+    "curvature_operator",
     "layer_groups",
 ]
+
+
+def curvature_operator(name: str | None) -> Any:
+    """The operator class of the registered matrix ``name`` (the Hessian for None) on
+    Keras' backend (imported now, and TensorFlow or JAX with it); a one-line
+    ``ValueError`` for a name that is not registered or a class this process cannot use
+    (which the CLI reports as a usage error)."""
+    entry = curvature_entry(name)
+    try:
+        found = globals().get(entry.class_name) or __getattr__(entry.class_name)
+    except AttributeError as err:
+        if entry.class_name in _SOURCE:  # known, but not on this backend: say why
+            raise ValueError(f"--curvature {entry.name}: {err}") from None
+        found = None
+    if found is None or not callable(getattr(found, "from_keras", None)):
+        raise ValueError(
+            f"--curvature {entry.name} needs spectra.{entry.class_name}, which this build "
+            "of spectra does not have; choose one of the others or update spectra."
+        )
+    return found
+
+
+def build_curvature_operator(
+    name: str | None, model: Any, loss: Any, data: Any, seed: int | None, **keywords: Any
+) -> Any:
+    """``curvature_operator(name).from_keras(model, loss, data, seed=seed, **keywords,
+    **entry.options)``. The seed is required (None is explicit): it fixes the random
+    draws (sampled labels, Dropout masks in training mode), so that the same command and
+    seed give the same matrix in every process."""
+    entry = curvature_entry(name)
+    return curvature_operator(name).from_keras(
+        model, loss, data, **keywords, **entry.options, seed=seed
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,10 @@
 """The curvature matrices spectra can build: one line each, read by the API and the CLI.
 
 Each :class:`CurvatureEntry` names a matrix (the CLI's ``--curvature`` value), its operator
-class (``"module:Class"``, imported on first use through the ``spectra`` exports, so
-that reading the registry imports no TensorFlow), the curvature-specific keywords its
-``from_keras`` gets, and how figures and reports name it. :data:`CURVATURES` is what
+class (``"module:Class"``: the registry is data and imports nothing, so that reading it
+imports no TensorFlow; :func:`spectra.operators.curvature_operator` gives the class on
+Keras' backend and builds it), the curvature-specific keywords its ``from_keras`` gets,
+and how figures and reports name it. :data:`CURVATURES` is what
 ``spectra analyze --curvature`` offers, and the operator classes it names are what
 ``spectra`` exports (:func:`operator_class_names`).
 
@@ -49,32 +50,6 @@ class CurvatureEntry:
     def class_name(self) -> str:
         """The operator class's name (what ``spectra`` exports it as)."""
         return self.operator.rpartition(":")[2]
-
-    def operator_class(self) -> Any:
-        """The operator class, as ``spectra`` exports it (its module is imported now, and
-        TensorFlow with it); a one-line ``ValueError`` when this build of ``spectra`` does
-        not export it (which the CLI reports as a usage error)."""
-        import spectra
-
-        found = getattr(spectra, self.class_name, None)
-        if found is None or not callable(getattr(found, "from_keras", None)):
-            raise ValueError(
-                f"--curvature {self.name} needs spectra.{self.class_name}, which this build "
-                f"of spectra (version {spectra.__version__}) does not have; choose one of "
-                "the others or update spectra."
-            )
-        return found
-
-    def from_keras(
-        self, model: Any, loss: Any, data: Any, seed: int | None, **keywords: Any
-    ) -> Any:
-        """``operator_class().from_keras(model, loss, data, seed=seed, **keywords,
-        **options)``. The seed is required (None is explicit): it fixes the random draws
-        (sampled labels, Dropout masks in training mode), so that the same command and
-        seed give the same matrix in every process."""
-        return self.operator_class().from_keras(
-            model, loss, data, **keywords, **self.options, seed=seed
-        )
 
 
 CURVATURES: Mapping[str, CurvatureEntry] = MappingProxyType(

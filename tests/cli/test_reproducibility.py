@@ -216,6 +216,7 @@ def test_every_curvature_gets_the_seed(curvature, dropout_model):
     from spectra.cli._curvature import curvature_choice
     from spectra.cli._parser import build_parser
     from spectra.io.datasets import load_data
+    from spectra.operators import curvature_operator
 
     model_path, data_path = dropout_model
     extra = ("--seed", "3", "--curvature", curvature)
@@ -226,7 +227,7 @@ def test_every_curvature_gets_the_seed(curvature, dropout_model):
         state.assign(np.array([12345, 678], dtype=state.dtype))
     operator = make_operator(model, args, data)
     choice = curvature_choice(curvature)
-    expected = choice.operator_class().from_keras(
+    expected = curvature_operator(curvature).from_keras(
         model, LOSS, data.as_tuple(), batch_size=BATCH, training=True, seed=3, **choice.options
     )
     assert operator.loss() == expected.loss()
