@@ -36,7 +36,7 @@ import numpy as np
 
 from spectra._validation import check_float, check_int, check_seed
 from spectra.analysis.trajectory import SharpnessSettings, measure_sharpness
-from spectra.estimators._products import _progress_bar
+from spectra.estimators._products import make_progress_bar
 
 __all__ = ["QUANTILES", "MinibatchSharpness", "draw_minibatches", "minibatch_sharpness"]
 
@@ -345,7 +345,7 @@ def _measure_batches(
     stderrs: list[float] = []
     products = 0
     vectors: np.ndarray | None = None
-    with _progress_bar(len(chosen), "mini-batch sharpness", "batch", progress) as bar:
+    with make_progress_bar(len(chosen), "mini-batch sharpness", "batch", progress) as bar:
         for b, batch in enumerate(chosen):
             measured = measure_sharpness(
                 build(batch), settings, seed=settings.seed + b, v0=vectors, progress=False

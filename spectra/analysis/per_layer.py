@@ -47,13 +47,13 @@ import numpy as np
 from spectra._validation import check_float, check_int, is_bool
 from spectra.estimators._products import (
     _SYMMETRY_SEED,
+    ProductProgress,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _Progress,
-    _rademacher,
-    _rng,
-    _seed_setting,
+    as_symmetric_operator,
+    one_blas_thread,
+    rademacher_vectors,
+    seed_setting,
+    seeded_rng,
 )
 from spectra.estimators.eigensolvers import (
     _DEFAULT_FAILURE_PROBABILITY,
@@ -375,10 +375,10 @@ def layerwise(
     num_probes = check_int("num_probes", num_probes, minimum=2)
     tol = check_float("tol", tol)
     failure_probability = check_float("failure_probability", failure_probability, below=1.0)
-    counter = _as_symmetric_operator(op, "layerwise", check_symmetry)
+    counter = as_symmetric_operator(op, "layerwise", check_symmetry)
     n = counter.n
     names, parts, origin = _resolve_groups(op, groups, n)
-    rng = _rng(seed)
+    rng = seeded_rng(seed)
     # Separate streams: the eigenvalues do not depend on whether traces are estimated.
     lanczos_rng, probe_rng = rng.spawn(2)
     share = failure_probability / len(parts)
@@ -388,7 +388,7 @@ def layerwise(
         min(num_products, _PLANNED_STEPS_PER_VALUE * k, int(part.size)) + min(k, int(part.size))
         for part in parts
     ) + (len(parts) * num_probes if trace else 0)
-    with _Progress(counter, planned, "layerwise", progress) as bar:
+    with ProductProgress(counter, planned, "layerwise", progress) as bar:
         final, residual_norms = passes.run(bar)
     eigenvalues, error_bounds, converged = _group_pairs(counter, states, final)
     unresolved = _unresolved_zero(counter)
@@ -419,7 +419,7 @@ def layerwise(
             "num_products": num_products,
             "num_probes": num_probes if trace else 0,
             "groups": origin,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
             "dimension": n,
             "failure_probability": failure_probability,
@@ -501,8 +501,8 @@ class _LockstepPasses:
 
     def run(self, bar: Any = None) -> tuple[list[_Pairs], list[np.ndarray]]:
         """All passes: each group's final pairs and their residual norms (scaled units);
-        ``bar`` (a ``_Progress``) is updated after each pass."""
-        with _one_blas_thread():
+        ``bar`` (a ``ProductProgress``) is updated after each pass."""
+        with one_blas_thread():
             while self._next_pass():
                 if bar is not None:
                     bar.update()
@@ -524,7 +524,7 @@ class _LockstepPasses:
             state.next_vector()[:, None] if active else np.zeros((state.n, 0))
             for state, active in zip(self.states, running)
         ]
-        probes = [_rademacher(self.probe_rng, (part.size, width)) for part in self.parts]
+        probes = [rademacher_vectors(self.probe_rng, (part.size, width)) for part in self.parts]
         if final is not None:
             ritz = [pairs.vectors for pairs in final]
         else:

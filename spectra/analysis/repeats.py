@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from spectra._validation import check_float, check_int, check_seed
-from spectra.estimators._products import _progress_bar
+from spectra.estimators._products import make_progress_bar
 from spectra.estimators.results import EigenResult, Result, SpectralDensity, TraceResult
 
 __all__ = ["RepeatResult", "repeat_estimate", "subsample_indices"]
@@ -344,7 +344,7 @@ def repeat_estimate(
     rows: list[list[tuple[str, float, float, str]]] = []
     products = calls = 0
     what = "subsets" if subsample is not None else "seeds"
-    with _progress_bar(repeats, f"repeats across {what}", "repeat", progress) as bar:
+    with make_progress_bar(repeats, f"repeats across {what}", "repeat", progress) as bar:
         for i in range(repeats):
             target = operator
             if subsample is not None:

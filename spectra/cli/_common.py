@@ -96,10 +96,10 @@ class Console:
     def bar(self, total: int, desc: str, unit: str) -> Any:
         """A tqdm bar over ``total`` planned items on stderr: by default shown on a terminal once
         the run has lasted about 2 s, never with ``--quiet`` or ``--no-progress`` (the
-        estimators' rule, :func:`spectra.estimators._products._progress_bar`)."""
-        from spectra.estimators._products import _progress_bar
+        estimators' rule, :func:`spectra.estimators._products.make_progress_bar`)."""
+        from spectra.estimators._products import make_progress_bar
 
-        return _progress_bar(total, desc, unit, self.progress)
+        return make_progress_bar(total, desc, unit, self.progress)
 
 
 def require_backend(args: argparse.Namespace) -> str:

@@ -25,7 +25,7 @@ from spectra._validation import check_bool, check_seed, is_bool
 
 SeedLike = int | np.random.Generator | None
 
-# Symmetry test tolerance relative to (‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n) (see _ProductCounter):
+# Symmetry test tolerance relative to (‖Au‖‖v‖ + ‖Av‖‖u‖)/sqrt(n) (see ProductCounter):
 # float64 operators are held to 1e-8, lower precision to 3·sqrt(eps) of their dtype (1.0e-3
 # for float32, 0.094 for float16, 0.27 for bfloat16: half their digits).
 _SYMMETRY_TOL = {np.dtype(np.float64): 1e-8}
@@ -43,28 +43,28 @@ _SYMMETRY_ROUNDING_LIKELY = 100.0
 # product with the vector scaled up by 2^(max exponent / 2), which lifts every term that
 # depends on the vector out of the underflow range, and compares: a relative difference
 # above _UNDERFLOW_TOL is refused, a smaller one becomes the products' resolution
-# (``_ProductCounter.eps``), which floors the error bounds.
+# (``ProductCounter.eps``), which floors the error bounds.
 _UNDERFLOW_TOL = 1e-3
 # Two vectors whose cosine exceeds this are too close to parallel for the symmetry test.
 _SYMMETRY_MAX_COSINE = 0.9
 # Products whose largest entry lies outside [2^-_SAFE_EXPONENT, 2^_SAFE_EXPONENT] are
-# scaled by a power of two (see _ProductCounter): inside it, squares and sums of
+# scaled by a power of two (see ProductCounter): inside it, squares and sums of
 # squares of n entries stay far from overflow and underflow, and no scaling at all
 # keeps results at ordinary scales bit-identical.
 _SAFE_EXPONENT = 64
-# A fixed generator for the rare extra symmetry probe (see _ProductCounter.finish), so
+# A fixed generator for the rare extra symmetry probe (see ProductCounter.finish), so
 # that estimator results do not depend on whether it runs.
 _SYMMETRY_SEED = 0x5EED
 
 
 # -- arguments ---------------------------------------------------------------------------
-def _rng(seed: Any, name: str = "seed") -> np.random.Generator:
+def seeded_rng(seed: Any, name: str = "seed") -> np.random.Generator:
     """A numpy Generator from a seed :func:`~spectra._validation.check_seed` accepts: an
     int >= 0, None, or an existing Generator (used as is)."""
     return np.random.default_rng(check_seed(name, seed))
 
 
-def _seed_setting(seed: SeedLike) -> Any:
+def seed_setting(seed: SeedLike) -> Any:
     """How a seed is recorded in a result's settings (a Generator has no value to record)."""
     if seed is None:
         return None
@@ -81,7 +81,7 @@ def _boundary_dtype(dtype: Any) -> np.dtype:
     return np.dtype(np.float64)
 
 
-def _rademacher(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+def rademacher_vectors(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Independent ±1 entries (float64)."""
     values = rng.integers(0, 2, size=shape).astype(np.float64)
     values *= 2.0  # in place: the same values as 2·b − 1, without two temporaries
@@ -90,7 +90,7 @@ def _rademacher(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 
 # -- the product counter ------------------------------------------------------------------
-class _ProductCounter(LinearOperator):
+class ProductCounter(LinearOperator):
     """float64 view of an operator that counts products, refuses non-finite values and
     tests symmetry on the products the estimator makes anyway.
 
@@ -432,11 +432,11 @@ def _safe_norms(block: np.ndarray) -> np.ndarray:
         return np.linalg.norm(block / safe, axis=0) * largest
 
 
-def _as_symmetric_operator(op: Any, label: str, check_symmetry: bool = True) -> _ProductCounter:
+def as_symmetric_operator(op: Any, label: str, check_symmetry: bool = True) -> ProductCounter:
     """Validate ``op`` (LinearOperator, array, sparse matrix...) and wrap it in a counter.
 
     Requires a square shape. With ``check_symmetry`` the counter tests symmetry on the
-    estimator's first products (no extra product, see :class:`_ProductCounter`).
+    estimator's first products (no extra product, see :class:`ProductCounter`).
     """
     check_symmetry = check_bool("check_symmetry", check_symmetry)
     try:
@@ -448,11 +448,11 @@ def _as_symmetric_operator(op: Any, label: str, check_symmetry: bool = True) -> 
         raise ValueError(f"operator must be square, got shape {shape}")
     if shape[0] < 1:
         raise ValueError(f"operator must have a positive dimension, got shape {shape}")
-    return _ProductCounter(operator, label, bool(check_symmetry))
+    return ProductCounter(operator, label, bool(check_symmetry))
 
 
 # -- statistics -----------------------------------------------------------------------------
-class _RunningMoments:
+class RunningMoments:
     """Mean and unbiased variance of samples arriving in blocks.
 
     Uses the pairwise update of Chan, Golub and LeVeque (1979), which avoids the
@@ -506,7 +506,7 @@ def _check_progress(progress: Any) -> bool | None:
     return None if progress is None else bool(progress)
 
 
-def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqdm:
+def make_progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqdm:
     """A tqdm bar on ``sys.stderr`` over ``total`` planned items, per ``progress``.
 
     ``None`` (the default of every estimator): shown only when stderr is a terminal, and only
@@ -529,21 +529,21 @@ def _progress_bar(total: int | None, desc: str, unit: str, progress: Any) -> tqd
     )
 
 
-class _Progress:
+class ProductProgress:
     """A tqdm bar over the products an estimator plans, with its data passes.
 
     ``plan`` revises the expected total (e.g. the Lanczos steps to the expected
     convergence); ``update`` reads the counter; on exit the total becomes the work
     done, so a finished bar reads 100%. ``enabled`` is the estimator's ``progress``
-    (see :func:`_progress_bar`): by default a bar on a terminal for runs longer than
+    (see :func:`make_progress_bar`): by default a bar on a terminal for runs longer than
     about 2 s.
     """
 
-    def __init__(self, counter: _ProductCounter, total: int, desc: str, enabled: bool | None):
+    def __init__(self, counter: ProductCounter, total: int, desc: str, enabled: bool | None):
         self.counter = counter
         self.start_products = counter.num_products
         self.start_calls = counter.num_operator_calls
-        self.bar = _progress_bar(max(int(total), 1), desc, "product", enabled)
+        self.bar = make_progress_bar(max(int(total), 1), desc, "product", enabled)
 
     def update(self) -> None:
         done = self.counter.num_products - self.start_products
@@ -564,7 +564,7 @@ class _Progress:
         if not self.bar.disable and time.time() >= self.bar.start_t + self.bar.delay:
             self.bar.refresh()
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> ProductProgress:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -579,7 +579,7 @@ _THREADPOOLS: list[ThreadpoolController] = []
 
 
 @contextlib.contextmanager
-def _one_blas_thread() -> Iterator[None]:
+def one_blas_thread() -> Iterator[None]:
     """Run the host-side linear algebra of an estimator on one BLAS thread.
 
     The reorthogonalizations are thin products (n × j with j <= a few dozen): on a
@@ -595,11 +595,11 @@ def _one_blas_thread() -> Iterator[None]:
 
 
 # -- thin QR of tall blocks -----------------------------------------------------------------
-# Rows per block of :func:`_tall_qr`: a block of s <= 64 float64 columns (4 MiB) stays in cache.
+# Rows per block of :func:`tall_qr`: a block of s <= 64 float64 columns (4 MiB) stays in cache.
 _QR_ROWS = 8192
 
 
-def _tall_qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tall_qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Thin QR (Q n × s with orthonormal columns, R s × s upper triangular) of a tall n × s
     float64 matrix.
 
@@ -630,7 +630,7 @@ def _tall_qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- Gram–Schmidt ---------------------------------------------------------------------------
-def _orthogonalize(
+def orthogonalize(
     vectors: np.ndarray, basis: np.ndarray, passes: int = 2
 ) -> tuple[np.ndarray, np.ndarray]:
     """Remove from ``vectors`` their components along the orthonormal rows of ``basis``.

@@ -18,14 +18,14 @@ import numpy as np
 
 from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
+    ProductCounter,
+    ProductProgress,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _ProductCounter,
-    _Progress,
-    _rademacher,
-    _rng,
-    _seed_setting,
+    as_symmetric_operator,
+    one_blas_thread,
+    rademacher_vectors,
+    seed_setting,
+    seeded_rng,
 )
 from spectra.estimators.krylov import _batched_lanczos
 from spectra.estimators.results import LogSpectralDensity, SpectralDensity, SpectralMass
@@ -59,7 +59,7 @@ def spectral_density(
     "gaussian" (normalized, i.e. uniform on the sphere).
 
     The recurrences run on products scaled by a power of two when they are far from 1
-    (exact; see ``_ProductCounter``): nodes are right for operators from 1e-300 to 1e300,
+    (exact; see ``ProductCounter``): nodes are right for operators from 1e-300 to 1e300,
     and a zero operator gives one node at 0 per probe (its Krylov space breaks down).
 
     An operator with ``is_positive_semidefinite = True`` (GGN, Fisher, K-FAC) gets a PSD
@@ -120,7 +120,7 @@ def spectral_density(
             "num_steps": num_steps,
             "num_probes": num_probes,
             "distribution": distribution,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
             **(
                 {"positive_semidefinite_claimed": True, "positive_semidefinite_note": note}
@@ -296,7 +296,7 @@ class _ProbeRecurrences(NamedTuple):
     """The Lanczos recurrences of stochastic Lanczos quadrature: the product counter and,
     per probe, the coefficients α (num_probes × steps), β and the steps taken."""
 
-    counter: _ProductCounter
+    counter: ProductCounter
     alpha: np.ndarray
     beta: np.ndarray
     steps_taken: np.ndarray
@@ -328,17 +328,17 @@ def _probe_recurrences(
     step): the data every SLQ estimate (densities, log-determinants) is computed from.
     ``label`` names the estimator in errors, ``description`` on the progress bar."""
     distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, label, check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, label, check_symmetry)
     n = counter.n
     if distribution == "rademacher":
-        starts = _rademacher(rng, (n, num_probes))
+        starts = rademacher_vectors(rng, (n, num_probes))
     else:
         starts = rng.standard_normal((n, num_probes))
     steps = min(num_steps, n)
     with (
-        _one_blas_thread(),
-        _Progress(counter, num_probes * steps, description, progress) as bar,
+        one_blas_thread(),
+        ProductProgress(counter, num_probes * steps, description, progress) as bar,
     ):
         alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
         counter.finish()

@@ -105,13 +105,13 @@ from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
+    ProductProgress,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _orthogonalize,
-    _Progress,
-    _rng,
-    _seed_setting,
+    as_symmetric_operator,
+    one_blas_thread,
+    orthogonalize,
+    seed_setting,
+    seeded_rng,
 )
 from spectra.estimators.results import EigenResult
 
@@ -530,7 +530,7 @@ class _KrylovSchur:
         """A new run from a random unit vector orthogonal to the locked vectors."""
         if self.locked.shape[0] >= self.n:
             return False
-        vector, _ = _orthogonalize(self.rng.standard_normal(self.n), self.locked)
+        vector, _ = orthogonalize(self.rng.standard_normal(self.n), self.locked)
         norm = float(np.linalg.norm(vector))
         if not norm > _EXHAUSTED_FRACTION * math.sqrt(self.n):
             return False
@@ -767,7 +767,7 @@ def _lanczos_start(
     return combined + rng.standard_normal(n) / math.sqrt(n), True
 
 
-def _drive(solver: _KrylovSchur, counter: Any, bar: _Progress, plan: bool) -> None:
+def _drive(solver: _KrylovSchur, counter: Any, bar: ProductProgress, plan: bool) -> None:
     """Feed ``solver`` one product at a time until it is finished (``plan``: update the
     progress bar's expected total after each)."""
     while not solver.finished:
@@ -844,7 +844,7 @@ class _PowerIteration:
     which: str
     tol: float
     rng: np.random.Generator
-    bar: _Progress
+    bar: ProductProgress
     sign: float
     found: np.ndarray
     anorm: float
@@ -866,7 +866,7 @@ class _PowerIteration:
             used += 1
             self.bar.update()
             self.anorm = max(self.anorm, float(np.linalg.norm(image)))
-            image, _ = _orthogonalize(image + self.shift * vector, self.found)
+            image, _ = orthogonalize(image + self.shift * vector, self.found)
             shifted_value = float(vector @ image)
             residual = float(np.linalg.norm(image - shifted_value * vector))
             value = shifted_value - self.shift
@@ -899,7 +899,7 @@ class _PowerIteration:
         return _PowerPair(vector, value, residual, bound, done, used)
 
     def _unit_in_complement(self, vector: np.ndarray) -> np.ndarray:
-        vector, _ = _orthogonalize(vector, self.found)
+        vector, _ = orthogonalize(vector, self.found)
         vector /= np.linalg.norm(vector)
         return vector
 
@@ -960,7 +960,7 @@ def _power_method(
     return _MethodOutput(found, min(1.0, share * k), {"shift": sign * iteration.shift})
 
 
-def _dense_pairs(counter, k: int, which: str, bar: _Progress, info: dict) -> _MethodOutput:
+def _dense_pairs(counter, k: int, which: str, bar: ProductProgress, info: dict) -> _MethodOutput:
     """The exact k pairs of a small operator: one n-column ``matmat`` and ``eigh``."""
     n = counter.n
     dense = counter.matmat(np.eye(n))
@@ -984,7 +984,7 @@ class _BlockFit(NamedTuple):
     rounds: int
 
 
-def _block_operator(counter, squared: bool, bar: _Progress) -> LinearOperator:
+def _block_operator(counter, squared: bool, bar: ProductProgress) -> LinearOperator:
     """A (or A², two products per column, for "magnitude") as LOBPCG's operator."""
     n = counter.n
 
@@ -1028,7 +1028,7 @@ def _run_lobpcg(
 
 
 def _rayleigh_ritz(
-    counter, x: np.ndarray, bar: _Progress
+    counter, x: np.ndarray, bar: ProductProgress
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rayleigh–Ritz with A on the span of ``x`` (resolves ± pairs for "magnitude"):
     the rotated orthonormal block, its image and the Ritz values. The residuals
@@ -1302,7 +1302,7 @@ def eigenvalues(
     Notes
     -----
     Floating point: the products are scaled by a power of two (exact) when they are
-    far from 1 (see :class:`spectra.estimators._products._ProductCounter`), so operators
+    far from 1 (see :class:`spectra.estimators._products.ProductCounter`), so operators
     from 1e-300 to 1e300 give the same relative accuracy; an eigenvalue that overflows
     float64 is refused with a ``ValueError``.
 
@@ -1322,8 +1322,8 @@ def eigenvalues(
     if max_products is None:
         max_products = 1000 + 100 * k
     max_products = check_int("max_products", max_products)
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, f"eigenvalues ({method})", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, f"eigenvalues ({method})", check_symmetry)
     n = counter.n
     if k > n:
         raise ValueError(f"k must be <= n = {n}, got k = {k}")
@@ -1334,8 +1334,8 @@ def eigenvalues(
         min(max_products, _PLANNED_PRODUCTS_PER_VALUE * k) if method == "lanczos" else max_products
     )
     with (
-        _one_blas_thread(),
-        _Progress(counter, planned, f"eigenvalues ({method})", progress) as bar,
+        one_blas_thread(),
+        ProductProgress(counter, planned, f"eigenvalues ({method})", progress) as bar,
     ):
         output = _SOLVERS[method](
             counter, k, which, tol, max_products, rng, bar, v0, failure_probability
@@ -1368,7 +1368,7 @@ def eigenvalues(
             "k": k,
             "tol": tol,
             "max_products": max_products,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
             "dimension": n,
             "v0_given": v0 is not None,

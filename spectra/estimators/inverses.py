@@ -62,13 +62,13 @@ from scipy.sparse.linalg import LinearOperator, lsmr
 
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.estimators._products import (
+    ProductCounter,
+    ProductProgress,
     SeedLike,
-    _as_symmetric_operator,
     _check_progress,
-    _one_blas_thread,
-    _ProductCounter,
-    _Progress,
-    _seed_setting,
+    as_symmetric_operator,
+    one_blas_thread,
+    seed_setting,
 )
 from spectra.estimators.results import InverseSolve
 
@@ -123,7 +123,7 @@ class _Shifted:
 
     def __init__(
         self,
-        counter: _ProductCounter,
+        counter: ProductCounter,
         damping: float,
         method: str = "cg",
         maxiter: int = _DEFAULT_MAXITER,
@@ -135,7 +135,7 @@ class _Shifted:
         self.maxiter = maxiter
         self.tol = tol
         self._exponent: int | None = None
-        self.bar: _Progress | None = None  # updated after each product (see _solve)
+        self.bar: ProductProgress | None = None  # updated after each product (see _solve)
 
     @property
     def scale(self) -> float:
@@ -468,7 +468,7 @@ class InverseOperator(LinearOperator):
 
     def __init__(
         self,
-        counter: _ProductCounter,
+        counter: ProductCounter,
         damping: float,
         method: str,
         tol: float,
@@ -595,7 +595,7 @@ class InverseOperator(LinearOperator):
         # The bar plans maxiter iterations per column (LSMR: two products each), and ends
         # at the products made.
         per_iteration = 2 if self.method == "lsmr" else 1
-        bar = _Progress(
+        bar = ProductProgress(
             self.counter,
             per_iteration * self.maxiter * k,
             f"inverse ({self.method})",
@@ -614,7 +614,7 @@ class InverseOperator(LinearOperator):
         best_y = y.copy()
         best_residual = residual.copy()
         best_norms = residual_norms.copy()
-        with _one_blas_thread(), bar:
+        with one_blas_thread(), bar:
             while np.any(pending):
                 idx = np.flatnonzero(pending)
                 budget = self.maxiter - int(iterations[idx].max())
@@ -820,7 +820,7 @@ def inverse(
         raise ValueError(
             f"scale is the Neumann series' step, for method='neumann' only, got method={method!r}"
         )
-    counter = _as_symmetric_operator(op, "inverse", check_symmetry)
+    counter = as_symmetric_operator(op, "inverse", check_symmetry)
     n = counter.n
     if maxiter is None:
         maxiter = min(10 * n, _DEFAULT_MAXITER)
@@ -855,7 +855,7 @@ def inverse(
         "on_failure": on_failure,
         "scale": scale,
         "lambda_max_bound": top,
-        "seed": _seed_setting(seed),
+        "seed": seed_setting(seed),
         "dimension": n,
     }
     return InverseOperator(

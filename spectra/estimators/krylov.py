@@ -26,14 +26,14 @@ import numpy as np
 
 from spectra._validation import check_int
 from spectra.estimators._products import (
+    ProductCounter,
+    ProductProgress,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _orthogonalize,
-    _ProductCounter,
-    _Progress,
-    _rng,
-    _seed_setting,
+    as_symmetric_operator,
+    one_blas_thread,
+    orthogonalize,
+    seed_setting,
+    seeded_rng,
 )
 from spectra.estimators.results import LanczosResult
 from spectra.estimators.tridiagonal import tridiagonal_eigh
@@ -44,12 +44,12 @@ __all__ = ["lanczos", "tridiagonal_eigh"]
 _BREAKDOWN_FACTOR = 100.0
 
 
-def _breakdown_threshold(counter: _ProductCounter, scale: float) -> float:
+def _breakdown_threshold(counter: ProductCounter, scale: float) -> float:
     return _BREAKDOWN_FACTOR * counter.eps * scale
 
 
 def _lanczos_recurrence(
-    counter: _ProductCounter,
+    counter: ProductCounter,
     start: np.ndarray,
     num_steps: int,
     reorthogonalize: bool,
@@ -80,7 +80,7 @@ def _lanczos_recurrence(
         w -= alpha * q + beta_previous * q_previous
         if reorthogonalize:
             assert basis is not None  # stored whenever reorthogonalizing
-            w, _ = _orthogonalize(w, basis[: step + 1])
+            w, _ = orthogonalize(w, basis[: step + 1])
         beta = float(np.linalg.norm(w))
         alphas.append(alpha)
         betas.append(beta)
@@ -115,7 +115,7 @@ def lanczos(
 
     Cost: m products in m ``matvec`` calls, O(n m²) host flops and n m stored
     numbers with reorthogonalization. The recurrence runs on products scaled by a power
-    of two when they are far from 1 (exact; see ``_ProductCounter``), so T is right for
+    of two when they are far from 1 (exact; see ``ProductCounter``), so T is right for
     operators from 1e-300 to 1e300 (refused if it overflows). Without it, only three
     vectors are kept
     (unless ``return_basis``), and T shows the well-known spurious copies of
@@ -125,9 +125,9 @@ def lanczos(
     """
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)
-    counter = _as_symmetric_operator(op, "lanczos", check_symmetry)
+    counter = as_symmetric_operator(op, "lanczos", check_symmetry)
     n = counter.n
-    rng = _rng(seed)
+    rng = seeded_rng(seed)
     if v0 is None:
         start = rng.standard_normal(n)
     else:
@@ -137,8 +137,8 @@ def lanczos(
         if not np.linalg.norm(start) > 0 or not np.all(np.isfinite(start)):
             raise ValueError("v0 must be a finite, nonzero vector")
     with (
-        _one_blas_thread(),
-        _Progress(counter, min(num_steps, n), "lanczos", progress) as bar,
+        one_blas_thread(),
+        ProductProgress(counter, min(num_steps, n), "lanczos", progress) as bar,
     ):
         alpha, beta, residual_norm, breakdown, rows = _lanczos_recurrence(
             counter, start, min(num_steps, n), reorthogonalize, return_basis, bar
@@ -159,7 +159,7 @@ def lanczos(
         settings={
             "num_steps": num_steps,
             "reorthogonalize": bool(reorthogonalize),
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "v0_given": v0 is not None,
             "dimension": n,
         },
@@ -168,7 +168,7 @@ def lanczos(
 
 
 def _batched_lanczos(
-    counter: _ProductCounter,
+    counter: ProductCounter,
     starts: np.ndarray,
     num_steps: int,
     progress_bar: Any = None,
@@ -207,7 +207,7 @@ def _batched_lanczos(
             stored = basis[:, : step + 1]  # (P, j, n), no copy
         else:
             stored = basis[idx, : step + 1]  # (a, j, n)
-        w, _ = _orthogonalize(w, stored)
+        w, _ = orthogonalize(w, stored)
         b = np.linalg.norm(w, axis=1)
         alpha[idx, step] = a
         beta[idx, step] = b

@@ -26,7 +26,7 @@ import numpy as np
 from spectra._validation import check_float, check_int
 from spectra.estimators._products import (
     SeedLike,
-    _seed_setting,
+    seed_setting,
 )
 from spectra.estimators.density import _probe_recurrences
 from spectra.estimators.results import LogDetResult
@@ -168,7 +168,7 @@ def logdet(
             "num_steps": num_steps,
             "num_probes": num_probes,
             "distribution": distribution,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )

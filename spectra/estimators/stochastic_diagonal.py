@@ -32,16 +32,16 @@ from scipy.linalg import solve_triangular
 
 from spectra._validation import check_int
 from spectra.estimators._products import (
+    ProductCounter,
+    ProductProgress,
+    RunningMoments,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _ProductCounter,
-    _Progress,
-    _rademacher,
-    _rng,
-    _RunningMoments,
-    _seed_setting,
-    _tall_qr,
+    as_symmetric_operator,
+    one_blas_thread,
+    rademacher_vectors,
+    seed_setting,
+    seeded_rng,
+    tall_qr,
 )
 from spectra.estimators.results import DiagonalResult
 from spectra.estimators.stochastic_trace import _SPAN_TOL, _numerical_rank, _sketch_span
@@ -73,7 +73,7 @@ def diagonal(
     Probes go through ``matmat`` in blocks of ``block_size`` (default
     min(16, num_products)): num_products products in
     ceil(num_products / block_size) calls; the symmetry check uses them (no extra one).
-    Products far from 1 are scaled by a power of two (exact; see ``_ProductCounter``),
+    Products far from 1 are scaled by a power of two (exact; see ``ProductCounter``),
     so operators from 1e-300 to 1e300 give the same relative accuracy.
 
     Parameters
@@ -89,13 +89,13 @@ def diagonal(
         if block_size is None
         else check_int("block_size", block_size)
     )
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "diagonal", check_symmetry)
-    moments = _RunningMoments((counter.n,))
-    with _Progress(counter, num_products, "diagonal", progress) as bar:
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "diagonal", check_symmetry)
+    moments = RunningMoments((counter.n,))
+    with ProductProgress(counter, num_products, "diagonal", progress) as bar:
         while moments.count < num_products:
             width = min(block_size, num_products - moments.count)
-            probes = _rademacher(rng, (counter.n, width))
+            probes = rademacher_vectors(rng, (counter.n, width))
             moments.update((probes * counter.matmat(probes)).T)
             bar.update()
         counter.finish()
@@ -109,7 +109,7 @@ def diagonal(
         settings={
             "num_products": num_products,
             "block_size": block_size,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )
@@ -126,7 +126,7 @@ def _xdiag_rank_deficient(
     triangular: np.ndarray,
     basis: np.ndarray,
     rank: int,
-    counter: _ProductCounter,
+    counter: ProductCounter,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The s XDiag estimates d_i (columns of an n × s array) and, per entry, the
     interaction sum Σ_{i≠j} Δ_ij ⊙ Δ_ji when Y = AΩ = QR has numerical rank r < s, whatever
@@ -212,7 +212,7 @@ def _xdiag_rank_deficient(
 
 
 def _xdiag_estimates(
-    test: np.ndarray, image: np.ndarray, counter: _ProductCounter
+    test: np.ndarray, image: np.ndarray, counter: ProductCounter
 ) -> tuple[np.ndarray, np.ndarray]:
     """The s leave-one-out XDiag estimates d_i (columns of an n × s array) and, per entry,
     the interaction sum Σ_{i≠j} Δ_ij ⊙ Δ_ji for their variance.
@@ -234,7 +234,7 @@ def _xdiag_estimates(
     spaces of Y₋K: :func:`_xdiag_rank_deficient`.
     """
     s = test.shape[1]
-    basis, triangular = _tall_qr(image)
+    basis, triangular = tall_qr(image)
     rank = _numerical_rank(triangular, counter.eps)
     if rank < s:
         return _xdiag_rank_deficient(test, image, triangular, basis, rank, counter)
@@ -474,12 +474,12 @@ def xdiag(
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "diagonal (xdiag)", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "diagonal (xdiag)", check_symmetry)
     n = counter.n
     s = min(num_products // 2, n)
-    test = _rademacher(rng, (n, s))
-    with _one_blas_thread(), _Progress(counter, 2 * s, "diagonal (xdiag)", progress) as bar:
+    test = rademacher_vectors(rng, (n, s))
+    with one_blas_thread(), ProductProgress(counter, 2 * s, "diagonal (xdiag)", progress) as bar:
         image = counter.matmat(test)
         bar.update()
         estimates, interaction = _xdiag_estimates(test, image, counter)
@@ -504,7 +504,7 @@ def xdiag(
             "method": "xdiag",
             "num_products": num_products,
             "num_test_vectors": s,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )

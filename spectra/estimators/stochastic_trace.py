@@ -27,7 +27,7 @@ O(n m² + m³) host flops (:func:`xtrace`). The Frobenius norm ‖A‖_F² = E�
 one product per probe, in blocks like Hutchinson's.
 
 The estimators work on products scaled by a power of two when they are far from 1
-(exact; see ``spectra.estimators._products._ProductCounter``) and scale their results back,
+(exact; see ``spectra.estimators._products.ProductCounter``) and scale their results back,
 so an operator scaled by s from 1e-300 to 1e300 gives s times the estimate and the
 standard error at scale 1 (same seed), and a result float64 cannot hold is refused.
 """
@@ -44,16 +44,16 @@ from scipy.linalg import solve_triangular
 
 from spectra._validation import check_choice, check_float, check_int
 from spectra.estimators._products import (
+    ProductCounter,
+    ProductProgress,
+    RunningMoments,
     SeedLike,
-    _as_symmetric_operator,
-    _one_blas_thread,
-    _ProductCounter,
-    _Progress,
-    _rademacher,
-    _rng,
-    _RunningMoments,
-    _seed_setting,
-    _tall_qr,
+    as_symmetric_operator,
+    one_blas_thread,
+    rademacher_vectors,
+    seed_setting,
+    seeded_rng,
+    tall_qr,
 )
 from spectra.estimators.results import FrobeniusResult, TraceResult
 
@@ -84,12 +84,12 @@ def _adaptive_mean(
     block_size: int,
     rtol: float | None,
     offset: float,
-    bar: _Progress,
-) -> tuple[_RunningMoments, str]:
+    bar: ProductProgress,
+) -> tuple[RunningMoments, str]:
     """Average samples from ``draw_block(width)`` until ``budget`` samples are drawn
     or, with ``rtol``, until ``stderr <= rtol·|offset + mean|`` (after a few blocks).
     Returns the running moments and why it stopped ("rtol" or "budget")."""
-    moments = _RunningMoments()
+    moments = RunningMoments()
     blocks = 0
     while moments.count < budget:
         width = min(block_size, budget - moments.count)
@@ -111,7 +111,7 @@ def _trace_result(
     estimate: float,
     stderr: float,
     stopped: str,
-    counter: _ProductCounter,
+    counter: ProductCounter,
     started: float,
     seed: SeedLike,
     check_symmetry: bool,
@@ -128,7 +128,7 @@ def _trace_result(
         wall_time=time.perf_counter() - started,
         settings={
             **settings,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )
@@ -167,14 +167,14 @@ def hutchinson_trace(
     num_products = check_int("num_products", num_products, minimum=2)
     rtol = _check_rtol(rtol)
     block_size = _block_size(block_size, num_products)
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "trace (hutchinson)", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "trace (hutchinson)", check_symmetry)
 
     def draw(width: int) -> np.ndarray:
-        probes = _rademacher(rng, (counter.n, width))
+        probes = rademacher_vectors(rng, (counter.n, width))
         return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
-    with _Progress(counter, num_products, "trace (hutchinson)", progress) as bar:
+    with ProductProgress(counter, num_products, "trace (hutchinson)", progress) as bar:
         moments, stopped = _adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
         counter.finish()
     return _trace_result(
@@ -226,20 +226,23 @@ def hutchpp_trace(
     rtol = _check_rtol(rtol)
     if block_size is not None:
         block_size = check_int("block_size", block_size)
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "trace (hutch++)", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "trace (hutch++)", check_symmetry)
     n = counter.n
     sketch_size = min(num_products // 3, n)
     remaining = num_products - 2 * sketch_size
     block_size = _block_size(block_size, remaining)
 
-    with _one_blas_thread(), _Progress(counter, num_products, "trace (hutch++)", progress) as bar:
-        sketch = counter.matmat(_rademacher(rng, (n, sketch_size)))
+    with (
+        one_blas_thread(),
+        ProductProgress(counter, num_products, "trace (hutch++)", progress) as bar,
+    ):
+        sketch = counter.matmat(rademacher_vectors(rng, (n, sketch_size)))
         bar.update()
-        basis, _ = _tall_qr(sketch)
+        basis, _ = tall_qr(sketch)
         rank = basis.shape[1]
         first_width = min(block_size, remaining)
-        first_probes = _rademacher(rng, (n, first_width))
+        first_probes = rademacher_vectors(rng, (n, first_width))
         first_probes -= basis @ (basis.T @ first_probes)
         images = counter.matmat(np.hstack([basis, first_probes]))
         bar.update()
@@ -249,7 +252,7 @@ def hutchpp_trace(
         def draw(width: int) -> np.ndarray:
             if pending:
                 return pending.pop()
-            probes = _rademacher(rng, (n, width))
+            probes = rademacher_vectors(rng, (n, width))
             probes -= basis @ (basis.T @ probes)
             return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
@@ -325,7 +328,7 @@ def _xtrace_sketch(
     image: np.ndarray,
     basis: np.ndarray,
     triangular: np.ndarray,
-    counter: _ProductCounter,
+    counter: ProductCounter,
 ) -> _XTraceSketch:
     """The products of :class:`_XTraceSketch` from Ω, Y = QR (R invertible) and one
     ``matmat`` A Q (s products); O(n s² + s³) host flops."""
@@ -342,7 +345,7 @@ def _sketch_products(
     coordinates: np.ndarray,
     S: np.ndarray,
     rank: int,
-    counter: _ProductCounter,
+    counter: ProductCounter,
 ) -> _XTraceSketch:
     """:class:`_XTraceSketch` from Ω, Y, the orthonormal Q (n × r), R = QᵀY (r × s) and
     the unit (or zero) directions S (r × s), with one ``matmat`` A Q (r products)."""
@@ -515,7 +518,7 @@ def _xtrace_rank_deficient(
     basis: np.ndarray,
     triangular: np.ndarray,
     rank: int,
-    counter: _ProductCounter,
+    counter: ProductCounter,
 ) -> tuple[np.ndarray, float]:
     """XTrace's t_i and interaction sum when Y = AΩ has numerical rank r < s, whatever
     the cause: rank A < s, Ω singular (two equal or opposite Rademacher columns, or any
@@ -596,7 +599,7 @@ def _interaction(estimates: np.ndarray, leave_two: np.ndarray) -> float:
 
 
 def _xtrace_estimates(
-    test: np.ndarray, image: np.ndarray, counter: _ProductCounter
+    test: np.ndarray, image: np.ndarray, counter: ProductCounter
 ) -> tuple[np.ndarray, float]:
     """The s leave-one-out XTrace estimates t_i and the interaction sum for their variance.
 
@@ -625,7 +628,7 @@ def _xtrace_estimates(
     If Y is numerically rank deficient (rank A < s, or Ω singular), the same definition
     with the projectors onto the column spaces: :func:`_xtrace_rank_deficient`.
     """
-    basis, triangular = _tall_qr(image)
+    basis, triangular = tall_qr(image)
     rank = _numerical_rank(triangular, counter.eps)
     if rank < test.shape[1]:
         return _xtrace_rank_deficient(test, image, basis, triangular, rank, counter)
@@ -688,16 +691,16 @@ def xtrace(
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
     distribution = check_choice("distribution", distribution, ("sphere", "rademacher"))
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "trace (xtrace)", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "trace (xtrace)", check_symmetry)
     n = counter.n
     s = min(num_products // 2, n)
     if distribution == "sphere":
         test = rng.standard_normal((n, s))
         test *= math.sqrt(n) / np.linalg.norm(test, axis=0)
     else:
-        test = _rademacher(rng, (n, s))
-    with _one_blas_thread(), _Progress(counter, 2 * s, "trace (xtrace)", progress) as bar:
+        test = rademacher_vectors(rng, (n, s))
+    with one_blas_thread(), ProductProgress(counter, 2 * s, "trace (xtrace)", progress) as bar:
         image = counter.matmat(test)
         bar.update()
         estimates, interaction = _xtrace_estimates(test, image, counter)
@@ -788,14 +791,14 @@ def frobenius_norm(
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
     block_size = _block_size(block_size, num_products)
-    rng = _rng(seed)
-    counter = _as_symmetric_operator(op, "frobenius_norm", check_symmetry)
+    rng = seeded_rng(seed)
+    counter = as_symmetric_operator(op, "frobenius_norm", check_symmetry)
 
     def draw(width: int) -> np.ndarray:
-        images = counter.matmat(_rademacher(rng, (counter.n, width)))
+        images = counter.matmat(rademacher_vectors(rng, (counter.n, width)))
         return np.einsum("ij,ij->j", images, images)
 
-    with _Progress(counter, num_products, "frobenius norm", progress) as bar:
+    with ProductProgress(counter, num_products, "frobenius norm", progress) as bar:
         moments, _ = _adaptive_mean(draw, num_products, block_size, None, 0.0, bar)
         counter.finish()
     squared = max(float(moments.mean), 0.0)
@@ -825,7 +828,7 @@ def frobenius_norm(
         settings={
             "num_products": num_products,
             "block_size": block_size,
-            "seed": _seed_setting(seed),
+            "seed": seed_setting(seed),
             "check_symmetry": bool(check_symmetry),
         },
     )

@@ -34,7 +34,7 @@ TOLERANCES = (0.1, 1e-2, 1e-6)
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

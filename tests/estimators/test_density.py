@@ -21,7 +21,7 @@ from spectra.estimators.tridiagonal import gauss_quadrature
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

@@ -15,7 +15,7 @@ from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

@@ -23,7 +23,7 @@ EPS = float(np.finfo(np.float64).eps)
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

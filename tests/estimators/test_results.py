@@ -14,7 +14,7 @@ from spectra.estimators.stochastic_trace import frobenius_norm, trace
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

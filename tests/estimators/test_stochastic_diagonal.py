@@ -16,7 +16,7 @@ from spectra.estimators.stochastic_diagonal import diagonal
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

@@ -14,7 +14,7 @@ from _matrices import (
     with_spectrum,
 )
 
-from spectra.estimators._products import _as_symmetric_operator
+from spectra.estimators._products import as_symmetric_operator
 from spectra.estimators.stochastic_trace import (
     _xtrace_estimates,
     frobenius_norm,
@@ -26,7 +26,7 @@ from spectra.estimators.stochastic_trace import (
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 
@@ -239,7 +239,7 @@ def test_xtrace_leave_one_and_two_out_estimates_match_their_dense_definition():
     a = random_symmetric(n, seed=12) + np.diag(np.linspace(0.0, 3.0, n))
     test = rng.standard_normal((n, s))
     image = a @ test
-    estimates, interaction = _xtrace_estimates(test, image, _as_symmetric_operator(a, "t", True))
+    estimates, interaction = _xtrace_estimates(test, image, as_symmetric_operator(a, "t", True))
     others = [[j for j in range(s) if j != i] for i in range(s)]
     truth = [_deflated_estimate(a, test, image, others[i], i) for i in range(s)]
     np.testing.assert_allclose(estimates, truth, rtol=1e-10, atol=1e-10)
@@ -387,7 +387,7 @@ def test_xtrace_error_bar_combines_the_spread_and_the_interaction():
     a = random_symmetric(40, seed=19) + np.diag(np.linspace(0.0, 4.0, 40))
     s = 6
     test = np.random.default_rng(5).standard_normal((40, s))
-    counter = _as_symmetric_operator(a, "t", True)
+    counter = as_symmetric_operator(a, "t", True)
     estimates, interaction = _xtrace_estimates(test, a @ test, counter)
     spread = np.sum((estimates - estimates.mean()) ** 2)
     assert abs(interaction) > 0.05 * spread  # both terms matter here

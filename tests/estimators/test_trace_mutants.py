@@ -39,7 +39,7 @@ _XTRACE_SIGNS += [-1, 1, 1, -1, 1, 1, 1, -1, -1, 1, -1, 1]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 

@@ -16,13 +16,13 @@ from _matrices import (
 )
 
 import spectra
-from spectra.estimators._products import _as_symmetric_operator
+from spectra.estimators._products import as_symmetric_operator
 from spectra.estimators.results import DiagonalResult
 from spectra.estimators.stochastic_diagonal import _xdiag_estimates, diagonal, xdiag
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 
@@ -81,7 +81,7 @@ def test_leave_one_and_two_out_match_brute_force():
     a = random_symmetric(30, seed=5) + np.diag(np.linspace(0, 3, 30))
     test = rng.choice([-1.0, 1.0], size=(30, 6))
     image = a @ test
-    estimates, interaction = _xdiag_estimates(test, image, _as_symmetric_operator(a, "t"))
+    estimates, interaction = _xdiag_estimates(test, image, as_symmetric_operator(a, "t"))
     s = test.shape[1]
     loo = np.column_stack([_leave_out(a, test, image, i, {i}) for i in range(s)])
     np.testing.assert_allclose(estimates, loo, rtol=1e-9, atol=1e-11)
@@ -207,7 +207,7 @@ def _check_against_definition(a: np.ndarray, test: np.ndarray) -> tuple[np.ndarr
     """The dᵢ and Σ_{i≠j} Δᵢⱼ ⊙ Δⱼᵢ of :func:`_xdiag_estimates` against :func:`_definition`
     to 1e-10 of the matrix's scale; returns the brute-force pair."""
     s = test.shape[1]
-    estimates, interaction = _xdiag_estimates(test, a @ test, _as_symmetric_operator(a, "t"))
+    estimates, interaction = _xdiag_estimates(test, a @ test, as_symmetric_operator(a, "t"))
     loo = np.column_stack([_definition(a, test, (i,), i) for i in range(s)])
     expected = np.zeros(a.shape[0])
     for i in range(s):
@@ -338,9 +338,9 @@ def test_row_chunks_give_the_same_estimates_and_interaction(monkeypatch):
     a = random_symmetric(30, seed=5) + np.diag(np.linspace(0, 3, 30))
     test = rng.choice([-1.0, 1.0], size=(30, 6))
     image = a @ test
-    whole = _xdiag_estimates(test, image, _as_symmetric_operator(a, "t"))
+    whole = _xdiag_estimates(test, image, as_symmetric_operator(a, "t"))
     monkeypatch.setattr(stochastic_diagonal, "_PAIR_SUM_ROWS", 7)
-    chunked = _xdiag_estimates(test, image, _as_symmetric_operator(a, "t"))
+    chunked = _xdiag_estimates(test, image, as_symmetric_operator(a, "t"))
     np.testing.assert_allclose(chunked[0], whole[0], rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(chunked[1], whole[1], rtol=1e-10, atol=1e-13)
 
@@ -351,7 +351,7 @@ def test_tall_sketches_factored_by_blocks_give_the_exact_diagonal():
     # factorization matches LAPACK's Householder QR up to column signs.
     from scipy.linalg import qr
 
-    from spectra.estimators._products import _QR_ROWS, _tall_qr
+    from spectra.estimators._products import _QR_ROWS, tall_qr
 
     n = 40_000
     assert n >= 4 * _QR_ROWS
@@ -364,7 +364,7 @@ def test_tall_sketches_factored_by_blocks_give_the_exact_diagonal():
     np.testing.assert_allclose(result.estimate, truth, rtol=0, atol=1e-10 * np.max(np.abs(truth)))
 
     tall = rng.standard_normal((n, 5))
-    basis, triangular = _tall_qr(tall)
+    basis, triangular = tall_qr(tall)
     reference_basis, reference_triangular = qr(tall, mode="economic")
     signs = np.sign(np.diagonal(triangular)) * np.sign(np.diagonal(reference_triangular))
     np.testing.assert_allclose(basis @ triangular, tall, atol=1e-12 * np.max(np.abs(tall)))

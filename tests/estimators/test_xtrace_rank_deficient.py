@@ -13,7 +13,7 @@ import pytest
 from _matrices import single_blas_thread, with_spectrum
 
 from spectra import xtrace
-from spectra.estimators._products import _as_symmetric_operator
+from spectra.estimators._products import as_symmetric_operator
 from spectra.estimators.stochastic_trace import _numerical_rank, _xtrace_estimates
 
 
@@ -60,7 +60,7 @@ def _brute_force(a: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _check_against_definition(a: np.ndarray, test: np.ndarray) -> None:
-    estimates, interaction = _xtrace_estimates(test, a @ test, _as_symmetric_operator(a, "t", True))
+    estimates, interaction = _xtrace_estimates(test, a @ test, as_symmetric_operator(a, "t", True))
     truth, truth_interaction = _brute_force(a, test)
     np.testing.assert_allclose(estimates, truth, rtol=1e-10, atol=1e-10)
     scale = max(1.0, abs(truth_interaction))
@@ -162,7 +162,7 @@ def test_low_rank_stays_exact_with_singular_rademacher_vectors():
     a = with_spectrum(spectrum, seed=9)
     test = np.random.default_rng(10).choice([-1.0, 1.0], size=(40, 8))
     test[:, 1] = test[:, 0]
-    estimates, interaction = _xtrace_estimates(test, a @ test, _as_symmetric_operator(a, "t", True))
+    estimates, interaction = _xtrace_estimates(test, a @ test, as_symmetric_operator(a, "t", True))
     np.testing.assert_allclose(estimates, 1.5, rtol=1e-12)
     assert abs(interaction) < 1e-20
     result = xtrace(a, num_products=16, distribution="rademacher", seed=3)

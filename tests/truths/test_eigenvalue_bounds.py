@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
+def one_blas_thread():
     with single_blas_thread():
         yield
 
