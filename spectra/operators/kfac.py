@@ -37,6 +37,14 @@ whose equation contracts input axes with the kernel's leading axes (attention's
 kernel flattened to (contracted, outputs) row-major, shared over its other non-batch
 axes. An Embedding layer is a Dense layer without bias on one-hot inputs, so its A is
 diagonal (the token frequencies).
+
+Model outputs with positions (batch, T, ..., C), under a loss averaging per-position
+terms (a language model under Keras' cross-entropy), have an output Hessian block
+diagonal over the positions; type-2 back-propagates column c of every position's square
+root at once (C passes, cross terms between positions included, as curvlinops does), mc
+and empirical the gradients at per-position sampled or true labels. A tied
+``ReversibleEmbedding`` table (lookup and logits h Wᵀ) is factored at one of its two uses
+(``tied_embeddings``). See :class:`KFACOperator`.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import dataclasses
 import math
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import keras
@@ -72,6 +80,8 @@ __all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
 KINDS = ("type-2", "mc", "empirical")
 OTHER_VARIABLES = ("error", "exclude", "diagonal")
 CONV_VARIANTS = ("expand", "reduce")
+#: Which use of a tied ReversibleEmbedding's table K-FAC factors.
+TIED_EMBEDDINGS = ("error", "output", "input")
 #: Keras cross-entropies that read the logits behind a softmax/sigmoid output.
 _LOGIT_LOSSES = (
     "categorical_crossentropy",
@@ -252,9 +262,16 @@ class _Capture:
     shape would depend on the batch.
     """
 
-    def __init__(self, layers: Sequence[Any], tapes: Sequence[tf.GradientTape]) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Any],
+        tapes: Sequence[tf.GradientTape],
+        tied_embeddings: str = "error",
+    ) -> None:
         self._layers = list(layers)
         self._tapes = list(tapes)
+        #: Which use of a tied ReversibleEmbedding's table is recorded (``from_keras``).
+        self._tied = tied_embeddings
         self.records: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
         #: What the layers could not capture, raised after the forward pass (an error raised
         #: inside ``call`` reaches the user wrapped in Keras' multi-line context).
@@ -373,7 +390,10 @@ class _Capture:
     def _embedding_call_of(self, layer: Any) -> Any:
         def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
             if _is_reversible(layer) and (kwargs.get("reverse") or (args and args[0])):
-                return self._reverse_call(layer, inputs, *args, **kwargs)
+                return self._reverse_call(layer, inputs)
+            if _tied(layer) and self._tied == "output":
+                # The lookup's use of the table is not the factored one: as Keras computes it.
+                return type(layer).call(layer, inputs)
             shared = self._shared(layer)
             if shared:
                 return self._refuse(layer, shared, inputs)
@@ -392,19 +412,51 @@ class _Capture:
 
         return call
 
-    def _reverse_call(self, layer: Any, inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-        """A ``ReversibleEmbedding`` called with ``reverse=True`` (logits h Wᵀ): computed
-        as Keras does. With ``tie_weights=False`` its separate table is not the factored
-        one (an other variable); with tied weights the table's curvature is refused."""
-        if layer.tie_weights:
-            self.errors.append(
-                f"K-FAC: the ReversibleEmbedding layer {layer.name!r} ties its table to the "
-                "output projection (tie_weights=True, called with reverse=True): the table's "
-                "block is then E[(e_x ⊗ g + g_out ⊗ h)(...)ᵀ], two Kronecker products and "
-                "their cross terms, not one A ⊗ G. Build it with tie_weights=False, make "
-                "its table non-trainable, or use GGNOperator."
-            )
-        return type(layer).call(layer, inputs, *args, **kwargs)
+    def _reverse_call(self, layer: Any, inputs: Any) -> tf.Tensor:
+        """A ``ReversibleEmbedding`` called with ``reverse=True`` (logits h Wᵀ). With
+        ``tie_weights=False`` its separate table is not the factored one (an other
+        variable): computed as Keras does. With tied weights: refused for
+        ``tied_embeddings="error"``, computed as Keras does for ``"input"`` (this use's
+        contribution dropped), and for ``"output"`` recorded as a Dense layer without bias
+        whose input is h and whose kernel is Wᵀ (d × V)."""
+        if not layer.tie_weights or self._tied == "input":
+            return type(layer).call(layer, inputs, reverse=True)
+        if self._tied == "error":
+            return self._refuse_reverse(layer, inputs)
+        shared = self._shared(layer)
+        if shared:
+            self.errors.append(shared)
+            return type(layer).call(layer, inputs, reverse=True)
+        h = tf.convert_to_tensor(inputs)
+        table = tf.convert_to_tensor(layer.embeddings)
+        if layer.reverse_dtype is not None:  # as Keras casts both operands
+            h = tf.cast(h, layer.reverse_dtype)
+            table = tf.cast(table, layer.reverse_dtype)
+        # z = h Wᵀ in (batch, positions..., V) order, the soft cap (if any) after it.
+        z = tf.einsum("...d,vd->...v", h, table)
+        for tape in self._tapes:
+            tape.watch(z)
+        d = int(table.shape[1])
+        self.records[id(layer)] = (tf.reshape(h, [tf.shape(h)[0], -1, d]), z)
+        cap = layer.logit_soft_cap
+        return z if cap is None else tf.tanh(z / cap) * cap
+
+    def _refuse_reverse(self, layer: Any, inputs: Any) -> tf.Tensor:
+        self.errors.append(
+            f"K-FAC: the ReversibleEmbedding layer {layer.name!r} ties its table to the "
+            "output projection (tie_weights=True, called with reverse=True): the table's "
+            "block is then E[(e_x ⊗ g + g_out ⊗ h)(...)ᵀ], two Kronecker products and their "
+            "cross terms, not one A ⊗ G. Pass tied_embeddings='output' (factor the logits "
+            "h Wᵀ) or 'input' (factor the token lookup), dropping the other use's "
+            "contribution, or use GGNOperator."
+        )
+        return type(layer).call(layer, inputs, reverse=True)
+
+
+def _tied(layer: Any) -> bool:
+    """Whether ``layer`` is a ``ReversibleEmbedding`` whose table is also its output
+    projection (``tie_weights=True``)."""
+    return _is_reversible(layer) and bool(layer.tie_weights)
 
 
 def _is_reversible(layer: Any) -> bool:
@@ -534,10 +586,14 @@ def _dense_form_reason(inputs: str, kernel: str, output: str, bias_axes: str | N
     return None
 
 
-def _factor_sizes(layer: Any) -> tuple[int, int]:
+def _factor_sizes(layer: Any, transposed: bool = False) -> tuple[int, int]:
     """(d_in, d_out) of a factored layer: its kernel's rows and columns, the kernel
-    flattened row-major (an EinsumDense kernel's contracted axes are its rows)."""
+    flattened row-major (an EinsumDense kernel's contracted axes are its rows);
+    ``transposed`` (a tied ReversibleEmbedding factored at its reverse call, whose kernel
+    is the table's transpose): (d, V)."""
     shape = [int(d) for d in _kernel_of(layer).shape]
+    if transposed:
+        return shape[1], shape[0]
     rows = len(shape) - 1
     if isinstance(layer, keras.layers.EinsumDense):
         rows = _dense_form(layer, _static_rank(layer)).rows
@@ -668,6 +724,63 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     position; the capture computes z itself from the einsum and the layer's kernel and
     bias, in (batch, positions, outputs) order.
 
+    **Outputs with positions** (a language model's logits; Eschenhagen et al. 2023's
+    "expand" setting). For outputs z_i of shape (batch, T_1, ..., C) with T = T_1 ⋯ T_k
+    output positions, Keras' cross-entropies and MSE average per-position terms, so
+    example i's loss is ℓ_i = (1/T) Σ_t ℓ_it (w = 1/T per position; N Σ_t for
+    ``reduction="sum"``) and its output Hessian is block diagonal over the positions,
+    H_i = diag_t(H_it) with H_it = w ∇²ℓ_it (C × C). Each block has a square root
+    R_it (R_it R_itᵀ = H_it): √(w p_tc)(e_c − p_t) as column c for softmax cross-entropy
+    at the logits (diag p − ppᵀ = Σ_c p_c (e_c − p)(e_c − p)ᵀ), √(2w/C) e_c for MSE, and
+    for other losses column c of the symmetric square root H_it^½, the blocks then taken
+    from C backward passes through the loss alone (no (T·C) × (T·C) Hessian is formed).
+    The cotangents are, per example:
+
+    * ``kind="type-2"``: for each c = 1..C, s_ic stacks column c of every position's
+      R_it, one backward pass for all positions at once (as curvlinops' K-FAC does), so
+      Σ_c s_ic s_icᵀ = H_i + Σ_{t≠t'} Σ_c r_itc r_it'cᵀ: G (and, with ``conv="reduce"``,
+      the per-example gradients Σ_t ā_t g_tᵀ) includes cross terms between output
+      positions, J_tᵀ r_tc r_t'cᵀ J_t'. A layer position reached by one output position
+      only gets none: the factors are those of per-position columns when there is one
+      output position or when each layer position reaches only its own output position
+      (a position-wise model, e.g. a language model's head; not the layers under a causal
+      attention, which reach every later position). So a linear layer applied at every
+      position under MSE has K = A ⊗ G equal to the GGN with ``conv="expand"``, for any
+      number of examples (G = (2/C) I is constant). C backward passes per batch.
+    * ``kind="mc"``: labels drawn independently per position (one stateless draw per
+      example, seeded by its index, as above), s_is = ∇_z ℓ_i(ŷ_is)·√(T/(κS)) over all
+      positions at once: the loss is κ/T times the sequence's negative log-likelihood.
+      The cross terms between positions have zero mean, so the expectation is the
+      factors of per-position columns (type-2 without the cross terms). S passes.
+    * ``kind="empirical"``: s_i = ∇_z ℓ_i(y_i), the gradient of the whole example's
+      loss: the per-example gradient Σ_t ā_t g_tᵀ is that of the empirical Fisher
+      exactly (cross terms included by definition). One pass.
+
+    Each batch's per-position blocks are checked against one output-Hessian product of
+    the loss with a seeded random vector (to the dtype's rounding): a loss coupling the
+    output positions (not a sum of per-position terms) is refused for type-2 in one line.
+    EKFAC on outputs with positions and ``conv="expand"`` takes each (example, layer
+    position) as an example (:class:`EKFACOperator`).
+
+    **Tied embeddings.** A ``ReversibleEmbedding`` with ``tie_weights=True`` (keras-hub's
+    GPT-2, Gemma, ... token embeddings) uses its table W (V × d) twice: the token lookup
+    z = e_x W and the logits z_out = h Wᵀ (``reverse=True``). Its per-example gradient is
+    Σ_t e_xt g_tᵀ + Σ_s u_s h_sᵀ (u the gradient in the logits), whose second moment is
+    the sum of two Kronecker products and their cross terms, not one. ``tied_embeddings``
+    chooses the use that is factored: ``"error"`` (default) refuses it in one line naming
+    the layer and the options; ``"output"`` factors the reverse call as a Dense layer
+    without bias whose kernel is Wᵀ (d × V): per example Σ_s u_s h_sᵀ, flattened
+    row-major over W's (V, d) as spectra flattens the table, u ⊗ h, so the block is
+    E[u uᵀ] ⊗ E[h hᵀ], a :class:`KFACBlock` whose ``A`` is over the table's V rows (the
+    logits' gradients, summed over columns c) and whose ``G`` is over its d columns (the
+    inputs h; the roles of the two factors are swapped against a Dense layer's, with the
+    ``conv`` variant's scalings: under "expand" the V × V factor sums over positions and
+    the d × d one averages); ``"input"`` factors the lookup as an Embedding (diagonal
+    token frequencies ⊗ G of the lookup's output). The other use's contribution is
+    dropped; the block is the K-FAC of the table's curvature when that use contributes
+    nothing (its gradient is zero), not otherwise: measure against
+    :class:`~spectra.operators.GGNOperator` (``benchmarks/language_models.py``).
+
     **Embedding.** An Embedding layer (table W of shape V × d) computes z = e_x W for the
     one-hot vector e_x of its input token x: a Dense layer without bias whose input is
     one-hot, so its per-example gradient is e_x g ᵀ and A = (1/N) Σ_n e_xn e_xnᵀ is diagonal,
@@ -679,12 +792,10 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     histogram / T, no longer diagonal), G from Σ_t g. Exact for one example with one
     position. ``mask_zero=True`` is refused (the masked positions would be counted in A),
     and so are vocabularies above 4096 (A is held dense, V × V). A ``ReversibleEmbedding``
-    (Keras ≥ 3.13, keras-hub's token embeddings) is an Embedding on its forward calls. Its
-    reverse call (logits h Wᵀ) with ``tie_weights=True`` is refused: the shared table's
-    per-example gradient is then Σ_t e_xt g_tᵀ + Σ_s u_s h_sᵀ (u the gradient in the
-    logits), whose second moment is A_in ⊗ G_in + G_out ⊗ A_out plus cross terms, not one
-    Kronecker product. With ``tie_weights=False`` the reverse table is a separate variable,
-    not factored (an other variable, below).
+    (Keras ≥ 3.13, keras-hub's token embeddings) is an Embedding on its forward calls;
+    with ``tie_weights=True`` and a reverse call, ``tied_embeddings`` decides (above). With
+    ``tie_weights=False`` the reverse table is a separate variable, not factored (an other
+    variable, below).
 
     **Other variables.** Trainable variables not in a factored layer (BatchNorm,
     LayerNormalization, position embeddings, ...): ``other_variables="error"`` (default)
@@ -784,6 +895,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         seed: int = 0,
         other_variables: str = "error",
         conv: str = "expand",
+        tied_embeddings: str = "error",
         dtype: Any = None,
     ) -> KFACOperator:
         """K-FAC of ``model``'s Dense, EinsumDense, Conv1D, Conv2D and Embedding layers at
@@ -792,7 +904,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         Parameters
         ----------
         model:
-            A built Keras model with one output of shape (batch, C).
+            A built Keras model with one output of shape (batch, C), or (batch,
+            positions..., C) under a loss averaging per-position terms (class docstring).
         loss:
             As for :meth:`CurvatureOperator.from_keras
             <spectra.operators.base.CurvatureOperator.from_keras>`: a Keras loss name or
@@ -819,6 +932,11 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             shared over positions (Eschenhagen et al. 2023): Conv1D and Conv2D layers, and
             Dense, EinsumDense and Embedding layers on sequences (class docstring); no
             effect on layers applied once per example.
+        tied_embeddings:
+            ``"error"`` (default), ``"output"`` or ``"input"``: which use of a tied
+            ``ReversibleEmbedding``'s table (looked up, and called with ``reverse=True``
+            for logits) is factored; the other use's contribution is dropped (class
+            docstring). No effect on other layers.
         dtype:
             float32 or float64 (default: the variables' dtype); float64 runs the pass on a
             float64 clone of the model.
@@ -836,7 +954,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             A value out of range, or a model, loss or data K-FAC does not cover (named in
             the message: several outputs, a layer called more than once, an EinsumDense
             equation that is not a Dense layer over positions, a tied ReversibleEmbedding
-            called in reverse, an Embedding with
+            called in reverse with ``tied_embeddings="error"``, a type-2 loss coupling
+            output positions, an Embedding with
             ``mask_zero=True`` or a vocabulary above 4096, sample weights,
             other trainable variables with ``other_variables="error"``, a non-convex loss
             for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
@@ -851,6 +970,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         )
         other_variables = check_choice("other_variables", other_variables, OTHER_VARIABLES)
         conv = check_choice("conv", conv, CONV_VARIANTS)
+        tied_embeddings = check_choice("tied_embeddings", tied_embeddings, TIED_EMBEDDINGS)
         if data is None:
             raise ValueError("data is required: (x, y) arrays or a tf.data.Dataset of them.")
         variables, positions, target = keras_models.resolve_variables_and_dtype(model, None, dtype)
@@ -959,8 +1079,14 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         # graph (as for every operator): one-line errors instead of the graph's.
         check_keras_data(model, loss, batches)
         num_examples = batches.num_examples
-        accumulators = _Accumulators(layout, others, chosen)
+        # A tied ReversibleEmbedding factored at its reverse call z = h Wᵀ: accumulated as
+        # the Dense layer of kernel Wᵀ (A over h, G over the V logits), then transposed
+        # into the table's row-major layout (rows V, columns d).
+        transposed = [_tied(layer) and tied_embeddings == "output" for layer, _, _ in layout]
+        accumulators = _Accumulators(layout, others, chosen, transposed)
         accumulators.conv = conv
+        # Keras' own losses whose output Hessian per position has a closed form.
+        closed = _closed_form(found, reads_logits)
 
         # Split at the logits: known from the loss for Keras' own cross-entropies, found
         # on the first batch for a custom loss that reads them (its gradient in the
@@ -986,6 +1112,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                                 x,
                                 y,
                                 loss=resolved.call,
+                                tied_embeddings=tied_embeddings,
+                                closed=closed,
                                 reduction=reduction,
                                 kind=kind,
                                 num_samples=num_samples,
@@ -1007,9 +1135,11 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         if kind == "type-2" and not convex:
             _check_convex(accumulators, target)
         blocks = []
-        for (layer, k, b), A, G in zip(layout, accumulators.A, accumulators.G):
+        for (layer, k, b), A, G, flip in zip(layout, accumulators.A, accumulators.G, transposed):
             A = A / num_examples
             G = G / num_examples
+            if flip:  # the table W = (Wᵀ)ᵀ: its rows are the logits, its columns h
+                A, G = G, A
             for factor, what in ((A, "A"), (G, "G")):
                 if not np.all(np.isfinite(factor)):
                     raise ValueError(
@@ -1032,8 +1162,11 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             eps = float(np.finfo(target.as_numpy_dtype).eps)
             factors = [(_factor_eigen(b.A, eps), _factor_eigen(b.G, eps)) for b in blocks]
             bases = [(fa[1], fg[1]) for fa, fg in factors]
-            accumulators.bases = bases
+            accumulators.bases = [
+                (QG, QA) if flip else (QA, QG) for (QA, QG), flip in zip(bases, transposed)
+            ]
             data_pass(False)
+            accumulators.S = [S.T if flip else S for S, flip in zip(accumulators.S, transposed)]
             # A direction on which A or G is zero to working precision has scaling 0 (its
             # per-example projections are rounding).
             blocks = [
@@ -1370,7 +1503,14 @@ class EKFACOperator(KFACOperator):
     For a layer shared over T positions (Conv1D, Conv2D, Dense, EinsumDense or Embedding on
     sequences) the per-example gradient is M_nc = Σ_t ā_nt g_ntcᵀ and
     s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ M_nc q_G,j)², in the eigenbasis of the ``conv`` variant's
-    factors. A direction on which A or G is zero to working precision gets s_ij = 0. With
+    factors, except for outputs with positions (a language model) and ``conv="expand"``:
+    there each (example, layer position) counts as an example, as the expand factors
+    count it (Eschenhagen et al. 2023), s_ij = (1/N) Σ_{n,t,c} (q_A,iᵀ ā_nt)² (q_G,jᵀ g_ntc)²,
+    the diagonal in Q of (1/N) Σ_{n,t,c} (ā_nt ⊗ g_ntc)(ā_nt ⊗ g_ntc)ᵀ, which is the layer's
+    type-2 GGN block when each layer position reaches only its own output position (no
+    cross terms, see :class:`KFACOperator`); the per-example Σ_t would add the type-2
+    columns' cross terms between output positions to every scaling. A direction on which
+    A or G is zero to working precision gets s_ij = 0. With
     ``conv="expand"`` (or one position) that is exact: q_Aᵀ ā_nt = 0 at every position.
     With ``conv="reduce"`` on several positions only the mean ā_n is orthogonal to such a
     q_A (likewise Σ_t g for G), so the exact projection there need not vanish: a
@@ -1424,12 +1564,14 @@ class _Accumulators:
         layout: Sequence[tuple[Any, int | None, int | None]],
         others: list[int],
         chosen: list[Any],
+        transposed: Sequence[bool] = (),
     ) -> None:
         self.layout = list(layout)
         self.A: list[np.ndarray] = []
         self.G: list[np.ndarray] = []
-        for layer, k, b in self.layout:
-            d_in, d_out = _factor_sizes(layer)
+        flags = list(transposed) or [False] * len(self.layout)
+        for (layer, k, b), flag in zip(self.layout, flags):
+            d_in, d_out = _factor_sizes(layer, flag)
             d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
             self.A.append(np.zeros((d_a, d_a)))
             self.G.append(np.zeros((d_out, d_out)))
@@ -1446,6 +1588,9 @@ class _Accumulators:
         self.most_negative = 0.0
         self.hessian_scale = 0.0
         self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
+        #: Per layer: a tied ReversibleEmbedding accumulated at its reverse call (factors
+        #: of Wᵀ, transposed into the table's layout by ``from_keras``).
+        self.transposed = flags
 
 
 def _augmented(a: np.ndarray, kernel: bool, bias: bool) -> np.ndarray:
@@ -1469,6 +1614,11 @@ class _SplitAtLogits(Exception):
 _HESSIAN_ROUNDING_UNITS = 4
 
 
+#: A column of the output-side square root: its index k -> a cotangent of the split
+#: point's shape (the column k of every example, at all its output positions at once).
+_Column = Callable[[int], tf.Tensor]
+
+
 def _columns(
     tape: tf.GradientTape,
     inner_gradient: tf.Tensor | None,
@@ -1478,8 +1628,9 @@ def _columns(
     kind: str,
     scale: float,
     acc: _Accumulators,
-) -> tf.Tensor:
-    """The cotangents s_ic at the split point, shape (n, C, K): K columns per example."""
+) -> tuple[int, _Column]:
+    """The cotangents s_ik at a split point of shape (n, C): K columns per example, as
+    (K, k -> the (n, C) cotangent of column k)."""
     if kind == "type-2":
         hessian = tape.batch_jacobian(inner_gradient, point)
         hessian = 0.5 * (hessian + tf.linalg.matrix_transpose(hessian))
@@ -1489,11 +1640,145 @@ def _columns(
         acc.hessian_scale = max(acc.hessian_scale, float(tf.reduce_max(top)))
         eps = float(np.finfo(point.dtype.as_numpy_dtype).eps)
         kept = tf.where(values > _HESSIAN_ROUNDING_UNITS * eps * top, values, 0)
-        return vectors * tf.sqrt(kept)[:, None, :]
+        columns = vectors * tf.sqrt(kept)[:, None, :]
+        return int(columns.shape[-1]), lambda k: columns[:, :, k]
+    return _sampled_columns(tape, point, sampled, true_value, kind, scale)
+
+
+def _sampled_columns(
+    tape: tf.GradientTape,
+    point: tf.Tensor,
+    sampled: Sequence[tf.Tensor],
+    true_value: tf.Tensor | None,
+    kind: str,
+    scale: float,
+) -> tuple[int, _Column]:
+    """Empirical: the gradient of the example's loss at its true labels (one column);
+    mc: those at the S sampled label sets, each divided by √(scale·S)."""
     if kind == "empirical":
-        return tape.gradient(true_value, point)[:, :, None]
+        gradient = tape.gradient(true_value, point)
+        return 1, lambda k: gradient
     grads = [tape.gradient(value, point) for value in sampled]
-    return tf.stack(grads, axis=-1) / tf.cast(tf.sqrt(scale * len(sampled)), point.dtype)
+    norm = tf.cast(tf.sqrt(scale * len(grads)), point.dtype)
+    return len(grads), lambda k: grads[k] / norm
+
+
+def _sequence_columns(
+    tape: tf.GradientTape,
+    inner_gradient: tf.Tensor,
+    point: tf.Tensor,
+    closed: str | None,
+    weight: float,
+    acc: _Accumulators,
+) -> tuple[int, _Column]:
+    """Type-2 columns at a split point (n, T_1, ..., C) with positions: column c holds, at
+    every output position t, column c of a square root R_t of that position's block of
+    the example's output Hessian (R_t R_tᵀ = H_t; ``KFACOperator``):
+
+    * ``closed="softmax"`` (Keras' categorical cross-entropies at the logits):
+      H_t = w (diag p_t − p_t p_tᵀ) = Σ_c w p_tc (e_c − p_t)(e_c − p_t)ᵀ, column c
+      √(w p_tc)(e_c − p_t), with w = ``weight`` the position's weight in the loss;
+    * ``closed="mse"``: H_t = (2w/C) I, column c √(2w/C) e_c;
+    * otherwise the blocks H_t from C backward passes through the loss alone (exact when
+      the loss is a sum of per-position terms), column c of the symmetric square root
+      H_t^½ (eigenvalues at rounding level set to 0, negative ones recorded for the
+      convexity check).
+
+    Every path is checked on the batch against one output-Hessian product of the loss
+    (a seeded random vector, to the rounding of the dtype): a loss whose Hessian couples
+    output positions, or that is not what the closed form assumes, is refused in one line.
+    """
+    classes = int(point.shape[-1])
+    dtype = point.dtype
+    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
+    w = tf.constant(weight, dtype)  # not tf.cast: a Python float would pass float32
+    if closed == "softmax":
+        p = tf.nn.softmax(point)
+
+        def column(c: int) -> tf.Tensor:
+            return tf.sqrt(w * p[..., c : c + 1]) * (tf.one_hot(c, classes, dtype=dtype) - p)
+
+        def product(u: tf.Tensor) -> tf.Tensor:
+            return w * (p * u - p * tf.reduce_sum(p * u, axis=-1, keepdims=True))
+
+        def magnitude(u: tf.Tensor) -> tf.Tensor:
+            return w * (p * u + p * tf.reduce_sum(p * u, axis=-1, keepdims=True))
+
+    elif closed == "mse":
+        root = tf.sqrt(2.0 * w / classes)
+
+        def column(c: int) -> tf.Tensor:
+            return root * tf.broadcast_to(tf.one_hot(c, classes, dtype=dtype), tf.shape(point))
+
+        def product(u: tf.Tensor) -> tf.Tensor:
+            return root**2 * u
+
+        magnitude = product
+    else:
+        rows = [
+            tape.gradient(
+                inner_gradient,
+                point,
+                output_gradients=tf.broadcast_to(
+                    tf.one_hot(c, classes, dtype=dtype), tf.shape(point)
+                ),
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            for c in range(classes)
+        ]
+        blocks = tf.stack(rows, axis=-2)  # (n, T..., C, C): row c of each position's block
+        blocks = 0.5 * (blocks + tf.linalg.matrix_transpose(blocks))
+        values, vectors = tf.linalg.eigh(blocks)
+        top = tf.reduce_max(tf.abs(values), axis=-1, keepdims=True)
+        acc.most_negative = max(acc.most_negative, float(-tf.reduce_min(values)))
+        acc.hessian_scale = max(acc.hessian_scale, float(tf.reduce_max(top)))
+        kept = tf.where(values > _HESSIAN_ROUNDING_UNITS * eps * top, values, 0)
+        roots = tf.linalg.matmul(vectors * tf.sqrt(kept)[..., None, :], vectors, adjoint_b=True)
+
+        def column(c: int) -> tf.Tensor:
+            return roots[..., :, c]
+
+        def product(u: tf.Tensor) -> tf.Tensor:
+            return tf.linalg.matvec(blocks, u)
+
+        def magnitude(u: tf.Tensor) -> tf.Tensor:
+            return tf.linalg.matvec(tf.abs(blocks), u)
+
+    u = tf.random.stateless_normal(tf.shape(point), seed=[0, 1], dtype=dtype)
+    exact = tape.gradient(inner_gradient, point, output_gradients=u, unconnected_gradients="zero")
+    error = float(tf.reduce_max(tf.abs(exact - product(u))))
+    bound = float(tf.reduce_max(magnitude(tf.abs(u))))
+    if error > _ROUNDING_UNITS * (classes + 1) * eps * bound:
+        what = (
+            "is not the closed form of its Keras loss (a reduction other than a mean or "
+            "sum over positions?)"
+            if closed
+            else "couples the output positions (not a sum of per-position terms)"
+        )
+        raise ValueError(
+            f"K-FAC: the loss's Hessian in the outputs of shape {tuple(point.shape)} {what}: "
+            f"a product with it differs by {error:.3g} from the per-position blocks' "
+            f"(scale {bound:.3g}); K-FAC factors losses that average per-position terms, "
+            "such as Keras' cross-entropies and MSE. Use GGNOperator."
+        )
+    return classes, column
+
+
+def _closed_form(found: Any, reads_logits: bool) -> str | None:
+    """``"softmax"`` for Keras' categorical cross-entropies read at the logits, ``"mse"``
+    for mean squared error (classes or entries on the last axis, no ignored class), None
+    for other losses (their per-position output Hessians come from autodiff)."""
+    if found is None:
+        return None
+    fn, kwargs, _ = found
+    if kwargs.get("axis", -1) != -1 or kwargs.get("ignore_class") is not None:
+        return None
+    if fn is keras.losses.mean_squared_error:
+        return "mse"
+    softmax = (keras.losses.categorical_crossentropy, keras.losses.sparse_categorical_crossentropy)
+    if fn in softmax and (reads_logits or kwargs.get("from_logits", False)):
+        return "softmax"
+    return None
 
 
 def _convex_losses() -> frozenset[Any]:
@@ -1553,6 +1838,8 @@ def _accumulate_batch(
     y: Any,
     *,
     loss: Any,
+    tied_embeddings: str,
+    closed: str | None,
     reduction: str,
     kind: str,
     num_samples: int,
@@ -1566,7 +1853,7 @@ def _accumulate_batch(
     """Add one batch's Σ ā āᵀ, Σ_c g gᵀ (and other variables' squared gradients)."""
     outer = tf.GradientTape(persistent=True, watch_accessed_variables=False)
     inner = tf.GradientTape(watch_accessed_variables=False)
-    capture = _Capture(dense_layers, [outer, inner])
+    capture = _Capture(dense_layers, [outer, inner], tied_embeddings)
     other_tf = [_tf_variable(v) for v in acc.others] if want_diagonal else []
     sampled: list[tf.Tensor] = []
     with outer:
@@ -1588,9 +1875,10 @@ def _accumulate_batch(
             logits = _tf_compat.keras_logits(output) if reads_logits else None
             if logits is not None:
                 point = logits
-            if point.shape.rank != 2:
+            if (point.shape.rank or 0) < 2 or None in point.shape[1:]:
                 raise ValueError(
-                    f"K-FAC needs model outputs of shape (batch, C); got {tuple(point.shape)}."
+                    "K-FAC needs model outputs of shape (batch, C) or (batch, positions..., C) "
+                    f"of known size; got {tuple(point.shape)}."
                 )
             inner.watch(point)
             outer.watch(point)
@@ -1623,14 +1911,38 @@ def _accumulate_batch(
             "a differentiable function of (y_true, y_pred)."
         )
     keras_models.check_finite(true_value, "the batch loss", inputs=x)
-    kappa = distribution.scale(_last_axis(output)) if kind == "mc" else 1.0
-    columns = _columns(outer, inner_gradient, point, sampled, true_value, kind, kappa, acc)
+    # T output positions: Keras' losses average the per-position terms, so example i's
+    # loss is (1/T) Σ_t ℓ_it (w = 1/T per position; N for reduction="sum", whose batch
+    # loss is N Σ_it ℓ_it here), and its label distribution is a product over positions:
+    # κ/T scales the sampled gradients of kind="mc".
+    positions = int(np.prod([int(d) for d in point.shape[1:-1]]))
+    # EKFAC's scalings of a layer shared over positions, for outputs with positions and
+    # conv="expand": from each position's ā_t g_tᵀ (Eschenhagen et al.'s expand setting).
+    per_position = point.shape.rank > 2 and acc.conv == "expand"
+    kappa = distribution.scale(_last_axis(output)) / positions if kind == "mc" else 1.0
+    if positions == 1 and point.shape.rank == 2:
+        count, column = _columns(
+            outer, inner_gradient, point, sampled, true_value, kind, kappa, acc
+        )
+    elif kind == "type-2":
+        if closed == "softmax" and point is output and reads_logits:
+            closed = None  # probabilities without the logits behind them
+        weight = float(num_examples) if reduction == "sum" else 1.0 / positions
+        count, column = _sequence_columns(outer, inner_gradient, point, closed, weight, acc)
+    else:
+        count, column = _sampled_columns(outer, point, sampled, true_value, kind, kappa)
     records = [capture.records.get(id(layer)) for layer in dense_layers]
     abars: list[np.ndarray] = []
     projected_inputs: dict[int, np.ndarray] = {}
     projected_gradients: dict[int, np.ndarray] = {}
     for index, ((layer, k, b), record) in enumerate(zip(acc.layout, records)):
         if record is None:
+            if acc.transposed[index]:
+                raise ValueError(
+                    f"K-FAC: the ReversibleEmbedding layer {layer.name!r} is not called with "
+                    "reverse=True, the use tied_embeddings='output' factors; pass "
+                    "tied_embeddings='input'."
+                )
             raise ValueError(
                 f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is not called in the "
                 "model's forward pass, so it has no factors; make its weights non-trainable."
@@ -1650,11 +1962,11 @@ def _accumulate_batch(
             projected_inputs[index] = (abar[:, 0] @ acc.bases[index][0]) ** 2
             projected_gradients[index] = np.zeros((abar.shape[0], acc.G[index].shape[0]))
     zs = [record[1] for record in records]  # type: ignore[index]
-    for c in range(int(columns.shape[-1])):
+    for c in range(count):
         grads = outer.gradient(
             point,
             zs,
-            output_gradients=columns[:, :, c],
+            output_gradients=column(c),
             unconnected_gradients=tf.UnconnectedGradients.ZERO,
         )
         for index, g in enumerate(grads):
@@ -1670,6 +1982,12 @@ def _accumulate_batch(
                     acc.G[index] += summed.T @ summed
             elif positions == 1:
                 projected_gradients[index] += (g[:, 0] @ acc.bases[index][1]) ** 2
+            elif per_position:
+                # Outputs with positions, "expand": each (example, position) as an example,
+                # the projections of ā_t g_tᵀ.
+                QA, QG = acc.bases[index]
+                projected_a = (abars[index] @ QA) ** 2
+                acc.S[index] += np.einsum("nta,ntb->ab", projected_a, (g @ QG) ** 2)
             else:
                 # Per-example gradients Σ_t ā_t g_tᵀ, projected onto the eigenbasis.
                 QA, QG = acc.bases[index]
@@ -1682,11 +2000,10 @@ def _accumulate_batch(
             point, other_tf, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
         for index, jac in enumerate(jacobians):
-            jac = tf.reshape(jac, [n, int(point.shape[1]), -1])
-            per_example = tf.einsum("ncp,nck->nkp", tf.cast(jac, columns.dtype), columns)
-            acc.diagonal[index] += np.asarray(
-                tf.reduce_sum(per_example**2, axis=[0, 1]), np.float64
-            )
+            jac = tf.reshape(tf.cast(jac, point.dtype), [n, int(np.prod(point.shape[1:])), -1])
+            for c in range(count):
+                per_example = tf.einsum("njp,nj->np", jac, tf.reshape(column(c), [n, -1]))
+                acc.diagonal[index] += np.asarray(tf.reduce_sum(per_example**2, axis=0), np.float64)
     del outer
 
 
