@@ -95,15 +95,18 @@ def test_verbose_gives_the_users_own_level_back():
     assert done.stdout == "3 True\n1 False\n"
 
 
-def test_verbose_undoes_the_default_before_importing_tensorflow():
-    # Unset: spectra sets 3 and hooks the import; verbose removes both before importing.
+def test_verbose_undoes_the_default_before_importing_tensorflow(fake_tensorflow):
+    # Unset: spectra sets 3 and hooks the import; verbose removes both before importing, so
+    # TensorFlow's start-up line (here a stand-in package's, written to descriptor 2 as the
+    # C++ code writes it) is shown.
     code = textwrap.dedent(_STATE) + (
         "spectra.quiet_tensorflow(verbose=True)\n"
         "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), _console._State.hook in sys.meta_path)\n"
     )
-    done = _run(code)
+    done = _run(code, path=fake_tensorflow)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "3 True\nNone False\n"
+    assert done.stderr == "I0000 native start-up line\n"
 
 
 @pytest.fixture
