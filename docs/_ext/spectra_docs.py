@@ -52,8 +52,11 @@ class SpectraExports(Directive):
         for module, names in sorted(spectra._EXPORTS.items()):
             for name in sorted(names):
                 role = "class" if name[:1].isupper() else "func"
+                # Link to where the object is defined and documented (a package such as
+                # spectra.operators only re-exports its operator classes).
+                defined = getattr(getattr(spectra, name), "__module__", module) or module
                 lines += [
-                    f"   * - :{role}:`spectra.{name} <{module}.{name}>`",
+                    f"   * - :{role}:`spectra.{name} <{defined}.{name}>`",
                     f"     - ``{module}``",
                 ]
         container = nodes.container()
