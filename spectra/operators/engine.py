@@ -63,7 +63,14 @@ from spectra import _tf_compat
 from spectra.operators.curvature import BatchProblem, Curvature, Program
 from spectra.operators.memory import LOOP_BLOCK_BYTES, PARALLEL_VECTORS
 
-__all__ = ["BatchCache", "Engine", "cached_engine", "clear_engine_cache", "spec_key"]
+__all__ = [
+    "BatchCache",
+    "Engine",
+    "cached_engine",
+    "clear_engine_cache",
+    "register_compiled_cache",
+    "spec_key",
+]
 
 SPLIT_ENVIRONMENT_VARIABLE = "SPECTRA_GRAPH_SPLIT"
 
@@ -791,10 +798,24 @@ def cached_engine(key: Hashable, owners: tuple[Any, ...], factory: Callable[[], 
     return engine
 
 
+#: Other caches of compiled functions that hold models (K-FAC's passes): cleared with the
+#: engines' (:func:`register_compiled_cache`).
+_other_caches: list[Callable[[], None]] = []
+
+
+def register_compiled_cache(clear: Callable[[], None]) -> None:
+    """Have :func:`clear_engine_cache` also call ``clear`` (another module's cache of
+    compiled functions, such as K-FAC's data passes)."""
+    _other_caches.append(clear)
+
+
 def clear_engine_cache() -> None:
-    """Forget all compiled engines (frees the models and graphs they hold)."""
+    """Forget all compiled engines and other registered compiled functions (frees the
+    models and graphs they hold)."""
     with _engine_cache_lock:
         _engine_cache.clear()
+    for clear in _other_caches:
+        clear()
 
 
 def spec_key(spec: Any) -> Hashable:

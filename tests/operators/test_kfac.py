@@ -716,3 +716,41 @@ def test_logdet_refuses_a_negative_damping_like_inverse(kfac):
     # Before: logdet(-1e-2) returned a number. At 0 and above it is the exact sum.
     values = np.linalg.eigvalsh(kfac.to_dense())
     assert kfac.logdet(1e-2) == pytest.approx(np.sum(np.log(values + 1e-2)), rel=1e-10)
+
+
+def test_each_pass_is_traced_once_per_batch_shape_and_reused():
+    """The per-batch computation is one compiled function per pass kind and batch shape,
+    traced once and reused for every batch of that shape, and by the next operator built
+    on the same model with the same settings, which still reads the current weights."""
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=3)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(12, D_IN))
+    labels = rng.integers(0, CLASSES, 12)
+    loss = "sparse_categorical_crossentropy"
+    first = EKFACOperator.from_keras(model, loss, (x, labels), batch_size=3)  # 4 batches
+    assert first._build_traces == {"factors": 1, "scalings": 1}
+    again = EKFACOperator.from_keras(model, loss, (x, labels), batch_size=3)
+    assert again._build_traces == {"factors": 0, "scalings": 0}
+    for a, b in zip(first.blocks, again.blocks):
+        np.testing.assert_array_equal(a.A, b.A)
+        np.testing.assert_array_equal(a.scalings, b.scalings)
+    # K-FAC shares EKFAC's first pass; a last, smaller batch traces once more.
+    uneven = KFACOperator.from_keras(model, loss, (x[:11], labels[:11]), batch_size=3)
+    assert uneven._build_traces == {"factors": 1, "scalings": 0}
+    # New weights: no new trace, and the factors are those of the new weights.
+    kernel = model.layers[0].kernel
+    kernel.assign(2 * kernel.numpy())
+    moved = KFACOperator.from_keras(model, loss, (x, labels), batch_size=3)
+    assert moved._build_traces == {"factors": 0, "scalings": 0}
+    fresh = KFACOperator.from_keras(_mlp_like(model), loss, (x, labels), batch_size=3)
+    for a, b in zip(moved.blocks, fresh.blocks):
+        np.testing.assert_allclose(a.A, b.A, rtol=1e-12)
+        np.testing.assert_allclose(a.G, b.G, rtol=1e-10, atol=1e-14)
+    assert not np.allclose(moved.blocks[1].A, first.blocks[1].A)
+
+
+def _mlp_like(model):
+    """A new model with ``model``'s architecture and current weights."""
+    copy = _mlp([5, CLASSES], ["tanh", "softmax"], seed=4)
+    copy.set_weights(model.get_weights())
+    return copy
