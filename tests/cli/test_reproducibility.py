@@ -95,24 +95,26 @@ def _processes(commands: list[list[str]]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def three_runs(dropout_model, tmp_path_factory) -> list[dict]:
-    """``--seed 1`` twice, each in its own process, and once without ``--seed`` in this
-    process, under another global Keras seed than its rerun's (the tests' 1234): the model
-    loads with other seed generator states, as in another process."""
+    """``--seed 1`` in a process of its own and again in this one, and once without
+    ``--seed`` in this process, both under another global Keras seed than the tests' (1234):
+    the model loads with other seed generator states, as in another process."""
     import keras
 
     from spectra.cli import main
 
     model, data = dropout_model
     base = tmp_path_factory.mktemp("runs")
-    runs = _processes(
-        [
-            _command(model, data, base / "first", "--seed", "1"),
-            _command(model, data, base / "second", "--seed", "1"),
-        ]
-    )
+    (first,) = _processes([_command(model, data, base / "first", "--seed", "1")])
     keras.utils.set_random_seed(4321)
+    assert main(_command(model, data, base / "second", "--seed", "1")) == 0
     assert main(_command(model, data, base / "unseeded")) == 0
-    return [*runs, json.loads((base / "unseeded" / "results.json").read_text())]
+    return [
+        first,
+        *(
+            json.loads((base / name / "results.json").read_text())
+            for name in ("second", "unseeded")
+        ),
+    ]
 
 
 def _numbers(report: dict) -> tuple[float, list[float]]:
