@@ -261,7 +261,7 @@ def test_batching_does_not_change_the_matrix(mlp, data, kfac):
 
 def test_monte_carlo_approaches_type_2(mlp, data, kfac):
     mc = KFACOperator.from_keras(
-        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=400, seed=5
+        mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=100, seed=5
     )
     few = KFACOperator.from_keras(
         mlp, "sparse_categorical_crossentropy", data, kind="mc", num_samples=1, seed=5

@@ -253,44 +253,7 @@ CASES = [
 ]
 
 
-class _PositionEmbedding(keras.layers.Layer):
-    """A learned position embedding added to the token embeddings (as in GPT-2)."""
-
-    def build(self, input_shape):
-        self.positions = self.add_weight(shape=tuple(input_shape[1:]), name="positions")
-
-    def call(self, h):
-        return h + self.positions
-
-
-class _TiedLogits(keras.layers.Layer):
-    """Logits h Eᵀ with the token embedding E shared between input and output (a
-    reversible embedding, as keras-hub's GPT-2 ties them)."""
-
-    def __init__(self, embedding, **kwargs):
-        super().__init__(**kwargs)
-        self.embedding = embedding
-
-    def call(self, h):
-        return keras.ops.matmul(h, keras.ops.transpose(self.embedding.embeddings))
-
-
 VOCABULARY, SEQUENCE = 5, 3
-
-
-def gpt_block() -> keras.Model:
-    """A one-block causal language model: token and position embeddings, pre-norm causal
-    self-attention and a GELU feed-forward with residuals, a final LayerNormalization and
-    tied output embeddings; next-token cross-entropy at every position."""
-    keras.utils.set_random_seed(3)
-    tokens = keras.Input((SEQUENCE,), dtype="int32")
-    embedding = L.Embedding(VOCABULARY, 4, dtype=F64)
-    h = _PositionEmbedding(dtype=F64)(embedding(tokens))
-    a = L.LayerNormalization(dtype=F64)(h)
-    h = h + L.MultiHeadAttention(num_heads=2, key_dim=2, dtype=F64)(a, a, use_causal_mask=True)
-    f = L.Dense(6, activation="gelu", dtype=F64)(L.LayerNormalization(dtype=F64)(h))
-    h = L.LayerNormalization(dtype=F64)(h + L.Dense(4, dtype=F64)(f))
-    return keras.Model(tokens, _TiedLogits(embedding, dtype=F64)(h))
 
 
 @pytest.fixture(autouse=True)
@@ -334,17 +297,6 @@ def layer_products(case: Case, rng: np.random.Generator, k: int = 3):
 def test_layer_against_finite_differences(case: Case, rng):
     products, truth = layer_products(case, rng)
     assert relative_error(products, truth) < (5e-3 if case.float32_inside else TOLERANCE)
-
-
-def test_a_gpt_block_against_finite_differences(rng):
-    model = gpt_block()
-    x = rng.integers(0, VOCABULARY, (N, SEQUENCE)).astype("int32")
-    y = rng.integers(0, VOCABULARY, (N, SEQUENCE))
-    op = spectra.HessianOperator.from_keras(model, SCE, (x, y), dtype=np.float64)
-    V = rng.standard_normal((op.shape[0], 4))
-    truth = finite_difference_products(lambda: SCE(y, model(x)), model.trainable_variables, V)
-    assert op.shape[0] > 150
-    assert relative_error(op.matmat(V), truth) < TOLERANCE
 
 
 def _softmax(z):
