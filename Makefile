@@ -25,10 +25,10 @@ help:
 # Packages go in with uv (pip installs it into each virtualenv first): it downloads in
 # parallel and unpacks faster, about 30 s for the development virtualenv against about 70 s
 # with pip. --compile-bytecode writes the .pyc files at install, as pip does: where
-# PYTHONDONTWRITEBYTECODE is set (this project's machines), a process would otherwise
-# compile every module it imports from source, every time (the suite took 562 s instead of
-# about 470). The bench extra goes in with pip, which reads pip's configuration (a
-# machine's local wheels of PyTorch, for instance); uv does not.
+# PYTHONDONTWRITEBYTECODE is set (this project's machines), every process would otherwise
+# compile each module it imports from source (the suite took 562 s without, 554 s with).
+# The bench extra goes in with pip, which reads pip's configuration (a machine's local
+# wheels of PyTorch, for instance); uv does not.
 UV_VERSION = 0.13.9
 UV_INSTALL = -m uv pip install --quiet --compile-bytecode --python
 $(BIN)/python:
