@@ -31,3 +31,19 @@ def _keras_seed():
     if keras is not None:
         keras.utils.set_random_seed(1234)
     yield
+
+
+# The longest tests first: the notebooks (each in its own kernel, up to 40 s), the docs
+# build, the localhost cluster and the statistical truths. pytest-xdist hands each worker a
+# contiguous share of the collected tests and moves short ones between them at the end; a
+# long test collected last keeps one core busy after the other has run out of work.
+_LONG_FIRST = (
+    "tests/test_notebooks.py",
+    "tests/test_docs.py",
+    "tests/operators/test_distributed.py",
+    "tests/truths/",
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))
