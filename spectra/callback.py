@@ -470,7 +470,6 @@ class SharpnessCallback(keras.callbacks.Callback):
             **measurement.record(),
             "threshold": threshold,
             "threshold_matrix": matrix,
-            "minibatch": None,
         }
         if self.per_batch:
             measured = "preconditioned" if self.preconditioned else "hessian"
