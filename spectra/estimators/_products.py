@@ -42,8 +42,9 @@ _SYMMETRY_ROUNDING_LIKELY = 100.0
 # error up to tiny, i.e. eps relative to tiny/eps). The counter then makes one extra
 # product with the vector scaled up by 2^(max exponent / 2), which lifts every term that
 # depends on the vector out of the underflow range, and compares: a relative difference
-# above _UNDERFLOW_TOL is refused, a smaller one becomes the products' resolution
-# (``ProductCounter.eps``), which floors the error bounds.
+# above _UNDERFLOW_TOL is refused; the products' resolution (``ProductCounter.eps``), which
+# floors the error bounds, becomes the larger of that difference and what lost terms may
+# cost: tiny/(‖Av‖/‖v‖) for an operator that flushes subnormals, tiny·eps/(‖Av‖/‖v‖) else.
 _UNDERFLOW_TOL = 1e-3
 # Two vectors whose cosine exceeds this are too close to parallel for the symmetry test.
 _SYMMETRY_MAX_COSINE = 0.9
@@ -284,7 +285,16 @@ class ProductCounter(LinearOperator):
                 f"{threshold:.3g} (tiny/eps) that {dtype} resolves, changes by {delta:.3g} "
                 f"(relative) when the vector is scaled by 2^{shift}: {advice}"
             )
-        self.resolution = max(self.resolution, delta)
+        # The check measures one vector; another may lose more. An operator that flushes
+        # subnormals to zero (TensorFlow and XLA on a CPU: ``flushes_subnormals``) loses
+        # terms of up to tiny each on a product of relative size ``ratio``: its resolution
+        # is at least tiny/ratio (measured: a float32 Hessian at ‖A‖ ≈ 3e-34 passed the
+        # check at 7e-8 and gave an eigenvalue off by 1.3e-5; tiny/ratio ≈ 4e-5). With
+        # gradual underflow (NumPy) a lost term is at most the subnormal spacing, tiny·eps.
+        lost = float(finfo.tiny) / ratio
+        if not getattr(self.operator, "flushes_subnormals", False):
+            lost *= float(finfo.eps)
+        self.resolution = max(self.resolution, delta, lost)
 
     def _scaled(self, result: np.ndarray) -> np.ndarray:
         """``result / scale``, fixing the scale at the first nonzero product."""

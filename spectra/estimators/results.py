@@ -296,8 +296,9 @@ class EigenResult(Result):
       ``eigenvalues[i]`` (from the residual, or Kato–Temple with a gap read off the
       Ritz values), and, with probability at least ``1 − failure_probability`` over
       the random start, the true i-th eigenvalue in ``which`` order does (for
-      "magnitude": its magnitude). Never below 10·eps·‖A‖, the operator's rounding
-      with a margin (about 1.2e-6·λ₁ for float32 Hessian products).
+      "magnitude": its magnitude). Never below 10·(eps + √n·eps₆₄)·‖A‖, the rounding of
+      the operator and of the method with a margin (about 1.2e-6·λ₁ for float32 Hessian
+      products).
     * ``failure_probability``: the probability bound of that statement. Whether the
       Krylov space has found the *extreme* eigenvalues cannot be certified from
       products; for "lanczos" it rests on the random start (a polynomial bound in the
@@ -305,7 +306,7 @@ class EigenResult(Result):
       converged; "power" reports its bound at the requested probability (the larger of
       its residual and the bound from ‖A^m q‖); "lobpcg" gets it from a Lanczos run
       that verifies its pairs.
-    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·eps·‖A‖)`` and
+    * ``converged[i]``: ``error_bounds[i] <= max(tol·|λ_i|, 10·(eps + √n·eps₆₄)·‖A‖)`` and
       ``failure_probability`` at most the requested one (``settings["failure_probability"]``),
       for every method; otherwise ``settings["not_converged_reason"]`` says why in one
       line (None when all converged).

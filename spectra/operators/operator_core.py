@@ -53,6 +53,10 @@ class OperatorCore(SymmetricProducts, LinearOperator):
 
     #: Shown after the class name by ``repr`` (" (JAX)" for the JAX engine's operators).
     _ENGINE_TAG = ""
+    #: The products run in TensorFlow or XLA, which flush subnormal numbers to zero on a
+    #: CPU: a product near the bottom of the dtype's range may lose terms of up to tiny
+    #: each (read by the estimators' underflow check, see ``ProductCounter``).
+    flushes_subnormals = True
 
     layout: ParameterLayout
     memory_budget: int

@@ -308,16 +308,20 @@ def test_error_bars_cover_on_the_5x5_matrix_in_2000_seeds():
     assert 0.87 <= two <= 0.98, two
 
 
-def test_the_full_rank_path_is_unchanged_bit_for_bit():
-    # Values computed with the code before the rank-deficient branch was rewritten.
+def test_the_full_rank_path_is_unchanged():
+    # Values computed with the code before the rank-deficient branch was rewritten. Equal
+    # to a few units of rounding, not bit for bit: OpenBLAS picks its kernels by CPU (AVX2
+    # and AVX-512 machines differ in the last bits), and any change of the algorithm moves
+    # the estimate by far more than 1e-13.
     rng = np.random.default_rng(3)
     b = rng.standard_normal((30, 30))
     a = b + b.T + np.diag(np.linspace(0, 5, 30))
     result = xdiag(a, 20, seed=0, check_symmetry=False)
-    assert [value.hex() for value in result.estimate[:2].tolist()] == [
-        "0x1.12dcb774c4d8cp+2",
-        "0x1.528db249e7e99p+0",
-    ]
+    np.testing.assert_allclose(
+        result.estimate[:2],
+        [float.fromhex("0x1.12dcb774c4d8cp+2"), float.fromhex("0x1.528db249e7e99p+0")],
+        rtol=1e-13,
+    )
     # The interaction sum behind the error bar adds its terms in another order since it
     # runs in row chunks with merged coefficient matrices: equal to rounding.
     np.testing.assert_allclose(

@@ -171,12 +171,21 @@ def test_low_rank_stays_exact_with_singular_rademacher_vectors():
     assert result.num_products == 8 + 3  # the second call multiplies rank(AΩ) columns
 
 
-def test_the_full_rank_path_is_unchanged_bit_for_bit():
-    # Values computed with the code before the rank-deficient branch was rewritten.
+def test_the_full_rank_path_is_unchanged():
+    # Values computed with the code before the rank-deficient branch was rewritten. Equal
+    # to a few units of rounding, not bit for bit: OpenBLAS picks its kernels by CPU (AVX2
+    # and AVX-512 machines differ in the last bits); a change of the algorithm moves the
+    # estimates by far more than 1e-12.
     rng = np.random.default_rng(3)
     b = rng.standard_normal((40, 40))
     a = b + b.T
     sphere = xtrace(a, num_products=30, seed=7)
-    assert (sphere.estimate, sphere.stderr) == (21.858520374185037, 10.82898052317215)
+    np.testing.assert_allclose(
+        [sphere.estimate, sphere.stderr], [21.858520374185037, 10.82898052317215], rtol=1e-12
+    )
     rademacher = xtrace(a, num_products=30, seed=7, distribution="rademacher")
-    assert (rademacher.estimate, rademacher.stderr) == (1.9672131605181589, 11.418126298515926)
+    np.testing.assert_allclose(
+        [rademacher.estimate, rademacher.stderr],
+        [1.9672131605181589, 11.418126298515926],
+        rtol=1e-12,
+    )

@@ -311,8 +311,23 @@ def test_large_batches_run_a_block_one_vector_at_a_time(problem, monkeypatch):
     assert sum(calls) == 5 * NUM_EXAMPLES // BATCH  # five single products per batch
     np.testing.assert_array_equal(out, blocked)
     plan = looping.memory_plan()
-    assert plan.per_vector_measured and plan.per_vector > 0
-    assert plan.cache_transient > 0
+    if _host_keeps_allocator_statistics():
+        assert plan.per_vector_measured and plan.per_vector > 0
+        assert plan.cache_transient > 0
+    else:  # TensorFlow's CPU allocator keeps statistics on some machines only
+        assert not plan.per_vector_measured and plan.cache_transient == 0
+        assert plan.per_vector == int(TANGENT_FACTOR * plan.cache_per_batch)
+
+
+def _host_keeps_allocator_statistics() -> bool:
+    """Whether TensorFlow's allocator on CPU:0 keeps the statistics the plan measures
+    with (it does on some machines, not on others: 'Cannot reset memory stats')."""
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        tf.config.experimental.get_memory_info("CPU:0")
+    except (ValueError, RuntimeError):
+        return False
+    return True
 
 
 def test_without_allocator_statistics_the_plan_keeps_its_estimate(problem, monkeypatch):
