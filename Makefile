@@ -130,6 +130,7 @@ bench: $(VENV)/.installed-bench $(JAX_VENV)/.installed-jax
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/approximations.py
 	$(BIN)/python benchmarks/language_models.py --json $(OUT)/language_models.json
+	$(BIN)/python benchmarks/kfac_large_layers.py --json $(OUT)/kfac_large_layers.json
 	$(BIN)/python benchmarks/product_ops.py --json $(OUT)/product_ops.json
 	$(BIN)/python benchmarks/scale.py --json $(OUT)/scale.json
 	$(BIN)/python benchmarks/versus.py --markdown $(OUT)/versus.md --json $(OUT)/versus.json

@@ -43,6 +43,7 @@ __all__ = [
     "LOOP_BLOCK_BYTES",
     "PARALLEL_VECTORS",
     "TANGENT_FACTOR",
+    "KFACMemoryPlan",
     "MemoryPlan",
     "available_memory",
     "cache_share",
@@ -273,4 +274,49 @@ class MemoryPlan:
             f"\n  over the budget by {format_bytes(self.peak - self.budget)}: lower batch_size "
             "(smaller batch caches and tangents), cache fewer batches (cache_bytes) or raise "
             "memory_budget"
+        )
+
+
+@dataclass(frozen=True)
+class KFACMemoryPlan:
+    """What a K-FAC or EKFAC operator holds, in bytes (``KFACOperator.memory_plan``).
+
+    ``factors``: the float64 factors on the host (A and G per layer, EKFAC's scalings,
+    the other variables' diagonal); ``eigendecompositions``: their eigenvectors and
+    eigenvalues, made on first need (spectrum, inverse, EKFAC products;
+    ``eigendecompositions_made`` says whether they exist yet); ``product_copies``: the
+    factors in the operator's dtype where the products run (TensorFlow; NumPy in float32;
+    0 for NumPy in float64; an inverse in TensorFlow makes its own); ``per_vector``: what one
+    vector of a product adds (its input, output and their transposes, and the widest
+    layer's intermediates); ``block_size``: the vectors planned for; ``device``: where
+    the products run ("TensorFlow" or "NumPy").
+    """
+
+    factors: int
+    eigendecompositions: int
+    eigendecompositions_made: bool
+    product_copies: int
+    block_size: int
+    per_vector: int
+    device: str
+
+    @property
+    def products(self) -> int:
+        """Bytes a product of ``block_size`` vectors adds while it runs."""
+        return self.block_size * self.per_vector
+
+    @property
+    def peak(self) -> int:
+        """The factors, their eigendecompositions, the product copies and one product."""
+        return self.factors + self.eigendecompositions + self.product_copies + self.products
+
+    def __str__(self) -> str:
+        made = "made" if self.eigendecompositions_made else "made on first need"
+        return (
+            f"K-FAC memory plan: estimated peak {format_bytes(self.peak)}\n"
+            f"  factors {format_bytes(self.factors)} (float64, host)\n"
+            f"  eigendecompositions {format_bytes(self.eigendecompositions)} ({made})\n"
+            f"  products in {self.device}: factor copies {format_bytes(self.product_copies)}, "
+            f"{format_bytes(self.per_vector)} per vector, {format_bytes(self.products)} for "
+            f"{self.block_size} vector{'s' if self.block_size != 1 else ''}"
         )

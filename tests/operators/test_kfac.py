@@ -754,3 +754,42 @@ def _mlp_like(model):
     copy = _mlp([5, CLASSES], ["tanh", "softmax"], seed=4)
     copy.set_weights(model.get_weights())
     return copy
+
+
+def test_products_in_tensorflow_match_the_dense_matrix(monkeypatch, data):
+    """The compiled TensorFlow products (used where TensorFlow has a GPU) give the
+    same K-FAC, EKFAC and damped inverses as the dense matrices, other variables' diagonal
+    included; the memory plan counts the factors and the device copies."""
+    from spectra.operators import kfac as kfac_module
+
+    model = _mlp([5, CLASSES], ["tanh", "softmax"], seed=7, batchnorm=True)
+    loss = "sparse_categorical_crossentropy"
+    rng = np.random.default_rng(4)
+    for cls in (KFACOperator, EKFACOperator):
+        op = cls.from_keras(model, loss, data, other_variables="diagonal")
+        dense = op.to_dense()  # NumPy's products, checked against the GGN above
+        assert not op._products_in_tensorflow()
+        numpy_plan = op.memory_plan(4)
+        monkeypatch.setattr(kfac_module, "PRODUCTS_IN_TENSORFLOW", True)
+        assert op._products_in_tensorflow()
+        V = rng.normal(size=(op.shape[0], 3))
+        np.testing.assert_allclose(op.matmat(V), dense @ V, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(op.matvec(V[:, 0]), dense @ V[:, 0], rtol=1e-12, atol=1e-14)
+        assert op._compiled.num_traces == 1
+        shifted = dense + 1e-2 * np.eye(len(dense))
+        np.testing.assert_allclose(
+            op.inverse(1e-2).matmat(V), np.linalg.solve(shifted, V), rtol=1e-8, atol=1e-10
+        )
+        plan = op.memory_plan(4)
+        factors = sum(b.A.nbytes + b.G.nbytes for b in op.blocks) + 8 * 10  # BN's diagonal
+        if cls is EKFACOperator:
+            factors += sum(b.scalings.nbytes for b in op.blocks)
+        assert plan.factors == numpy_plan.factors == factors
+        assert numpy_plan.product_copies == 0 and numpy_plan.device == "NumPy"
+        assert plan.product_copies > 0 and plan.device == "TensorFlow"
+        assert plan.eigendecompositions_made
+        assert plan.peak == plan.factors + plan.eigendecompositions + plan.product_copies + (
+            4 * plan.per_vector
+        )
+        assert "K-FAC memory plan" in str(plan) and "TensorFlow" in str(plan)
+        monkeypatch.undo()
