@@ -77,22 +77,27 @@ run: $(VENV)/.installed-run
 # make lint (ruff check, ruff format --check, mypy), then the suite in one pytest-xdist
 # worker per core, each on one thread (tests/conftest.py); an idle worker takes tests
 # from a busy one's queue (--dist worksteal), so that no worker ends long after the other.
-# Both virtualenvs are installed side by side (-j2: mostly downloads and unpacking), then
-# make lint, the TensorFlow suite and the JAX job. (Running the suite and the JAX job side
-# by side took as long in all: 9 min 24 s against about 9 min 20 s one after the other.)
+# The JAX virtualenv is installed while the development one is, then while make lint
+# runs (-j3: mostly downloads and unpacking), then the TensorFlow suite and the JAX job.
+# (Running the suite and the JAX job side by side took as long in all: 9 min 24 s against
+# about 9 min 20 s one after the other.)
 test:
-	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed-dev $(JAX_VENV)/.installed-jax
-	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j3 lint $(JAX_VENV)/.installed-jax
 	@$(MAKE) --no-print-directory test-suite
 	@$(MAKE) --no-print-directory test-jax
 
+# The test runs write bytecode even where PYTHONDONTWRITEBYTECODE is set: pytest then
+# keeps its assertion-rewritten test modules (rewriting them takes each worker about 10 s
+# per run), and the suite's subprocesses (the command line, notebook kernels, cluster
+# workers) import spectra's compiled modules instead of compiling them each time.
+WRITE_BYTECODE = env -u PYTHONDONTWRITEBYTECODE
 test-suite: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
+	$(WRITE_BYTECODE) $(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
 
 # Keras on JAX without TensorFlow (KERAS_BACKEND=jax): the JAX engine's tests (tests/jax_engine,
 # whose conftest.py is the only one read: --confcutdir) and make run's analysis.
 test-jax: $(JAX_VENV)/.installed-jax
-	KERAS_BACKEND=jax $(JAX_BIN)/python -m pytest -q -n auto --timeout=900 \
+	KERAS_BACKEND=jax $(WRITE_BYTECODE) $(JAX_BIN)/python -m pytest -q -n auto --timeout=900 \
 		--confcutdir=tests/jax_engine -p no:cacheprovider tests/jax_engine
 	KERAS_BACKEND=jax $(JAX_BIN)/python -m spectra analyze data/digits_mlp.keras \
 		--data data/digits.npz --loss sparse_categorical_crossentropy --top-k 5 --trace \
