@@ -49,13 +49,9 @@ and empirical the gradients at per-position sampled or true labels. A tied
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
-import re
-import string
-import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import keras
@@ -64,14 +60,34 @@ import tensorflow as tf
 from scipy.linalg import lapack
 from scipy.sparse.linalg import LinearOperator
 
-from spectra import _keras_compat, _tf_compat
+from spectra import _keras_compat
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
-from spectra.operators.engine import register_compiled_cache
-from spectra.operators.fisher import _check_reduction, _last_axis, predictive_distribution
+from spectra.operators.fisher import _check_reduction, predictive_distribution
+from spectra.operators.kfac_layers import (
+    FACTORED,
+    FACTORED_NAMES,
+    check_embedding,
+    dense_form,
+    is_tied,
+    kernel_of,
+    static_rank,
+    uncovered_message,
+)
+from spectra.operators.kfac_pass import (
+    ROUNDING_UNITS,
+    Accumulators,
+    CompiledPass,
+    PassSettings,
+    SplitAtLogits,
+    check_convex,
+    closed_form,
+    compiled_pass,
+    convex_losses,
+)
 from spectra.operators.kronecker_products import KroneckerBlock, KroneckerProducts
 from spectra.operators.layout import (
     ParameterLayout,
@@ -101,21 +117,6 @@ _LOGIT_LOSSES = (
 PRODUCTS_IN_TENSORFLOW: bool | None = None
 #: ``to_dense`` refuses matrices larger than this many rows (a dense float64 copy).
 MAX_DENSE_SIZE = 20_000
-#: Largest Embedding vocabulary K-FAC factors: its A is held as a dense V × V float64
-#: matrix (128 MiB at this size) and each batch's inputs as one-hot rows.
-MAX_VOCABULARY = 4096
-#: The layers K-FAC factors (a weight matrix W, and a bias for all but Embedding), most
-#: specific first (the class whose ``call`` a layer must not override).
-_FACTORED = (
-    keras.layers.Dense,
-    keras.layers.EinsumDense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    *([keras.layers.ReversibleEmbedding] if hasattr(keras.layers, "ReversibleEmbedding") else []),
-    keras.layers.Embedding,
-)
-#: The layers as errors list them.
-_FACTORED_NAMES = "Dense, EinsumDense, Conv1D, Conv2D and Embedding"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,23 +172,14 @@ class _Eigen:
         return self.bound_A * gamma_max + alpha_max * self.bound_G + self.bound_A * self.bound_G
 
 
-#: A factor's eigenvalue is zero to working precision when, on the factor scaled to a unit
-#: diagonal (D⁻¹ F D⁻¹, D = diag(F)^½), it is at most this many units of rounding of the
-#: dtype the factor was computed in. The scaled factor's entries carry errors of a few
-#: units of rounding whatever the scale or grading of the data; measured on the digits
-#: MLP: the softmax null direction of G at 0.9-10 units (float32 and float64), the smallest
-#: genuine eigenvalues at 50 units and more (float32).
-_ROUNDING_UNITS = 32
-
-
 def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Eigenvalues (ascending) and orthonormal eigenvectors of a PSD factor F (float64,
     computed from data in a dtype of unit roundoff ``eps``), and a bound on the zeroed ones.
 
     Rows with a zero diagonal are exact null directions. On the rest, F = D F̃ D with
     D = diag(F)^½ and F̃ of unit diagonal: the eigenvalues of F̃ at most
-    ``_ROUNDING_UNITS``·eps are rounding, so F has that many eigenvalues exactly 0, each of
-    true size at most ``_ROUNDING_UNITS``·eps·‖D Ṽₙ‖² (the returned bound; Ṽₙ those
+    ``ROUNDING_UNITS``·eps are rounding, so F has that many eigenvalues exactly 0, each of
+    true size at most ``ROUNDING_UNITS``·eps·‖D Ṽₙ‖² (the returned bound; Ṽₙ those
     eigenvectors of F̃). The others
     come from ``eigh(F)``, which resolves them only to about 1e-16·‖F‖ absolute; when that
     is coarser than both 1e-8 and what the data determine (a graded factor, e.g. inputs
@@ -211,11 +203,11 @@ def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, fl
     scale = np.sqrt(diagonal[live])
     sub = F[np.ix_(live, live)]
     scaled_values, scaled_vectors = np.linalg.eigh(sub / np.outer(scale, scale))
-    keep = scaled_values > _ROUNDING_UNITS * eps
+    keep = scaled_values > ROUNDING_UNITS * eps
     rank = int(keep.sum())
     # The discarded part D Ṽₙ diag(w̃ₙ) Ṽₙᵀ D has norm at most τ ‖D Ṽₙ‖², τ the threshold.
     null = scale[:, None] * scaled_vectors[:, ~keep]
-    bound = _ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
+    bound = ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
     w, V = np.linalg.eigh(sub)
     w[: m - rank] = 0.0
     # eigh resolves the smallest kept eigenvalue to a relative eps64 ‖F‖ / λ; the data
@@ -260,381 +252,6 @@ def _in_basis(M: np.ndarray, Q: np.ndarray, rank: int) -> np.ndarray:
     return values
 
 
-class _Capture:
-    """Record each factored layer's input a (n, T, d_in: T positions, 1 for a layer applied
-    once per example) and pre-activation output z = a W + b during one forward pass, by
-    replacing the layer's ``call`` (an instance attribute, removed on exit) with the same
-    computation written out, so that z is a tensor the tapes see.
-
-    Why this way: Keras' Dense computes z inside ``call`` and returns only σ(z); wrapping
-    ``call`` gives both a and z from the model's own forward pass (any model structure:
-    Sequential, functional, subclassed, nested) without rebuilding the graph, and the
-    gradient in z then comes from the tape, not from an added perturbation variable whose
-    shape would depend on the batch.
-    """
-
-    def __init__(
-        self,
-        layers: Sequence[Any],
-        tapes: Sequence[tf.GradientTape],
-        tied_embeddings: str = "error",
-    ) -> None:
-        self._layers = list(layers)
-        self._tapes = list(tapes)
-        #: Which use of a tied ReversibleEmbedding's table is recorded (``from_keras``).
-        self._tied = tied_embeddings
-        self.records: dict[int, tuple[tf.Tensor, tf.Tensor]] = {}
-        #: What the layers could not capture, raised after the forward pass (an error raised
-        #: inside ``call`` reaches the user wrapped in Keras' multi-line context).
-        self.errors: list[str] = []
-
-    def check(self) -> None:
-        """Raise the first capture problem as a one-line ``ValueError``."""
-        if self.errors:
-            raise ValueError(self.errors[0])
-
-    def _refuse(self, layer: Any, message: str, inputs: Any) -> tf.Tensor:
-        """Note ``message`` and compute the layer as Keras does, so the pass completes."""
-        self.errors.append(message)
-        return type(layer).call(layer, inputs)
-
-    def _shared(self, layer: Any) -> str | None:
-        if id(layer) not in self.records:
-            return None
-        return (
-            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is called more than once "
-            "in a forward pass (shared weights), which its Kronecker factors do not model; use "
-            "GGNOperator or FisherOperator."
-        )
-
-    def __enter__(self) -> _Capture:
-        for layer in self._layers:
-            layer.call = self._call_of(layer)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for layer in self._layers:
-            layer.__dict__.pop("call", None)
-
-    def _call_of(self, layer: Any) -> Any:
-        if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
-            return self._conv_call_of(layer)
-        if isinstance(layer, keras.layers.Embedding):
-            return self._embedding_call_of(layer)
-
-        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-            shared = self._shared(layer)
-            if shared:
-                return self._refuse(layer, shared, inputs)
-            x = tf.convert_to_tensor(inputs)
-            try:
-                form = _dense_form(layer, x.shape.rank)
-            except ValueError as error:
-                return self._refuse(layer, str(error), inputs)
-            kernel = tf.convert_to_tensor(layer.kernel)
-            # z in (batch, positions..., outputs...) order, the kernel's output axes last
-            # in its own order; a in (batch, positions..., contracted...) order, so that
-            # both flatten to (n, T, d) with the kernel's rows and columns row-major.
-            z = tf.einsum(form.product, x, kernel)
-            if layer.bias is not None:
-                z = z + tf.reshape(tf.convert_to_tensor(layer.bias), kernel.shape[form.rows :])
-            for tape in self._tapes:
-                tape.watch(z)
-            a = x if form.inputs is None else tf.einsum(form.inputs, x)
-            d_in = int(np.prod(kernel.shape[: form.rows]))
-            self.records[id(layer)] = (tf.reshape(a, [tf.shape(x)[0], -1, d_in]), z)
-            out = z if form.outputs is None else tf.einsum(form.outputs, z)
-            return layer.activation(out) if layer.activation is not None else out
-
-        return call
-
-    def _conv_call_of(self, layer: Any) -> Any:
-        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-            x = tf.convert_to_tensor(inputs)
-            shared = self._shared(layer)
-            if shared:
-                return self._refuse(layer, shared, inputs)
-            kernel = tf.convert_to_tensor(layer.kernel)
-            if isinstance(layer, keras.layers.Conv1D):
-                # As Keras' Conv1D.call: causal padding is dilation·(k − 1) zeros on the
-                # left, then a "valid" convolution. The patches of the sequence are those
-                # of a (length × 1) image with a (k × 1) kernel.
-                padding = layer.padding
-                if padding == "causal":
-                    left = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
-                    x = tf.pad(x, [[0, 0], [left, 0], [0, 0]])
-                    padding = "valid"
-                z = keras.ops.conv(
-                    x,
-                    kernel,
-                    strides=list(layer.strides),
-                    padding=padding,
-                    dilation_rate=layer.dilation_rate,
-                    data_format=layer.data_format,
-                )
-                image = x[:, :, None, :]
-                sizes, strides = [layer.kernel_size[0], 1], [layer.strides[0], 1]
-                rates = [layer.dilation_rate[0], 1]
-            else:
-                z = layer.convolution_op(x, kernel)
-                image, padding = x, layer.padding
-                sizes, strides = list(layer.kernel_size), list(layer.strides)
-                rates = list(layer.dilation_rate)
-            patches = tf.image.extract_patches(
-                image,
-                sizes=[1, *sizes, 1],
-                strides=[1, *strides, 1],
-                rates=[1, *rates, 1],
-                padding=padding.upper(),
-            )
-            # Each patch is flattened (kh, kw, c_in) row-major, as the kernel's rows are.
-            a = tf.reshape(patches, [tf.shape(x)[0], -1, patches.shape[-1]])
-            if layer.use_bias:
-                z = z + tf.convert_to_tensor(layer.bias)
-            for tape in self._tapes:
-                tape.watch(z)
-            self.records[id(layer)] = (a, z)
-            return layer.activation(z) if layer.activation is not None else z
-
-        return call
-
-    def _embedding_call_of(self, layer: Any) -> Any:
-        def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-            if _is_reversible(layer) and (kwargs.get("reverse") or (args and args[0])):
-                return self._reverse_call(layer, inputs)
-            if _tied(layer) and self._tied == "output":
-                # The lookup's use of the table is not the factored one: as Keras computes it.
-                return type(layer).call(layer, inputs)
-            shared = self._shared(layer)
-            if shared:
-                return self._refuse(layer, shared, inputs)
-            indices = tf.convert_to_tensor(inputs)
-            if indices.dtype not in (tf.int32, tf.int64):
-                indices = tf.cast(indices, tf.int32)  # as Keras' Embedding.call does
-            table = tf.convert_to_tensor(layer.embeddings)
-            z = tf.gather(table, indices)
-            for tape in self._tapes:
-                tape.watch(z)
-            # The input as one-hot rows, one per position: (n, T, vocabulary).
-            flat = tf.reshape(indices, [tf.shape(indices)[0], -1])
-            a = tf.one_hot(flat, int(layer.input_dim), dtype=table.dtype)
-            self.records[id(layer)] = (a, z)
-            return z
-
-        return call
-
-    def _reverse_call(self, layer: Any, inputs: Any) -> tf.Tensor:
-        """A ``ReversibleEmbedding`` called with ``reverse=True`` (logits h Wᵀ). With
-        ``tie_weights=False`` its separate table is not the factored one (an other
-        variable): computed as Keras does. With tied weights: refused for
-        ``tied_embeddings="error"``, computed as Keras does for ``"input"`` (this use's
-        contribution dropped), and for ``"output"`` recorded as a Dense layer without bias
-        whose input is h and whose kernel is Wᵀ (d × V)."""
-        if not layer.tie_weights or self._tied == "input":
-            return type(layer).call(layer, inputs, reverse=True)
-        if self._tied == "error":
-            return self._refuse_reverse(layer, inputs)
-        shared = self._shared(layer)
-        if shared:
-            self.errors.append(shared)
-            return type(layer).call(layer, inputs, reverse=True)
-        h = tf.convert_to_tensor(inputs)
-        table = tf.convert_to_tensor(layer.embeddings)
-        if layer.reverse_dtype is not None:  # as Keras casts both operands
-            h = tf.cast(h, layer.reverse_dtype)
-            table = tf.cast(table, layer.reverse_dtype)
-        # z = h Wᵀ in (batch, positions..., V) order, the soft cap (if any) after it.
-        z = tf.einsum("...d,vd->...v", h, table)
-        for tape in self._tapes:
-            tape.watch(z)
-        d = int(table.shape[1])
-        self.records[id(layer)] = (tf.reshape(h, [tf.shape(h)[0], -1, d]), z)
-        cap = layer.logit_soft_cap
-        return z if cap is None else tf.tanh(z / cap) * cap
-
-    def _refuse_reverse(self, layer: Any, inputs: Any) -> tf.Tensor:
-        self.errors.append(
-            f"K-FAC: the ReversibleEmbedding layer {layer.name!r} ties its table to the "
-            "output projection (tie_weights=True, called with reverse=True): the table's "
-            "block is then E[(e_x ⊗ g + g_out ⊗ h)(...)ᵀ], two Kronecker products and their "
-            "cross terms, not one A ⊗ G. Pass tied_embeddings='output' (factor the logits "
-            "h Wᵀ) or 'input' (factor the token lookup), dropping the other use's "
-            "contribution, or use GGNOperator."
-        )
-        return type(layer).call(layer, inputs, reverse=True)
-
-
-def _tied(layer: Any) -> bool:
-    """Whether ``layer`` is a ``ReversibleEmbedding`` whose table is also its output
-    projection (``tie_weights=True``)."""
-    return _is_reversible(layer) and bool(layer.tie_weights)
-
-
-def _is_reversible(layer: Any) -> bool:
-    """Whether ``layer`` is a Keras ``ReversibleEmbedding`` (Keras ≥ 3.13)."""
-    reversible = getattr(keras.layers, "ReversibleEmbedding", None)
-    return reversible is not None and isinstance(layer, reversible)
-
-
-@dataclasses.dataclass(frozen=True)
-class _DenseForm:
-    """A Dense or EinsumDense layer written as z = a W + b with W shared over positions.
-
-    ``product``: the einsum computing z from the input and the kernel in (batch,
-    positions..., output axes...) order, the output axes in the kernel's order;
-    ``inputs``: the einsum bringing the input to (batch, positions..., contracted axes...)
-    order, the contracted axes in the kernel's order (None: it already is); ``outputs``:
-    the einsum putting z in the layer's output order (None: it already is); ``rows``: how
-    many leading kernel axes are contracted (the kernel is (d_in, d_out) row-major with
-    d_in their size product)."""
-
-    product: str
-    inputs: str | None
-    outputs: str | None
-    rows: int
-
-
-def _equation_of(layer: Any, rank: int) -> tuple[str, str | None]:
-    """The einsum equation and bias axes of a Dense or EinsumDense layer on inputs of
-    ``rank`` axes: a Dense layer contracts the last axis, "…i,io->…o", bias "o"."""
-    if isinstance(layer, keras.layers.EinsumDense):
-        return layer.equation, layer.bias_axes
-    kept = "abcdefghijklmnpqrstuvwxyABCDEFGHIJKLMNOPQRSTUVWXYZ"[: rank - 1]
-    return f"{kept}z,zo->{kept}o", ("o" if layer.use_bias else None)
-
-
-def _dense_form(layer: Any, rank: int | None) -> _DenseForm:
-    """``layer`` (Dense or EinsumDense) on inputs of ``rank`` axes as a :class:`_DenseForm`;
-    a one-line ``ValueError`` naming the layer and its equation when it is not a Dense
-    layer shared over the non-batch axes its kernel does not touch."""
-    if rank is None:
-        raise ValueError(
-            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} gets inputs of unknown "
-            "rank; build the model on inputs of known rank."
-        )
-    equation, bias_axes = _equation_of(layer, rank)
-    reason = None
-    match = re.fullmatch(r"([a-zA-Z.]+),([a-zA-Z]+)->([a-zA-Z.]+)", equation.replace(" ", ""))
-    if match is None:
-        reason = "it is not of the form input,kernel->output"
-        inputs, kernel, output = "", "", ""
-    else:
-        inputs, kernel, output = match.groups()
-        elided = rank - len(inputs.replace("...", ""))
-        if "..." in inputs or "..." in output:
-            # Letters the equation does not use, for the axes "..." stands for.
-            unused = [
-                c for c in string.ascii_uppercase + string.ascii_lowercase if c not in equation
-            ]
-            fresh = "".join(unused[: max(elided, 0)])
-            inputs, output = inputs.replace("...", fresh), output.replace("...", fresh)
-        if "." in inputs + output or len(inputs) != rank:
-            reason = f"it does not match inputs of rank {rank}"
-    if reason is None:
-        reason = _dense_form_reason(inputs, kernel, output, bias_axes)
-    if reason is not None:
-        raise ValueError(
-            f"K-FAC: the {type(layer).__name__} layer {layer.name!r} (equation {equation!r}"
-            f"{'' if bias_axes is None else f', bias_axes {bias_axes!r}'}) is not a Dense "
-            f"layer shared over positions: {reason}. Make its weights non-trainable and pass "
-            "other_variables='exclude' or 'diagonal', or use GGNOperator."
-        )
-    batch = inputs[0]
-    contracted = [c for c in kernel if c in inputs]
-    outputs = kernel[len(contracted) :]
-    positions = "".join(c for c in inputs[1:] if c not in kernel)
-    canonical_inputs = batch + positions + "".join(contracted)
-    canonical_output = batch + positions + outputs
-    return _DenseForm(
-        product=f"{inputs},{kernel}->{canonical_output}",
-        inputs=None if inputs == canonical_inputs else f"{inputs}->{canonical_inputs}",
-        outputs=None if output == canonical_output else f"{canonical_output}->{output}",
-        rows=len(contracted),
-    )
-
-
-def _dense_form_reason(inputs: str, kernel: str, output: str, bias_axes: str | None) -> str | None:
-    """Why the einsum ``inputs,kernel->output`` (no ``...``) with a bias on ``bias_axes``
-    is not z = a W + b over positions, or None when it is."""
-    if not inputs:
-        return "its input has no batch axis"
-    for what, spec in (("input", inputs), ("kernel", kernel), ("output", output)):
-        if len(set(spec)) != len(spec):
-            return f"a subscript repeats in its {what} ({spec!r})"
-    batch = inputs[0]
-    if batch in kernel or batch not in output:
-        return f"its batch axis {batch!r} is not kept apart from the kernel"
-    contracted = [c for c in kernel if c in inputs]
-    if not contracted:
-        return "it contracts no input axis with the kernel"
-    per_position = [c for c in contracted if c in output]
-    if per_position:
-        return (
-            f"the kernel axis {per_position[0]!r} is also an output axis (weights per "
-            "position, not shared)"
-        )
-    if kernel[: len(contracted)] != "".join(contracted):
-        return (
-            f"the kernel's contracted axes ({''.join(contracted)!r}) are not its leading "
-            "axes, so it does not flatten to (inputs, outputs) row-major"
-        )
-    summed = [c for c in inputs[1:] if c not in kernel and c not in output]
-    if summed:
-        return f"it sums over the input axis {summed[0]!r}"
-    outputs = kernel[len(contracted) :]
-    if bias_axes:
-        in_order = "".join(c for c in output if c in bias_axes)
-        if set(bias_axes) != set(outputs):
-            return (
-                f"its bias axes {bias_axes!r} are not the kernel's output axes {outputs!r} "
-                "(a bias per output unit, shared over positions)"
-            )
-        if in_order != outputs:
-            return (
-                f"its bias axes appear in the output as {in_order!r}, not in the kernel's "
-                f"order {outputs!r}"
-            )
-    return None
-
-
-def _factor_sizes(layer: Any, transposed: bool = False) -> tuple[int, int]:
-    """(d_in, d_out) of a factored layer: its kernel's rows and columns, the kernel
-    flattened row-major (an EinsumDense kernel's contracted axes are its rows);
-    ``transposed`` (a tied ReversibleEmbedding factored at its reverse call, whose kernel
-    is the table's transpose): (d, V)."""
-    shape = [int(d) for d in _kernel_of(layer).shape]
-    if transposed:
-        return shape[1], shape[0]
-    rows = len(shape) - 1
-    if isinstance(layer, keras.layers.EinsumDense):
-        rows = _dense_form(layer, _static_rank(layer)).rows
-    return int(np.prod(shape[:rows])), int(np.prod(shape[rows:]))
-
-
-def _static_rank(layer: Any) -> int | None:
-    """The input rank a built EinsumDense layer was built for (its ``input_spec``)."""
-    spec = getattr(layer, "input_spec", None)
-    spec = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
-    return getattr(spec, "ndim", None)
-
-
-def _check_embedding(layer: Any) -> None:
-    """Refuse what the Embedding factors do not model (one-line ``ValueError``)."""
-    if layer.mask_zero:
-        raise ValueError(
-            f"K-FAC: the Embedding layer {layer.name!r} has mask_zero=True; the layers after it "
-            "skip the masked positions, which its factors do not model (A would count the "
-            "padding tokens). Build it with mask_zero=False or use GGNOperator."
-        )
-    if int(layer.input_dim) > MAX_VOCABULARY:
-        raise ValueError(
-            f"K-FAC: the Embedding layer {layer.name!r} has a vocabulary of {layer.input_dim} "
-            f"tokens, more than {MAX_VOCABULARY}: its factor A is held as a dense V x V "
-            "matrix. Make it non-trainable and pass other_variables='exclude', or use "
-            "GGNOperator."
-        )
-
-
 def _round_up(x: float) -> float:
     """x rounded up to two significant digits (so that the printed value is ≥ x)."""
     unit = 10.0 ** (math.floor(math.log10(x)) - 1)
@@ -650,14 +267,6 @@ def _sandwich(left: np.ndarray, M: np.ndarray, right: np.ndarray) -> np.ndarray:
     q = right_applied.shape[2]
     stacked = right_applied.transpose(1, 0, 2).reshape(p, k * q)
     return (left @ stacked).reshape(left.shape[0], k, q).transpose(1, 0, 2)
-
-
-def _kernel_of(layer: Any) -> Any:
-    """The layer's weight matrix W (rows: inputs, columns: outputs): the kernel of a Dense
-    or Conv2D layer, the table (vocabulary × output dim) of an Embedding."""
-    if isinstance(layer, keras.layers.Embedding):
-        return layer.embeddings
-    return layer.kernel
 
 
 class KFACOperator(SymmetricProducts, LinearOperator):
@@ -1031,7 +640,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         # Losses convex at the point K-FAC splits (the logits for Keras' cross-entropies):
         # a negative eigenvalue of their output Hessian is rounding, by theorem.
         convex = found is not None and (
-            found[0] in _convex_losses()
+            found[0] in convex_losses()
             and (
                 reads_logits
                 or found[0] is keras.losses.mean_squared_error
@@ -1055,10 +664,10 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         layout: list[tuple[Any, int | None, int | None]] = []
         covered: set[int] = set()
         for layer in _keras_compat.flatten_layers(run_model):
-            if not isinstance(layer, _FACTORED):
+            if not isinstance(layer, FACTORED):
                 continue
-            base = next(kind for kind in _FACTORED if isinstance(layer, kind))
-            k = where(_kernel_of(layer))
+            base = next(kind for kind in FACTORED if isinstance(layer, kind))
+            k = where(kernel_of(layer))
             bias = getattr(layer, "bias", None)
             b = where(bias) if bias is not None else None
             if k is None and b is None:
@@ -1084,19 +693,21 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                     "kernel is not one matrix. Merge or dequantize it first."
                 )
             if base in (keras.layers.Dense, keras.layers.EinsumDense):
-                rank = _static_rank(layer) if base is keras.layers.EinsumDense else 2
-                _dense_form(layer, rank)  # an EinsumDense that is not Dense-like: refused
+                rank = static_rank(layer) if base is keras.layers.EinsumDense else 2
+                dense_form(layer, rank)  # an EinsumDense that is not Dense-like: refused
             if isinstance(layer, keras.layers.Embedding):
-                _check_embedding(layer)
+                check_embedding(layer)
             dense_layers.append(layer)
             layout.append((layer, k, b))
             covered.update(j for j in (k, b) if j is not None)
         others = [j for j in range(len(chosen)) if j not in covered]
         if others and other_variables == "error":
-            raise ValueError(_uncovered(run_model, [chosen[j] for j in others], names, others))
+            raise ValueError(
+                uncovered_message(run_model, [chosen[j] for j in others], names, others)
+            )
         if not dense_layers:
             raise ValueError(
-                f"model {model.name!r} has no {_FACTORED_NAMES.replace(' and ', ' or ')} layer "
+                f"model {model.name!r} has no {FACTORED_NAMES.replace(' and ', ' or ')} layer "
                 "with trainable variables: K-FAC covers those layers only."
             )
         batches = Batches(
@@ -1112,18 +723,18 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         # A tied ReversibleEmbedding factored at its reverse call z = h Wᵀ: accumulated as
         # the Dense layer of kernel Wᵀ (A over h, G over the V logits), then transposed
         # into the table's row-major layout (rows V, columns d).
-        transposed = [_tied(layer) and tied_embeddings == "output" for layer, _, _ in layout]
-        accumulators = _Accumulators(layout, others, chosen, transposed)
+        transposed = [is_tied(layer) and tied_embeddings == "output" for layer, _, _ in layout]
+        accumulators = Accumulators(layout, others, chosen, transposed)
         accumulators.conv = conv
         # Keras' own losses whose output Hessian per position has a closed form.
-        closed = _closed_form(found, reads_logits)
+        closed = closed_form(found, reads_logits)
 
         # Split at the logits: known from the loss for Keras' own cross-entropies, found
         # on the first batch for a custom loss that reads them (its gradient in the
         # softmax output is None).
         split = {"logits": reads_logits}
 
-        settings = _PassSettings(
+        settings = PassSettings(
             loss=resolved.call,
             tied_embeddings=tied_embeddings,
             closed=closed,
@@ -1151,10 +762,10 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                 tied_embeddings,
             )
         )
-        compiled = _compiled_pass(
+        compiled = compiled_pass(
             pass_key,
             (model, *loss_owners),
-            lambda: _CompiledPass(
+            lambda: CompiledPass(
                 run_model, dense_layers, layout, transposed, accumulators.others, settings
             ),
         )
@@ -1194,7 +805,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                                 bases,
                             )
                         break
-                    except _SplitAtLogits:
+                    except SplitAtLogits:
                         split["logits"] = True  # nothing was accumulated: redo the batch
                 keras_models.check_finite(report["loss"], "the batch loss", inputs=x)
                 values = {key: float(value) for key, value in report.items() if key != "loss"}
@@ -1219,7 +830,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
 
         data_pass(other_variables == "diagonal")
         if kind == "type-2" and not convex:
-            _check_convex(accumulators, target)
+            check_convex(accumulators, target)
         blocks = []
         for (layer, k, b), A, G, flip in zip(layout, accumulators.A, accumulators.G, transposed):
             A = A / num_examples
@@ -1705,826 +1316,3 @@ class EKFACOperator(KFACOperator):
     """
 
     eigenvalue_corrected = True
-
-
-def _owners(model: Any) -> dict[int, Any]:
-    """The innermost layer holding each trainable weight (by ``id``). Nested layers list
-    their sublayers' weights too; the innermost is the holder with the fewest."""
-    found: dict[int, tuple[int, Any]] = {}
-    for layer in _keras_compat.flatten_layers(model):
-        weights = list(layer.trainable_weights)
-        for w in weights:
-            if id(w) not in found or len(weights) < found[id(w)][0]:
-                found[id(w)] = (len(weights), layer)
-    return {key: layer for key, (_, layer) in found.items()}
-
-
-def _uncovered(model: Any, weights: Sequence[Any], names: Sequence[str], at: Sequence[int]) -> str:
-    """The one-line refusal listing every trainable variable K-FAC does not cover
-    (``weights``, named ``names[at[i]]``), grouped by the layer holding it."""
-    owners = _owners(model)
-    groups: dict[int, tuple[str, list[str]]] = {}
-    for weight, j in zip(weights, at):
-        layer = owners.get(id(weight))
-        owner = "no layer" if layer is None else f"layer {layer.name!r} ({type(layer).__name__})"
-        groups.setdefault(id(layer), (owner, []))[1].append(repr(names[j]))
-    listed = "; ".join(f"{owner}: {', '.join(held)}" for owner, held in groups.values())
-    count = len(weights)
-    return (
-        f"K-FAC factors {_FACTORED_NAMES} layers; {count} trainable "
-        f"variable{'s' if count != 1 else ''} in {len(groups)} "
-        f"layer{'s' if len(groups) != 1 else ''} {'is' if count == 1 else 'are'} not "
-        f"covered: {listed}. Pass "
-        "other_variables='exclude' (their rows and columns are zero) or "
-        "other_variables='diagonal' (the exact diagonal of the matrix for them), or make them "
-        "non-trainable."
-    )
-
-
-class _Accumulators:
-    """Running sums Σ ā āᵀ, Σ g gᵀ per Dense layer and Σ (per-example gradient)² for the
-    other variables, in float64."""
-
-    def __init__(
-        self,
-        layout: Sequence[tuple[Any, int | None, int | None]],
-        others: list[int],
-        chosen: list[Any],
-        transposed: Sequence[bool] = (),
-    ) -> None:
-        self.layout = list(layout)
-        self.A: list[np.ndarray] = []
-        self.G: list[np.ndarray] = []
-        flags = list(transposed) or [False] * len(self.layout)
-        for (layer, k, b), flag in zip(self.layout, flags):
-            d_in, d_out = _factor_sizes(layer, flag)
-            d_a = (d_in if k is not None else 0) + (1 if b is not None else 0)
-            self.A.append(np.zeros((d_a, d_a)))
-            self.G.append(np.zeros((d_out, d_out)))
-        self.others = [chosen[j] for j in others]
-        self.diagonal = [np.zeros(int(np.prod(v.shape))) for v in self.others]
-        #: EKFAC's second pass: the eigenbases (Q_A, Q_G) per layer, and the sums
-        #: Σ_i (Q_Aᵀ ā_i)² Σ_c (Q_Gᵀ g_ic)²ᵀ accumulated in S.
-        self.bases: list[tuple[np.ndarray, np.ndarray]] | None = None
-        #: How Conv2D factors treat the output positions: "expand" or "reduce".
-        self.conv = "expand"
-        #: Type-2: the most negative eigenvalue of the per-example output Hessians met in
-        #: the pass (0 if none), and their largest eigenvalue magnitude (the scale the
-        #: former is judged against, over the whole dataset so not batch-dependent).
-        self.most_negative = 0.0
-        self.hessian_scale = 0.0
-        self.S = [np.zeros((A.shape[0], G.shape[0])) for A, G in zip(self.A, self.G)]
-        #: Per layer: a tied ReversibleEmbedding accumulated at its reverse call (factors
-        #: of Wᵀ, transposed into the table's layout by ``from_keras``).
-        self.transposed = flags
-
-
-def _augmented(a: tf.Tensor, kernel: bool, bias: bool) -> tf.Tensor:
-    """[a; 1] along the last axis (a without the 1 when the bias is not a variable, only
-    the 1 when the kernel is not)."""
-    parts = [a] if kernel else []
-    if bias:
-        parts.append(tf.ones_like(a[..., :1]))
-    return tf.concat(parts, axis=-1)
-
-
-class _SplitAtLogits(Exception):
-    """Raised while the batch computation is traced, before anything is accumulated, when
-    the loss has no gradient in the softmax/sigmoid output but the output carries Keras
-    logits."""
-
-
-#: Eigenvalues of an example's output Hessian of magnitude at most this many units of
-#: rounding times its largest are rounding (computed through eigh in the model's dtype,
-#: e.g. the softmax's all-ones null direction): they get no column, so the null
-#: direction of G stays at rounding of rounding.
-_HESSIAN_ROUNDING_UNITS = 4
-
-
-#: A column of the output-side square root: its index k (an int32 scalar tensor, the
-#: loop counter of the traced pass) -> a cotangent of the split point's shape (the column
-#: k of every example, at all its output positions at once).
-_Column = Callable[[tf.Tensor], tf.Tensor]
-
-#: What the traced batch reports besides the sums: per-batch scalars the host checks
-#: (the batch loss, the output Hessians' extreme eigenvalues, the sequence check).
-_Report = dict[str, tf.Tensor]
-
-
-def _record_hessian(report: _Report, values: tf.Tensor, top: tf.Tensor) -> None:
-    """The batch's most negative output-Hessian eigenvalue (as a magnitude, ≥ 0 is not
-    enforced: the host takes the maximum with 0) and largest magnitude, for the convexity
-    check over the whole dataset."""
-    report["most_negative"] = tf.cast(-tf.reduce_min(values), tf.float64)
-    report["hessian_scale"] = tf.cast(tf.reduce_max(top), tf.float64)
-
-
-def _columns(
-    tape: tf.GradientTape,
-    inner_gradient: tf.Tensor | None,
-    point: tf.Tensor,
-    sampled: Sequence[tf.Tensor],
-    true_value: tf.Tensor | None,
-    kind: str,
-    scale: float,
-    report: _Report,
-) -> tuple[int, _Column]:
-    """The cotangents s_ik at a split point of shape (n, C): K columns per example, as
-    (K, k -> the (n, C) cotangent of column k)."""
-    if kind == "type-2":
-        hessian = tape.batch_jacobian(inner_gradient, point)
-        hessian = 0.5 * (hessian + tf.linalg.matrix_transpose(hessian))
-        values, vectors = tf.linalg.eigh(hessian)
-        top = tf.reduce_max(tf.abs(values), axis=-1, keepdims=True)
-        _record_hessian(report, values, top)
-        eps = float(np.finfo(point.dtype.as_numpy_dtype).eps)
-        kept = tf.where(values > _HESSIAN_ROUNDING_UNITS * eps * top, values, 0)
-        columns = vectors * tf.sqrt(kept)[:, None, :]
-        return int(columns.shape[-1]), lambda k: tf.gather(columns, k, axis=2)
-    return _sampled_columns(tape, point, sampled, true_value, kind, scale)
-
-
-def _sampled_columns(
-    tape: tf.GradientTape,
-    point: tf.Tensor,
-    sampled: Sequence[tf.Tensor],
-    true_value: tf.Tensor | None,
-    kind: str,
-    scale: float,
-) -> tuple[int, _Column]:
-    """Empirical: the gradient of the example's loss at its true labels (one column);
-    mc: those at the S sampled label sets, each divided by √(scale·S)."""
-    if kind == "empirical":
-        gradient = tape.gradient(true_value, point)
-        return 1, lambda k: gradient
-    grads = tf.stack([tape.gradient(value, point) for value in sampled])
-    norm = tf.cast(tf.sqrt(scale * len(sampled)), point.dtype)
-    return len(sampled), lambda k: tf.gather(grads, k) / norm
-
-
-def _sequence_columns(
-    tape: tf.GradientTape,
-    inner_gradient: tf.Tensor,
-    point: tf.Tensor,
-    closed: str | None,
-    weight: tf.Tensor,
-    report: _Report,
-) -> tuple[int, _Column]:
-    """Type-2 columns at a split point (n, T_1, ..., C) with positions: column c holds, at
-    every output position t, column c of a square root R_t of that position's block of
-    the example's output Hessian (R_t R_tᵀ = H_t; ``KFACOperator``):
-
-    * ``closed="softmax"`` (Keras' categorical cross-entropies at the logits):
-      H_t = w (diag p_t − p_t p_tᵀ) = Σ_c w p_tc (e_c − p_t)(e_c − p_t)ᵀ, column c
-      √(w p_tc)(e_c − p_t), with w = ``weight`` the position's weight in the loss (a
-      float64 scalar tensor, cast to the point's dtype);
-    * ``closed="mse"``: H_t = (2w/C) I, column c √(2w/C) e_c;
-    * otherwise the blocks H_t from C backward passes through the loss alone (exact when
-      the loss is a sum of per-position terms, in a ``tf.while_loop``), column c of the
-      symmetric square root H_t^½ (eigenvalues at rounding level set to 0, negative ones
-      reported for the convexity check).
-
-    Every path is checked on the batch against one output-Hessian product of the loss
-    (a seeded random vector): the product's error and scale go to ``report``
-    (``check_error``, ``check_bound``), judged on the host against the dtype's rounding
-    (:meth:`_CompiledPass.check`): a loss whose Hessian couples output positions, or that
-    is not what the closed form assumes, is refused in one line.
-    """
-    classes = int(point.shape[-1])
-    dtype = point.dtype
-    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
-    w = tf.cast(weight, dtype)
-    if closed == "softmax":
-        p = tf.nn.softmax(point)
-
-        def column(c: tf.Tensor) -> tf.Tensor:
-            share = tf.gather(p, [c], axis=-1)
-            return tf.sqrt(w * share) * (tf.one_hot(c, classes, dtype=dtype) - p)
-
-        def product(u: tf.Tensor) -> tf.Tensor:
-            return w * (p * u - p * tf.reduce_sum(p * u, axis=-1, keepdims=True))
-
-        def magnitude(u: tf.Tensor) -> tf.Tensor:
-            return w * (p * u + p * tf.reduce_sum(p * u, axis=-1, keepdims=True))
-
-    elif closed == "mse":
-        root = tf.sqrt(2.0 * w / classes)
-
-        def column(c: tf.Tensor) -> tf.Tensor:
-            return root * tf.broadcast_to(tf.one_hot(c, classes, dtype=dtype), tf.shape(point))
-
-        def product(u: tf.Tensor) -> tf.Tensor:
-            return root**2 * u
-
-        magnitude = product
-    else:
-
-        def row(c: tf.Tensor, rows: tf.TensorArray) -> tuple[tf.Tensor, tf.TensorArray]:
-            value = tape.gradient(
-                inner_gradient,
-                point,
-                output_gradients=tf.broadcast_to(
-                    tf.one_hot(c, classes, dtype=dtype), tf.shape(point)
-                ),
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-            return c + 1, rows.write(c, value)
-
-        _, rows = tf.while_loop(
-            lambda c, _: c < classes,
-            row,
-            (tf.constant(0), tf.TensorArray(dtype, size=classes, element_shape=point.shape)),
-        )
-        rank = point.shape.rank
-        # (n, T..., C, C): row c of each position's block.
-        blocks = tf.transpose(rows.stack(), [*range(1, rank), 0, rank])
-        blocks = 0.5 * (blocks + tf.linalg.matrix_transpose(blocks))
-        values, vectors = tf.linalg.eigh(blocks)
-        top = tf.reduce_max(tf.abs(values), axis=-1, keepdims=True)
-        _record_hessian(report, values, top)
-        kept = tf.where(values > _HESSIAN_ROUNDING_UNITS * eps * top, values, 0)
-        roots = tf.linalg.matmul(vectors * tf.sqrt(kept)[..., None, :], vectors, adjoint_b=True)
-
-        def column(c: tf.Tensor) -> tf.Tensor:
-            return tf.gather(roots, c, axis=rank)
-
-        def product(u: tf.Tensor) -> tf.Tensor:
-            return tf.linalg.matvec(blocks, u)
-
-        def magnitude(u: tf.Tensor) -> tf.Tensor:
-            return tf.linalg.matvec(tf.abs(blocks), u)
-
-    u = tf.random.stateless_normal(tf.shape(point), seed=[0, 1], dtype=dtype)
-    exact = tape.gradient(inner_gradient, point, output_gradients=u, unconnected_gradients="zero")
-    report["check_error"] = tf.cast(tf.reduce_max(tf.abs(exact - product(u))), tf.float64)
-    report["check_bound"] = tf.cast(tf.reduce_max(magnitude(tf.abs(u))), tf.float64)
-    return classes, column
-
-
-def _closed_form(found: Any, reads_logits: bool) -> str | None:
-    """``"softmax"`` for Keras' categorical cross-entropies read at the logits, ``"mse"``
-    for mean squared error (classes or entries on the last axis, no ignored class), None
-    for other losses (their per-position output Hessians come from autodiff)."""
-    if found is None:
-        return None
-    fn, kwargs, _ = found
-    if kwargs.get("axis", -1) != -1 or kwargs.get("ignore_class") is not None:
-        return None
-    if fn is keras.losses.mean_squared_error:
-        return "mse"
-    softmax = (keras.losses.categorical_crossentropy, keras.losses.sparse_categorical_crossentropy)
-    if fn in softmax and (reads_logits or kwargs.get("from_logits", False)):
-        return "softmax"
-    return None
-
-
-def _convex_losses() -> frozenset[Any]:
-    """Keras loss functions convex in the logits (cross-entropies) or outputs (MSE)."""
-    return frozenset(
-        [
-            keras.losses.categorical_crossentropy,
-            keras.losses.sparse_categorical_crossentropy,
-            keras.losses.binary_crossentropy,
-            keras.losses.mean_squared_error,
-        ]
-    )
-
-
-def _check_convex(acc: _Accumulators, dtype: tf.DType) -> None:
-    """Refuse (one line) a loss whose output Hessians had an eigenvalue more negative than
-    the rounding of the dtype, relative to their largest magnitude over the whole dataset
-    (so the verdict does not depend on the batching)."""
-    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
-    if acc.most_negative > _ROUNDING_UNITS * eps * acc.hessian_scale:
-        raise ValueError(
-            "K-FAC type-2 needs a loss convex in the model's outputs (a PSD output Hessian); "
-            f"this loss has output-Hessian eigenvalue {-acc.most_negative:.3g} against a "
-            f"largest magnitude {acc.hessian_scale:.3g} over the data, beyond {dtype.name} "
-            "rounding. Use kind='mc' or 'empirical', or GGNOperator."
-        )
-
-
-def _per_example_labels(
-    distribution: Any,
-    output: tf.Tensor,
-    point: tf.Tensor,
-    num_samples: int,
-    seed: tf.Tensor,
-    first_index: tf.Tensor,
-) -> tf.Tensor:
-    """S label sets for the batch, stacked as ``distribution.sample`` stacks them (draw s of
-    example i at row s·n + i), each example's drawn with a stateless seed of (``seed``, an
-    int64 scalar, and its index in the dataset, ``first_index`` + i as int32): the labels,
-    hence the operator, do not depend on the batching. One draw per example, in a
-    ``tf.map_fn`` loop (the draws of a batch of n rows at once would depend on n)."""
-    n = int(output.shape[0])
-    same = point is output
-    base = tf.stack([seed, tf.zeros_like(seed)])
-    indices = first_index + tf.range(n, dtype=tf.int32)
-
-    def draw(args: tuple[tf.Tensor, tf.Tensor, tf.Tensor]) -> tf.Tensor:
-        row, row_point, index = args
-        row = row[None]
-        row_point = row if same else row_point[None]
-        example_seed = tf.random.experimental.stateless_fold_in(base, index)
-        return distribution.sample(row, row_point, num_samples, example_seed)
-
-    # The draw's dtype and shape, from tracing it once on the first example (pruned).
-    probe = draw((output[0], point[0], indices[0]))
-    draws = tf.map_fn(
-        draw,
-        (output, point, indices),
-        fn_output_signature=tf.TensorSpec(probe.shape, probe.dtype),
-    )  # (n, S, ...): draw s of example i at [i, s]
-    stacked = tf.transpose(draws, [1, 0, *range(2, draws.shape.rank)])
-    return tf.reshape(stacked, tf.concat([[num_samples * n], tf.shape(stacked)[2:]], 0))
-
-
-@dataclasses.dataclass(frozen=True)
-class _PassSettings:
-    """What the traced batch computation depends on besides the model (the key of the
-    compiled pass, with the model, the loss and the variables)."""
-
-    loss: Any
-    tied_embeddings: str
-    closed: str | None
-    reduction: str
-    kind: str
-    num_samples: int
-    distribution: Any
-    conv: str
-
-
-class _CompiledPass:
-    """K-FAC's per-batch computation as ``tf.function``s, traced once per pass kind
-    (``"factors"``: the A and G sums, with the other variables' diagonal when asked;
-    ``"scalings"``: EKFAC's second-pass S sums), split point (the logits or the output)
-    and batch shape, and reused for every batch of that shape.
-
-    One call runs a batch's forward pass with the layers captured (:class:`_Capture`, active
-    while tracing only), the output-side columns (type-2 roots, sampled or true-label
-    gradients), the backward passes to the captured pre-activations in a ``tf.while_loop``
-    over the columns, and adds the batch's contributions to the running float64 sums it is
-    given (the state), returning them with the per-batch scalars the host checks. The sums
-    stay TensorFlow tensors during a pass and reach the host once, at its end.
-
-    Holds no weights' values (the graph reads the model's variables when called): a pass
-    built for a model is shared by the operators built on it with the same settings
-    (:func:`_compiled_pass`).
-    """
-
-    def __init__(
-        self,
-        run_model: Any,
-        dense_layers: Sequence[Any],
-        layout: Sequence[tuple[Any, int | None, int | None]],
-        transposed: Sequence[bool],
-        others: Sequence[Any],
-        settings: _PassSettings,
-    ) -> None:
-        self.run_model = run_model
-        self.dense_layers = list(dense_layers)
-        self.layout = list(layout)
-        self.transposed = list(transposed)
-        self.others = [_tf_variable(v) for v in others]
-        self.settings = settings
-        #: How many times each pass kind was traced (a new batch shape or split point).
-        self.traces = {"factors": 0, "scalings": 0}
-        #: Set while tracing a batch with outputs with positions under type-2: the loss's
-        #: effective closed form (None: autodiff blocks) and the split point's shape without
-        #: its batch axis, for the host's one-line refusal (:meth:`check`).
-        self.sequence: tuple[str | None, tuple[int, ...]] | None = None
-        self._functions: dict[tuple[bool, bool, bool], Any] = {}
-        self._sizes = [
-            _factor_sizes(layer, flag) for (layer, _, _), flag in zip(self.layout, self.transposed)
-        ]
-
-    def initial_state(self, scalings: bool, want_diagonal: bool) -> dict[str, list[tf.Tensor]]:
-        """Zero sums for a pass: A, G (and the diagonal) or EKFAC's S, in float64."""
-        d_a = [
-            (d_in if k is not None else 0) + (1 if b is not None else 0)
-            for (_, k, b), (d_in, _) in zip(self.layout, self._sizes)
-        ]
-        d_out = [d for _, d in self._sizes]
-        if scalings:
-            return {"S": [tf.zeros((a, g), tf.float64) for a, g in zip(d_a, d_out)]}
-        state = {
-            "A": [tf.zeros((a, a), tf.float64) for a in d_a],
-            "G": [tf.zeros((g, g), tf.float64) for g in d_out],
-        }
-        if want_diagonal:
-            state["diagonal"] = [tf.zeros(int(np.prod(v.shape)), tf.float64) for v in self.others]
-        return state
-
-    def function(self, reads_logits: bool, scalings: bool, want_diagonal: bool) -> Any:
-        """The compiled batch step ``(x, y, first_index, seed, num_examples, state, bases)
-        -> (state, report)`` for a split point and pass kind (traced on first call per
-        batch shape)."""
-        key = (reads_logits, scalings, want_diagonal)
-        found = self._functions.get(key)
-        if found is None:
-            what = "scalings" if scalings else "factors"
-            step = _Step(self, what, reads_logits=reads_logits, want_diagonal=want_diagonal)
-            # No autograph: errors raised while tracing (the one-line refusals) reach the
-            # user as raised, and the loops are explicit ``tf.while_loop``s.
-            found = self._functions[key] = tf.function(step, autograph=False)
-        return found
-
-    def traced(
-        self,
-        what: str,
-        x: Any,
-        y: Any,
-        first_index: tf.Tensor,
-        seed: tf.Tensor,
-        num_examples: tf.Tensor,
-        state: dict[str, list[tf.Tensor]],
-        bases: Any,
-        *,
-        reads_logits: bool,
-        want_diagonal: bool,
-    ) -> tuple[dict[str, list[tf.Tensor]], _Report]:
-        """The body of a compiled step: counts the trace, then traces the batch."""
-        self.traces[what] += 1
-        return self._batch(
-            x,
-            y,
-            first_index,
-            seed,
-            num_examples,
-            state,
-            bases,
-            reads_logits=reads_logits,
-            want_diagonal=want_diagonal,
-        )
-
-    def check(self, report: dict[str, float], n: int, dtype: tf.DType) -> None:
-        """Refuse (one line) a batch whose output-Hessian product disagrees with its
-        per-position blocks beyond the dtype's rounding (outputs with positions, type-2)."""
-        if "check_error" not in report or self.sequence is None:
-            return
-        closed, tail = self.sequence
-        classes = tail[-1]
-        eps = float(np.finfo(dtype.as_numpy_dtype).eps)
-        error, bound = report["check_error"], report["check_bound"]
-        if error > _ROUNDING_UNITS * (classes + 1) * eps * bound:
-            what = (
-                "is not the closed form of its Keras loss (a reduction other than a mean or "
-                "sum over positions?)"
-                if closed
-                else "couples the output positions (not a sum of per-position terms)"
-            )
-            raise ValueError(
-                f"K-FAC: the loss's Hessian in the outputs of shape {(n, *tail)} {what}: "
-                f"a product with it differs by {error:.3g} from the per-position blocks' "
-                f"(scale {bound:.3g}); K-FAC factors losses that average per-position terms, "
-                "such as Keras' cross-entropies and MSE. Use GGNOperator."
-            )
-
-    def _batch(
-        self,
-        x: Any,
-        y: Any,
-        first_index: tf.Tensor,
-        seed: tf.Tensor,
-        num_examples: tf.Tensor,
-        state: dict[str, list[tf.Tensor]],
-        bases: Sequence[tuple[tf.Tensor, tf.Tensor]] | None,
-        *,
-        reads_logits: bool,
-        want_diagonal: bool,
-    ) -> tuple[dict[str, list[tf.Tensor]], _Report]:
-        """One batch's contributions added to ``state`` (traced)."""
-        s = self.settings
-        kind, conv = s.kind, s.conv
-        report: _Report = {}
-        outer = tf.GradientTape(persistent=True, watch_accessed_variables=False)
-        inner = tf.GradientTape(watch_accessed_variables=False)
-        capture = _Capture(self.dense_layers, [outer, inner], s.tied_embeddings)
-        other_tf = self.others if want_diagonal else []
-        sampled: list[tf.Tensor] = []
-        with outer:
-            for v in other_tf:
-                outer.watch(v)
-            with inner:
-                # Inside a scope of its own: a graph's root scope name may not start with
-                # "_", as a Keras model's name may (a subclassed model's default).
-                with capture, tf.name_scope("kfac"):
-                    # As the exact operators call the model: Keras' multi-line call error
-                    # becomes one line naming its cause.
-                    outputs, _ = keras_models.stateless_forward(
-                        self.run_model, [], [], x, training=False
-                    )
-                capture.check()
-                flat = tf.nest.flatten(outputs)
-                if len(flat) != 1:
-                    raise ValueError(
-                        f"K-FAC supports a model with one output; {self.run_model.name!r} "
-                        f"has {len(flat)}."
-                    )
-                output = tf.convert_to_tensor(flat[0])
-                point = output
-                logits = _tf_compat.keras_logits(output) if reads_logits else None
-                if logits is not None:
-                    point = logits
-                if (point.shape.rank or 0) < 2 or None in point.shape[1:]:
-                    raise ValueError(
-                        "K-FAC needs model outputs of shape (batch, C) or (batch, "
-                        f"positions..., C) of known size; got {tuple(point.shape)}."
-                    )
-                inner.watch(point)
-                outer.watch(point)
-                # The batch's size, static: each batch shape has its own trace.
-                n = int(point.shape[0] or tf.nest.flatten(y)[0].shape[0])
-                dtype = point.dtype
-
-                def unit_loss(labels: Any) -> tf.Tensor:
-                    value = tf.convert_to_tensor(s.loss(labels, output))
-                    if value.shape.rank:
-                        value = tf.reduce_mean(value)
-                    if s.reduction == "sum":
-                        return tf.cast(num_examples, value.dtype) * value
-                    return float(n) * value
-
-                true_value = unit_loss(y)
-                if kind == "mc":
-                    labels = _per_example_labels(
-                        s.distribution, output, point, s.num_samples, seed, first_index
-                    )
-                    for k in range(s.num_samples):
-                        sampled.append(unit_loss(labels[k * n : (k + 1) * n]))
-            inner_gradient = inner.gradient(true_value, point) if kind == "type-2" else None
-        probe = inner_gradient if kind == "type-2" else outer.gradient(true_value, point)
-        if probe is None:
-            if point is output and _tf_compat.keras_logits(output) is not None:
-                # The loss reads the logits behind the softmax/sigmoid output (a Keras
-                # cross-entropy inside a custom function): split there, as for Keras' own.
-                raise _SplitAtLogits
-            raise ValueError(
-                "K-FAC: the loss has no gradient in the model's output (it does not read "
-                "y_pred, or reads it through a tensor spectra cannot see): pass a loss that "
-                "is a differentiable function of (y_true, y_pred)."
-            )
-        report["loss"] = true_value
-        # T output positions: Keras' losses average the per-position terms, so example i's
-        # loss is (1/T) Σ_t ℓ_it (w = 1/T per position; N for reduction="sum", whose batch
-        # loss is N Σ_it ℓ_it here), and its label distribution is a product over
-        # positions: κ/T scales the sampled gradients of kind="mc".
-        output_positions = int(np.prod([int(d) for d in point.shape[1:-1]]))
-        # EKFAC's scalings of a layer shared over positions, for outputs with positions and
-        # conv="expand": from each position's ā_t g_tᵀ (Eschenhagen et al.'s expand setting).
-        per_position = point.shape.rank > 2 and conv == "expand"
-        kappa = s.distribution.scale(_last_axis(output)) / output_positions if kind == "mc" else 1.0
-        if output_positions == 1 and point.shape.rank == 2:
-            count, column = _columns(
-                outer, inner_gradient, point, sampled, true_value, kind, kappa, report
-            )
-        elif kind == "type-2":
-            closed = s.closed
-            if closed == "softmax" and point is output and reads_logits:
-                closed = None  # probabilities without the logits behind them
-            weight = (
-                tf.cast(num_examples, tf.float64)
-                if s.reduction == "sum"
-                else tf.constant(1.0 / output_positions, tf.float64)
-            )
-            self.sequence = (closed, tuple(int(d) for d in point.shape[1:]))
-            count, column = _sequence_columns(outer, inner_gradient, point, closed, weight, report)
-        else:
-            count, column = _sampled_columns(outer, point, sampled, true_value, kind, kappa)
-        records = [capture.records.get(id(layer)) for layer in self.dense_layers]
-        for index, ((layer, _, _), record) in enumerate(zip(self.layout, records)):
-            if record is None:
-                if self.transposed[index]:
-                    raise ValueError(
-                        f"K-FAC: the ReversibleEmbedding layer {layer.name!r} is not called "
-                        "with reverse=True, the use tied_embeddings='output' factors; pass "
-                        "tied_embeddings='input'."
-                    )
-                raise ValueError(
-                    f"K-FAC: the {type(layer).__name__} layer {layer.name!r} is not called in "
-                    "the model's forward pass, so it has no factors; make its weights "
-                    "non-trainable."
-                )
-        f64 = tf.float64
-        # Each batch's contributions are computed in the model's dtype (float32 matrix
-        # products run several times faster than float64 ones on a CPU; a float32 GEMM's
-        # rounding is a few units of float32, below that of its float32 inputs) and summed
-        # in float64: over the columns, the batches and the passes.
-        # (n, T, d_a): T = 1 for a layer applied once per example, its positions otherwise.
-        abars = []
-        for (_, kernel, bias), record, (d_in, _) in zip(self.layout, records, self._sizes):
-            a = tf.reshape(tf.cast(record[0], dtype), [n, -1, d_in])  # type: ignore[index]
-            abars.append(_augmented(a, kernel is not None, bias is not None))
-        zs = [record[1] for record in records]  # type: ignore[index]
-        d_outs = [d for _, d in self._sizes]
-        new: dict[str, list[tf.Tensor]] = {}
-        if bases is None:
-            A = list(state["A"])
-            for index, abar in enumerate(abars):
-                positions = int(abar.shape[1])
-                # A in float64 products: it is computed once per batch (not per column),
-                # and its entries then do not depend on the batching beyond float64
-                # rounding.
-                abar = tf.cast(abar, f64)
-                if positions == 1 or conv == "expand":
-                    rows = tf.reshape(abar, [-1, abar.shape[-1]])
-                    A[index] += _gram(rows) / positions
-                else:
-                    A[index] += _gram(tf.reduce_mean(abar, axis=1))
-            new["A"] = A
-            carried = list(state["G"])
-        else:
-            # Per layer applied once per example: (Q_Aᵀ ā_i)², and Σ_c (Q_Gᵀ g_ic)² summed
-            # over the columns in the loop.
-            bases = [(tf.cast(QA, dtype), tf.cast(QG, dtype)) for QA, QG in bases]
-            projected_inputs = {
-                index: tf.square(tf.matmul(abar[:, 0], bases[index][0]))
-                for index, abar in enumerate(abars)
-                if abar.shape[1] == 1
-            }
-            carried = [
-                tf.zeros((n, d_outs[index]), dtype)
-                if index in projected_inputs
-                else state["S"][index]
-                for index in range(len(abars))
-            ]
-        jacobians: list[tf.Tensor] = []
-        if other_tf:
-            size = int(np.prod(point.shape[1:]))
-            jacobians = [
-                tf.reshape(tf.cast(jac, dtype), [n, size, -1])
-                for jac in outer.jacobian(
-                    point, other_tf, unconnected_gradients=tf.UnconnectedGradients.ZERO
-                )
-            ]
-            diagonal = list(state["diagonal"])
-        else:
-            diagonal = []
-
-        def body(
-            c: tf.Tensor, sums: list[tf.Tensor], diagonal: list[tf.Tensor]
-        ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
-            cotangent = column(c)
-            grads = outer.gradient(
-                point,
-                zs,
-                output_gradients=cotangent,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-            sums = list(sums)
-            for index, g in enumerate(grads):
-                d_out = d_outs[index]
-                g = tf.reshape(tf.cast(g, dtype), [n, -1, d_out])  # (n, T, d_out)
-                positions = int(g.shape[1])
-                if bases is None:
-                    if positions == 1 or conv == "expand":
-                        sums[index] += _gram(tf.reshape(g, [-1, d_out]))
-                    else:
-                        sums[index] += _gram(tf.reduce_sum(g, axis=1))
-                    continue
-                QA, QG = bases[index]
-                if positions == 1:
-                    sums[index] += tf.square(tf.matmul(g[:, 0], QG))
-                elif per_position:
-                    # Outputs with positions, "expand": each (example, position) as an
-                    # example, the projections of ā_t g_tᵀ.
-                    projected_a = tf.square(tf.einsum("nta,ab->ntb", abars[index], QA))
-                    projected_g = tf.square(tf.einsum("ntg,gh->nth", g, QG))
-                    sums[index] += tf.cast(tf.einsum("nta,ntb->ab", projected_a, projected_g), f64)
-                else:
-                    # Per-example gradients Σ_t ā_t g_tᵀ, projected onto the eigenbasis.
-                    per_example = tf.einsum("nta,ntb->nab", abars[index], g)
-                    rotated = tf.einsum("ai,nab,bj->nij", QA, per_example, QG)
-                    sums[index] += tf.cast(tf.reduce_sum(tf.square(rotated), axis=0), f64)
-            flat_column = tf.reshape(cotangent, [n, -1])
-            diagonal = [
-                total
-                + tf.cast(
-                    tf.reduce_sum(tf.einsum("njp,nj->np", jac, flat_column) ** 2, axis=0), f64
-                )
-                for total, jac in zip(diagonal, jacobians)
-            ]
-            return c + 1, sums, diagonal
-
-        _, carried, diagonal = tf.while_loop(
-            lambda c, *_: c < count, body, (tf.constant(0), carried, diagonal)
-        )
-        if bases is None:
-            new["G"] = list(carried)
-            if other_tf:
-                new["diagonal"] = list(diagonal)
-        else:
-            new["S"] = [
-                state["S"][index]
-                + tf.cast(tf.matmul(projected_inputs[index], carried[index], transpose_a=True), f64)
-                if index in projected_inputs
-                else carried[index]
-                for index in range(len(abars))
-            ]
-        return new, report
-
-
-class _Step:
-    """A compiled step's Python body (:meth:`_CompiledPass.traced` for one pass kind and
-    split point). A callable object rather than a closure: TensorFlow counts retracing
-    per function code, which every closure of one ``def`` shares, so the builds on
-    different models would add up to its "excessive retracing" warning."""
-
-    def __init__(
-        self, owner: _CompiledPass, what: str, *, reads_logits: bool, want_diagonal: bool
-    ) -> None:
-        self._owner = owner
-        self._what = what
-        self._reads_logits = reads_logits
-        self._want_diagonal = want_diagonal
-
-    def __call__(
-        self,
-        x: Any,
-        y: Any,
-        first_index: tf.Tensor,
-        seed: tf.Tensor,
-        num_examples: tf.Tensor,
-        state: dict[str, list[tf.Tensor]],
-        bases: Any,
-    ) -> tuple[dict[str, list[tf.Tensor]], _Report]:
-        return self._owner.traced(
-            self._what,
-            x,
-            y,
-            first_index,
-            seed,
-            num_examples,
-            state,
-            bases,
-            reads_logits=self._reads_logits,
-            want_diagonal=self._want_diagonal,
-        )
-
-
-#: A factor's per-column contribution rowsᵀ rows of width d at most this is computed in
-#: float64 products (m·d² is then small against the backward passes), wider ones in the
-#: model's dtype: a small factor's exact null directions (the all-ones direction of a
-#: softmax output layer's G) stay at float64 rounding, not a float32 GEMM's (measured:
-#: 1e-7 against 0.2 units of float32 on the unit-diagonal factor).
-_FLOAT64_GRAM_WIDTH = 64
-
-
-def _gram(rows: tf.Tensor) -> tf.Tensor:
-    """rowsᵀ rows (rows: (m, d) in the model's dtype) as float64: in float64 products for
-    float64 rows or d ≤ ``_FLOAT64_GRAM_WIDTH``, else in the rows' dtype and made exactly
-    symmetric (a GEMM sums entries (i, j) and (j, i) in different orders)."""
-    if rows.dtype == tf.float64 or int(rows.shape[-1]) <= _FLOAT64_GRAM_WIDTH:
-        rows = tf.cast(rows, tf.float64)
-        return tf.matmul(rows, rows, transpose_a=True)
-    product = tf.cast(tf.matmul(rows, rows, transpose_a=True), tf.float64)
-    return 0.5 * (product + tf.transpose(product))
-
-
-#: Compiled passes kept for models built on again with the same settings (a training
-#: callback builds an operator every few steps): at most this many, least recent dropped.
-_PASS_CACHE_SIZE = 8
-_pass_cache: collections.OrderedDict[Hashable, tuple[tuple[Any, ...], _CompiledPass]] = (
-    collections.OrderedDict()
-)
-_pass_cache_lock = threading.Lock()
-
-
-def _clear_pass_cache() -> None:
-    with _pass_cache_lock:
-        _pass_cache.clear()
-
-
-register_compiled_cache(_clear_pass_cache)
-
-
-def _compiled_pass(
-    key: Hashable | None, owners: tuple[Any, ...], factory: Callable[[], _CompiledPass]
-) -> _CompiledPass:
-    """The compiled pass stored under ``key`` (checked against ``owners``, the objects the
-    key names by identity, which the entry keeps alive), or a new one from ``factory``
-    (stored unless ``key`` is None: a model cloned for the build, used once)."""
-    if key is None:
-        return factory()
-    with _pass_cache_lock:
-        entry = _pass_cache.get(key)
-        if (
-            entry is not None
-            and len(entry[0]) == len(owners)
-            and all(a is b for a, b in zip(entry[0], owners))
-        ):
-            _pass_cache.move_to_end(key)
-            return entry[1]
-    compiled = factory()
-    with _pass_cache_lock:
-        _pass_cache[key] = (owners, compiled)
-        _pass_cache.move_to_end(key)
-        while len(_pass_cache) > _PASS_CACHE_SIZE:
-            _pass_cache.popitem(last=False)
-    return compiled
-
-
-def _tf_variable(variable: Any) -> Any:
-    inner = getattr(variable, "value", None)
-    return inner if isinstance(inner, tf.Variable) else variable
