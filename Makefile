@@ -10,7 +10,7 @@ JAX_VENV ?= .venv-jax
 JAX_BIN := $(JAX_VENV)/bin
 OUT ?= out
 LINTED := spectra tests benchmarks data notebooks docs .ci
-.PHONY: help venv install run test test-suite test-jax test-fast lint ruff-check format-check typecheck docs bench bench-quick mutate clean
+.PHONY: help venv install run test test-suite test-jax test-fast warm-test-cache lint ruff-check format-check typecheck docs bench bench-quick mutate clean
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
@@ -82,7 +82,7 @@ run: $(VENV)/.installed-run
 # (Running the suite and the JAX job side by side took as long in all: 9 min 24 s against
 # about 9 min 20 s one after the other.)
 test:
-	@$(MAKE) --no-print-directory -j3 lint $(JAX_VENV)/.installed-jax
+	@$(MAKE) --no-print-directory -j4 lint warm-test-cache $(JAX_VENV)/.installed-jax
 	@$(MAKE) --no-print-directory test-suite
 	@$(MAKE) --no-print-directory test-jax
 
@@ -91,6 +91,14 @@ test:
 # per run), and the suite's subprocesses (the command line, notebook kernels, cluster
 # workers) import spectra's compiled modules instead of compiling them each time.
 WRITE_BYTECODE = env -u PYTHONDONTWRITEBYTECODE
+# One collection of the suite while make lint runs and the JAX virtualenv installs (the
+# cores are mostly idle then): it writes the rewritten test modules and spectra's
+# bytecode, which the suite's workers and subprocesses then read instead of each making
+# its own.
+warm-test-cache: $(VENV)/.installed-dev
+	@$(WRITE_BYTECODE) $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null \
+	|| echo "(collecting the suite failed: make test-suite will say why)"
+
 test-suite: $(VENV)/.installed-dev
 	$(WRITE_BYTECODE) $(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
 

@@ -38,8 +38,9 @@ class ZooEntry:
     # from those of the float64 reference, so its products are a different matrix.
     float32_reference: bool = True
     # Also build the float32 operator (its products against the float64 truth). Off for
-    # recurrent entries whose float32 path repeats another's (the masked LSTM and the
-    # SimpleRNN keep it): tracing a float32 recurrent operator takes about 5 s.
+    # entries whose float32 path repeats another's (the masked LSTM and the SimpleRNN keep
+    # it for the recurrent layers, "attention" and "layernorm" for the transformer block):
+    # tracing a float32 recurrent or transformer operator takes about 5 s.
     float32_operator: bool = True
 
 
@@ -427,6 +428,7 @@ ZOO = [
         "transformer",
         transformer,
         lambda rng, n, w: (_floats(rng, n, 4, w), _classes(rng, n)),
+        float32_operator=False,
     ),
     ZooEntry("lstm-masked", lstm, _token_data),
     ZooEntry("gru", gru, _sequence_data, float32_operator=False),
