@@ -10,11 +10,12 @@ JAX_VENV ?= .venv-jax
 JAX_BIN := $(JAX_VENV)/bin
 OUT ?= out
 LINTED := spectra tests benchmarks data notebooks docs .ci
-.PHONY: help venv install run test test-suite test-jax test-fast warm-test-cache lint ruff-check format-check typecheck docs bench bench-quick mutate clean
+.PHONY: help venv install run test test-all test-suite test-jax test-fast warm-test-cache lint ruff-check format-check typecheck docs bench bench-quick mutate clean
 
 help:
 	@echo "make run       analyze the example checkpoint in data/ (writes $(OUT)/)"
 	@echo "make test      make lint, then the test suite, then make test-jax"
+	@echo "make test-all  make test with the tests marked long (the localhost cluster, ...)"
 	@echo "make test-jax  the JAX backend's tests and make run's analysis, without TensorFlow"
 	@echo "make lint      ruff check, ruff format --check and mypy (make typecheck)"
 	@echo "make docs      build the documentation site into $(OUT)/site (warnings are errors)"
@@ -99,8 +100,17 @@ warm-test-cache: $(VENV)/.installed-dev
 	@$(WRITE_BYTECODE) $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null \
 	|| echo "(collecting the suite failed: make test-suite will say why)"
 
+# make test leaves out the few tests marked long: each takes seconds and covers what a
+# faster test in the run covers too (the recurrent zoo entries but the SimpleRNN, the
+# localhost cluster, the k = 3 eigenvalue-bound sweeps, a compiled LSTM checkpoint);
+# make test-all runs everything.
+SUITE_SELECTION ?= -m "not long"
 test-suite: $(VENV)/.installed-dev
-	$(WRITE_BYTECODE) $(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900
+	$(WRITE_BYTECODE) $(BIN)/python -m pytest -q -n auto --dist worksteal --timeout=900 \
+		$(SUITE_SELECTION)
+
+test-all:
+	@$(MAKE) --no-print-directory test SUITE_SELECTION=
 
 # Keras on JAX without TensorFlow (KERAS_BACKEND=jax): the JAX engine's tests (tests/jax_engine,
 # whose conftest.py is the only one read: --confcutdir) and make run's analysis.

@@ -883,6 +883,7 @@ def _eigh_descending(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a compiled checkpoint without --loss is covered on the MLP too
 def test_analyze_a_compiled_lstm_checkpoint_without_loss(adam_lstm_run, tmp_path):
     """No --loss: the compiled loss; λ and the per-layer table against dense eigh (1e-8)."""
     run, data, truth = adam_lstm_run

@@ -138,6 +138,7 @@ def test_mirrored_strategy_on_two_logical_devices(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_with_arrays(cluster: dict) -> None:
     for task, result in enumerate(cluster["workers"]):
         assert result["replicas"] == 2 and result["task_id"] == task
@@ -145,6 +146,7 @@ def test_cluster_with_arrays(cluster: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(
     "check, shards",
     [
@@ -169,6 +171,7 @@ def test_cluster_with_a_dataset_function(cluster: dict, check: str, shards: list
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_shards_tfrecord_files(cluster: dict) -> None:
     files = cluster["files"]
     for task, result in enumerate(cluster["workers"]):
@@ -179,6 +182,7 @@ def test_cluster_shards_tfrecord_files(cluster: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_shards_other_datasets_by_data(cluster: dict) -> None:
     # No files to shard by: every worker runs the whole pipeline and keeps every other
     # batch (7 batches of 8: 27 examples on worker 0, 24 on worker 1; 2 passes each).
@@ -188,6 +192,7 @@ def test_cluster_shards_other_datasets_by_data(cluster: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_draws_what_one_process_draws(cluster: dict) -> None:
     # Training mode with Dropout: worker w's batch i seeds its masks as global batch
     # 2i + w, which it is when the batches are dealt round-robin. Reusing the local index
@@ -198,6 +203,7 @@ def test_cluster_draws_what_one_process_draws(cluster: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(
     "check, during, error",
     [

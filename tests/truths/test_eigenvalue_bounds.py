@@ -82,7 +82,7 @@ def bound_table(k: int = 1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.long)])
 def test_converged_values_lie_within_their_bounds(k):
     for name, tol, runs, converged, some, ith, worst in bound_table(k):
         assert converged == runs, (name, tol)  # the default budget suffices
@@ -208,7 +208,7 @@ LOOSE_SEEDS = range(30)
 
 
 @pytest.mark.slow  # 4 s (k = 1) and 7 s (k = 3): 240 Lanczos runs each on 300 × 300
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.long)])
 def test_loose_tolerance_bounds_hold_at_the_default_failure_probability(k):
     """At tol 1e-2 and 1e-3 the run stops on its probabilistic bound at the default
     failure probability (1e-4), a few products before a tight tol: every converged
