@@ -719,7 +719,7 @@ class CompiledPass:
         )
         if bases is None:
             new["G"] = list(carried)
-            if other_tf:
+            if "diagonal" in state:  # empty when every variable is factored
                 new["diagonal"] = list(diagonal)
         else:
             new["S"] = [

@@ -793,3 +793,15 @@ def test_products_in_tensorflow_match_the_dense_matrix(monkeypatch, data):
         )
         assert "K-FAC memory plan" in str(plan) and "TensorFlow" in str(plan)
         monkeypatch.undo()
+
+
+def test_diagonal_for_other_variables_when_every_variable_is_factored(images):
+    """other_variables="diagonal" on a model whose variables are all factored (a Conv2D and
+    a Dense layer) is the same operator as the default (before: a KeyError in the pass)."""
+    x, y = images
+    model = _conv_model(3)
+    loss = "sparse_categorical_crossentropy"
+    for cls in (KFACOperator, EKFACOperator):
+        default = cls.from_keras(model, loss, (x, y))
+        diagonal = cls.from_keras(model, loss, (x, y), other_variables="diagonal")
+        np.testing.assert_array_equal(diagonal.to_dense(), default.to_dense())
