@@ -517,6 +517,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         self._cast_factors: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
         # The products' compiled TensorFlow form (see _compiled_products), made on first use.
         self._compiled: KroneckerProducts | None = None
+        self._has_gpu: bool | None = None
         #: Traces of the compiled data passes during ``from_keras`` (empty otherwise).
         self._build_traces: dict[str, int] = {}
 
@@ -1031,7 +1032,9 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         a GPU)."""
         if PRODUCTS_IN_TENSORFLOW is not None:
             return PRODUCTS_IN_TENSORFLOW
-        return bool(tf.config.list_logical_devices("GPU"))
+        if self._has_gpu is None:  # asked once, not on every product
+            self._has_gpu = bool(tf.config.list_logical_devices("GPU"))
+        return self._has_gpu
 
     @property
     def flushes_subnormals(self) -> bool:
