@@ -54,7 +54,9 @@ EQUIVALENTS_FILE = ROOT / "tests" / "MUTANTS.md"
 _BATCHES = "spectra.operators.batching.xǁBatchesǁ"
 _OPERATOR = "spectra.operators.base.xǁCurvatureOperatorǁ"
 # (name, mutmut meta file, mutant-name patterns). Slow tests are deselected in setup.cfg;
-# eigenvalues.py, the largest, runs last.
+# the eigensolver's modules (estimators/eigensolvers.py and the modules it was split into:
+# eigenvalue_bounds, eigenpairs, krylov_schur, power_iteration, block_eigensolver), the
+# largest, run last.
 MODULES: list[tuple[str, str, list[str]]] = [
     ("tridiagonal", "spectra/estimators/tridiagonal.py", ["spectra.estimators.tridiagonal.*"]),
     ("lanczos", "spectra/estimators/krylov.py", ["spectra.estimators.krylov.*"]),
@@ -109,6 +111,19 @@ MODULES: list[tuple[str, str, list[str]]] = [
         "spectra/operators/layout.py",
         ["spectra.operators.layout.*"],
     ),
+    (
+        "eigenvalue_bounds",
+        "spectra/estimators/eigenvalue_bounds.py",
+        ["spectra.estimators.eigenvalue_bounds.*"],
+    ),
+    ("eigenpairs", "spectra/estimators/eigenpairs.py", ["spectra.estimators.eigenpairs.*"]),
+    ("krylov_schur", "spectra/estimators/krylov_schur.py", ["spectra.estimators.krylov_schur.*"]),
+    ("power", "spectra/estimators/power_iteration.py", ["spectra.estimators.power_iteration.*"]),
+    (
+        "lobpcg",
+        "spectra/estimators/block_eigensolver.py",
+        ["spectra.estimators.block_eigensolver.*"],
+    ),
     ("eigenvalues", "spectra/estimators/eigensolvers.py", ["spectra.estimators.eigensolvers.*"]),
 ]
 # The modules' file names, accepted for the short names above.
@@ -121,6 +136,8 @@ ALIASES = {
     "layout": "operators/layout",
     "operator_core": "operators/operator_core",
     "eigensolvers": "eigenvalues",
+    "power_iteration": "power",
+    "block_eigensolver": "lobpcg",
 }
 # Code that matters only with several processes or replicas (a failing worker's NaN that
 # poisons the all-reduce, the zeros of a replica without a batch, the pass named in

@@ -55,12 +55,9 @@ from spectra.estimators._products import (
     seed_setting,
     seeded_rng,
 )
-from spectra.estimators.eigensolvers import (
-    _DEFAULT_FAILURE_PROBABILITY,
-    _KrylovSchur,
-    _Pairs,
-    _unresolved_zero,
-)
+from spectra.estimators.eigenpairs import Pairs
+from spectra.estimators.eigensolvers import DEFAULT_FAILURE_PROBABILITY, unresolved_zero
+from spectra.estimators.krylov_schur import KrylovSchur
 from spectra.estimators.results import Result
 from spectra.operators.block_diagonal import layer_groups
 
@@ -310,7 +307,7 @@ def layerwise(
     num_probes: int = 50,
     seed: SeedLike = 0,
     check_symmetry: bool = True,
-    failure_probability: float = _DEFAULT_FAILURE_PROBABILITY,
+    failure_probability: float = DEFAULT_FAILURE_PROBABILITY,
     progress: bool | None = None,
 ) -> LayerwiseResult:
     """Top-k eigenvalues (and traces) of each diagonal block H_ll, all groups at once.
@@ -391,7 +388,7 @@ def layerwise(
     with ProductProgress(counter, planned, "layerwise", progress) as bar:
         final, residual_norms = passes.run(bar)
     eigenvalues, error_bounds, converged = _group_pairs(counter, states, final)
-    unresolved = _unresolved_zero(counter)
+    unresolved = unresolved_zero(counter)
     if unresolved is not None:  # float32 zeros: the zero operator, or flushed products
         error_bounds = [np.full_like(bounds, np.inf) for bounds in error_bounds]
         converged = [np.zeros_like(flags) for flags in converged]
@@ -437,7 +434,7 @@ def _start_states(
     num_products: int,
     rng: np.random.Generator,
     share: float,
-) -> list[_KrylovSchur]:
+) -> list[KrylovSchur]:
     """One Krylov–Schur state per group, each from a Gaussian start of the group's size,
     wanting min(k, size) values, failing with probability at most ``share``."""
     states = []
@@ -446,7 +443,7 @@ def _start_states(
         wanted = min(k, size)
         start = rng.standard_normal(size)
         states.append(
-            _KrylovSchur(
+            KrylovSchur(
                 size,
                 wanted,
                 "largest",
@@ -479,7 +476,7 @@ class _LockstepPasses:
         self,
         counter: Any,
         parts: list[np.ndarray],
-        states: list[_KrylovSchur],
+        states: list[KrylovSchur],
         num_probes: int,
         probe_rng: np.random.Generator,
     ):
@@ -489,7 +486,7 @@ class _LockstepPasses:
         self.probe_rng = probe_rng
         self.probes_left = num_probes
         self.samples: list[list[float]] = [[] for _ in parts]  # z_lᵀ H_ll z_l per group
-        self.final: list[_Pairs] | None = None
+        self.final: list[Pairs] | None = None
         self.residual_norms: list[np.ndarray] = []
         n = counter.n
         self.symmetry_probes = np.zeros((n, 0))
@@ -499,7 +496,7 @@ class _LockstepPasses:
             self.symmetry_probes = np.random.default_rng(_SYMMETRY_SEED).standard_normal((n, 2))
             self.symmetry_probes /= np.linalg.norm(self.symmetry_probes, axis=0)
 
-    def run(self, bar: Any = None) -> tuple[list[_Pairs], list[np.ndarray]]:
+    def run(self, bar: Any = None) -> tuple[list[Pairs], list[np.ndarray]]:
         """All passes: each group's final pairs and their residual norms (scaled units);
         ``bar`` (a ``ProductProgress``) is updated after each pass."""
         with one_blas_thread():
@@ -558,7 +555,7 @@ class _LockstepPasses:
 
 
 def _group_pairs(
-    counter: Any, states: list[_KrylovSchur], final: list[_Pairs]
+    counter: Any, states: list[KrylovSchur], final: list[Pairs]
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Each group's eigenvalues, error bounds (never below eps·‖H_ll‖, ‖H_ll‖ estimated by
     the largest |θ| and product norm seen) and convergence flags, in the operator's units:

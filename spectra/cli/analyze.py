@@ -47,7 +47,8 @@ from spectra.cli._common import (
 from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE, curvature_choice
 from spectra.cli._parser import _positive_int, common_options, eigen_options, trace_options
 from spectra.estimators.density import spectral_density, spectral_mass_below
-from spectra.estimators.eigensolvers import FLOOR_FACTOR, eigenvalue_ratio, eigenvalues
+from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
+from spectra.estimators.eigenvalue_bounds import FLOOR_FACTOR
 from spectra.estimators.results import (
     EigenResult,
     SpectralDensity,

@@ -3,7 +3,11 @@
 * :mod:`~spectra.estimators.krylov` — Lanczos with full reorthogonalization;
 * :mod:`~spectra.estimators.tridiagonal` — eigenpairs and Gauss quadrature of its output;
 * :mod:`~spectra.estimators.eigensolvers` — extreme eigenpairs with certified bounds
-  (restarted Lanczos, power iteration, LOBPCG);
+  (restarted Lanczos, power iteration, LOBPCG); the methods live in
+  :mod:`~spectra.estimators.krylov_schur`, :mod:`~spectra.estimators.power_iteration` and
+  :mod:`~spectra.estimators.block_eigensolver`, their bounds in
+  :mod:`~spectra.estimators.eigenvalue_bounds`, what they share in
+  :mod:`~spectra.estimators.eigenpairs`;
 * :mod:`~spectra.estimators.stochastic_trace` — Hutchinson, Hutch++, XTrace, Frobenius norm;
 * :mod:`~spectra.estimators.stochastic_diagonal` — the diagonal with per-entry errors;
 * :mod:`~spectra.estimators.density` — stochastic Lanczos quadrature densities (of λ and of

@@ -267,54 +267,54 @@ def _exact_cold_miss(delta, dimension):
 
 @pytest.mark.parametrize("dimension, slack", [(2, 1.58), (3, 1.13), (10, 1.03), (1000, 1.02)])
 def test_cold_start_miss_probability_holds_and_is_tight(dimension, slack):
-    from spectra.estimators.eigensolvers import _log_inverse_delta, _miss_probability
+    from spectra.estimators.eigenvalue_bounds import log_inverse_delta, miss_probability
 
     for delta in (1e-4, 1e-2):
-        bound = _miss_probability(np.log(delta), dimension, False)
+        bound = miss_probability(np.log(delta), dimension, False)
         exact = _exact_cold_miss(delta, dimension)
         # An upper bound, and the density bound behind it is tight to the stated slack
         # (d = 2: 1 against the density 2/π at 0; large d: sqrt(2(d−1)/π) against the truth).
         assert exact <= bound <= slack * exact, (delta, bound, exact)
     for probability in (1e-2, 1e-6):
-        log_inverse = _log_inverse_delta(dimension, probability, False)
+        log_inverse = log_inverse_delta(dimension, probability, False)
         assert _exact_cold_miss(np.exp(-log_inverse), dimension) <= probability
-        assert _miss_probability(-log_inverse, dimension, False) == pytest.approx(probability)
+        assert miss_probability(-log_inverse, dimension, False) == pytest.approx(probability)
 
 
 @pytest.mark.parametrize("dimension", [2, 10, 500])
 def test_warm_start_miss_probability_inverts_its_delta(dimension):
-    from spectra.estimators.eigensolvers import _log_inverse_delta, _miss_probability
+    from spectra.estimators.eigenvalue_bounds import log_inverse_delta, miss_probability
 
-    # At p = 2e-6 the two halves _log_inverse_delta splits p into (1e-6 for ‖q‖ beyond
-    # 2 + s/sqrt(d), 1e-6 for the projection) are the ones _miss_probability assumes.
+    # At p = 2e-6 the two halves log_inverse_delta splits p into (1e-6 for ‖q‖ beyond
+    # 2 + s/sqrt(d), 1e-6 for the projection) are the ones miss_probability assumes.
     probability = 2e-6
-    log_inverse = _log_inverse_delta(dimension, probability, True)
-    assert _miss_probability(-log_inverse, dimension, True) == pytest.approx(probability, rel=2e-3)
+    log_inverse = log_inverse_delta(dimension, probability, True)
+    assert miss_probability(-log_inverse, dimension, True) == pytest.approx(probability, rel=2e-3)
     # Anderson's bound t·sqrt(2d/π) on the projection, with ‖q‖ <= 2 + 5.26/sqrt(d).
     delta = 1e-3
     norm_bound = 2.0 + 5.26 / np.sqrt(dimension)
     expected = delta * norm_bound * np.sqrt(2 * dimension / np.pi) + 1e-6
-    assert _miss_probability(np.log(delta), dimension, True) == pytest.approx(expected, rel=1e-9)
+    assert miss_probability(np.log(delta), dimension, True) == pytest.approx(expected, rel=1e-9)
 
 
 def test_warm_start_norm_constants_follow_their_derivation():
-    from spectra.estimators.eigensolvers import _WARM_NORM_SPREAD, _WARM_NORM_TAIL
+    from spectra.estimators.eigenvalue_bounds import WARM_NORM_SPREAD, WARM_NORM_TAIL
 
     # ‖g‖ > sqrt(d) + s with probability at most e^{−s²/2}: the spread must make that
     # at most the tail the miss probability adds, and not be looser than needed.
-    assert np.exp(-(_WARM_NORM_SPREAD**2) / 2) <= _WARM_NORM_TAIL
-    assert _WARM_NORM_SPREAD - np.sqrt(2 * np.log(1 / _WARM_NORM_TAIL)) < 0.01
+    assert np.exp(-(WARM_NORM_SPREAD**2) / 2) <= WARM_NORM_TAIL
+    assert WARM_NORM_SPREAD - np.sqrt(2 * np.log(1 / WARM_NORM_TAIL)) < 0.01
 
 
 def test_miss_probability_is_a_probability():
-    from spectra.estimators.eigensolvers import _miss_probability
+    from spectra.estimators.eigenvalue_bounds import miss_probability
 
     for warm in (False, True):
-        assert _miss_probability(np.log(0.5), 1, warm) == 0.0  # one dimension: no miss
-        assert _miss_probability(np.log(0.5), 2, warm) > 0.0
-        assert _miss_probability(0.0, 50, warm) == 1.0
-        assert _miss_probability(800.0, 50, warm) == 1.0  # no overflow
-    assert _miss_probability(np.log(1e-3), 10, True) > _miss_probability(np.log(1e-3), 10, False)
+        assert miss_probability(np.log(0.5), 1, warm) == 0.0  # one dimension: no miss
+        assert miss_probability(np.log(0.5), 2, warm) > 0.0
+        assert miss_probability(0.0, 50, warm) == 1.0
+        assert miss_probability(800.0, 50, warm) == 1.0  # no overflow
+    assert miss_probability(np.log(1e-3), 10, True) > miss_probability(np.log(1e-3), 10, False)
 
 
 def test_eigenvalue_ratio_is_in_float64_and_refuses_a_zero_denominator():
@@ -369,10 +369,10 @@ def _power_ledger(matrix, inputs, value, dimension, warm, magnitude=False):
     """The probabilistic bound of one power-iteration eigenvalue, from its products:
     ‖B^m q‖ = Π ν_i >= δ·ρ(B)^m with ν_i = ‖B x_i‖ and P(|u₁ᵀq| < δ) <= 1e-4, so
     ρ(B) <= U = (Π ν_i / δ)^{1/m}; the bound is U − θ (|θ| for "magnitude")."""
-    from spectra.estimators.eigensolvers import _log_inverse_delta
+    from spectra.estimators.eigenvalue_bounds import log_inverse_delta
 
     log_norms = sum(np.log(np.linalg.norm(matrix @ x)) for x in inputs)
-    top = np.exp((log_norms + _log_inverse_delta(dimension, 1e-4, warm)) / len(inputs))
+    top = np.exp((log_norms + log_inverse_delta(dimension, 1e-4, warm)) / len(inputs))
     return top - (abs(value) if magnitude else value)
 
 
@@ -461,10 +461,10 @@ def test_power_deflation_spends_the_budget():
 def test_lanczos_progress_plan_extrapolates_the_bound_decay(history, spent, budget, expected):
     from types import SimpleNamespace
 
-    from spectra.estimators.eigensolvers import _KrylovSchur
+    from spectra.estimators.krylov_schur import KrylovSchur
 
     solver = SimpleNamespace(history=history, spent=spent, budget=budget)
-    assert _KrylovSchur.expected_products(solver) == expected
+    assert KrylovSchur.expected_products(solver) == expected
 
 
 # The work each method does on fixed problems, pinned: a change of these counts is a change
@@ -616,11 +616,11 @@ def test_lanczos_and_power_stay_within_their_budget(method):
 
 
 def test_log_inverse_delta_of_one_dimension_is_zero():
-    from spectra.estimators.eigensolvers import _log_inverse_delta
+    from spectra.estimators.eigenvalue_bounds import log_inverse_delta
 
     for warm in (False, True):
-        assert _log_inverse_delta(1, 1e-4, warm) == 0.0  # a unit vector in R¹ is ±u
-        assert _log_inverse_delta(2, 1e-4, warm) > 0.0
+        assert log_inverse_delta(1, 1e-4, warm) == 0.0  # a unit vector in R¹ is ±u
+        assert log_inverse_delta(2, 1e-4, warm) > 0.0
 
 
 def test_lobpcg_goes_beyond_its_budget_by_at_most_two_blocks():

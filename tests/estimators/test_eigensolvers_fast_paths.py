@@ -17,7 +17,8 @@ import pytest
 from _matrices import single_blas_thread, with_spectrum
 
 import spectra
-from spectra.estimators.eigensolvers import _certified_bounds, _KrylovSchur
+from spectra.estimators.eigenvalue_bounds import certified_bounds
+from spectra.estimators.krylov_schur import KrylovSchur
 
 EPS = float(np.finfo(np.float64).eps)
 
@@ -29,7 +30,7 @@ def one_blas_thread():
 
 
 def _interval_rule(values, residuals, rest=None):
-    """The certified bounds candidate by candidate (see ``_certified_bounds``)."""
+    """The certified bounds candidate by candidate (see ``certified_bounds``)."""
     bounds = residuals.astype(float).copy()
     for i in range(values.size):
         # Values whose residual intervals overlap this one's, transitively: a cluster.
@@ -75,7 +76,7 @@ def test_certified_bounds_follow_the_interval_rule(seed):
     residuals = rng.choice([0.0, 1e-3, 0.04, 0.3], size=size)
     for rest in (None, (-np.inf, np.inf), (-np.inf, 0.2), (-0.5, np.inf), (-0.3, 0.3)):
         np.testing.assert_allclose(
-            _certified_bounds(values, residuals, rest),
+            certified_bounds(values, residuals, rest),
             _interval_rule(values, residuals, rest),
             rtol=1e-12,
             atol=0.0,
@@ -108,7 +109,7 @@ def test_ritz_vectors_stay_orthonormal_through_restarts_and_locking():
 def _state(matrix, k=1, budget=100, ncv=20, seed=0):
     rng = np.random.default_rng(seed)
     n = matrix.shape[0]
-    return _KrylovSchur(
+    return KrylovSchur(
         n, k, "largest", 1e-12, EPS, budget, rng.standard_normal(n), False, rng, ncv, 1e-4
     )
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from _matrices import hard_spectra, in_which_order, single_blas_thread, with_spectrum
 
-from spectra.estimators.eigensolvers import _certified_bounds, eigenvalues
+from spectra.estimators.eigensolvers import eigenvalues
+from spectra.estimators.eigenvalue_bounds import certified_bounds
 
 TOLERANCES = (0.2, 0.1, 0.05, 0.01, 1e-4)
 SEEDS = range(20)
@@ -290,5 +291,5 @@ if __name__ == "__main__":
 
 
 def test_certified_bounds_of_no_candidates_are_empty():
-    bounds = _certified_bounds(np.zeros(0), np.zeros(0))
+    bounds = certified_bounds(np.zeros(0), np.zeros(0))
     assert bounds.shape == (0,) and bounds.dtype == np.float64
