@@ -22,7 +22,6 @@ from spectra.estimators.density import spectral_density
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     STYLES,
-    _caption_text,
     add_title,
     figure_style,
     format_value,
@@ -36,6 +35,7 @@ from spectra.plotting import (
     save_figure,
     value_digits,
 )
+from spectra.plotting.captions import caption_artist as _caption_text
 
 # A glyph the fonts lack draws as a box or a bar at print size: every test here draws its
 # figure, so a missing glyph fails the test.

@@ -228,7 +228,7 @@ def test_a_full_disk_keeps_the_results_and_says_what_was_not_written(tmp_path, c
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     # The figures do not fit; the results JSON (written first) does.
-    monkeypatch.setattr("spectra.plotting.atomic_write", full)
+    monkeypatch.setattr("spectra.plotting.saving.atomic_write", full)
     out = tmp_path / "o"
     assert main(_analyze("step_0100.keras", out, "--top-k", "1", "--format", "png,pdf")) == 2
     captured = capsys.readouterr()
