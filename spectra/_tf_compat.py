@@ -236,7 +236,7 @@ def _set_second_derivatives() -> dict[str, Any]:
         if entry is not None and entry.get("type") is not None:
             continue  # TensorFlow differentiates it: keep its gradient
         saved[op_type] = entry
-        entries[op_type] = {"type": function, "location": ("spectra._tf_compat", 0, "", "")}
+        entries[op_type] = {"type": function, "location": (__name__, 0, "", "")}
     return saved
 
 
