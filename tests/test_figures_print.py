@@ -204,7 +204,7 @@ def _assert_fits_print(ax, kind: str, style: str, titled: bool) -> list[Text]:
     assert figure.get_figwidth() == pytest.approx(STYLES[style].width)
     if titled:
         add_title(ax, "Top eigenvalues of the Hessian", CAPTION)
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     renderer = figure.canvas.get_renderer()
     canvas = figure.bbox
     texts = _texts(figure)
@@ -275,7 +275,7 @@ def test_sharpness_trace_and_overlap_in_a_panel_below(style):
     y axes per panel, the figure taller than the preset, the legend a fifth of it at most."""
     ax = _draw("sharpness_full", None, style)
     figure = ax.figure
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     renderer = figure.canvas.get_renderer()
     labels = {axes.get_ylabel(): axes for axes in figure.axes}
     assert set(labels) == {
@@ -306,7 +306,7 @@ def test_two_dimensional_landscape_has_equal_scales():
     on a page as on a column."""
     for style in ("column", "page"):
         ax = _draw("2d", None, style)
-        ax.figure.canvas.draw()
+        ax.figure.draw_without_rendering()
         box = ax.get_window_extent(ax.figure.canvas.get_renderer())
         assert ax.get_aspect() == 1.0
         assert box.width == pytest.approx(box.height, rel=0.02), (style, box)
@@ -319,7 +319,7 @@ def test_log_eigenvalue_axis_has_decimal_ticks(results):
     plain decimals, no "6 × 10⁰"; the value labels inside the axes."""
     ax = plot_eigenvalues(results["log10"], log_scale=True, style="column")
     figure = ax.figure
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     low, high = ax.get_ylim()
     shown = [
         label.get_text()
@@ -336,7 +336,7 @@ def test_log_eigenvalue_axis_has_decimal_ticks(results):
     # Over more than two decades matplotlib's decades stay.
     wide = eigenvalues(np.diag([500.0, 20.0, 1.0, 0.0]), k=3)
     ax = plot_eigenvalues(wide, log_scale=True, style="column")
-    ax.figure.canvas.draw()
+    ax.figure.draw_without_rendering()
     assert "10" in " ".join(label.get_text() for label in ax.get_yticklabels())
     plt.close(ax.figure)
 
@@ -357,7 +357,7 @@ def test_title_and_caption_of_side_by_side_panels_centred_on_the_figure(results)
     plot_layerwise(results["layers"], ax=left, style="page")
     plot_layerwise(results["layers"], quantity="trace", ax=right, style="page")
     add_title(figure, "Per-layer spectra", CAPTION)
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     renderer = figure.canvas.get_renderer()
     middle = figure.bbox.width / 2
     for text in (figure._suptitle, _caption_text(figure)):
@@ -403,7 +403,7 @@ def test_single_eigenvalue_plot(results):
     (which the legend says is smaller than the marker), the value from its bound."""
     result = results["top1"]
     ax = plot_eigenvalues(result, style="column")
-    ax.figure.canvas.draw()
+    ax.figure.draw_without_rendering()
     ticks = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
     assert ticks == [1.0]
     assert ax.yaxis.get_offset_text().get_text() == ""
@@ -688,10 +688,10 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
 def test_other_axes_of_a_users_figure_are_left_alone(results):
     figure, (mine, other) = plt.subplots(1, 2)
     other.plot([0, 1], [0, 1])
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     size = other.xaxis.get_ticklabels()[0].get_fontsize()
     plot_eigenvalues(results["top5"], ax=mine, style="column")
-    figure.canvas.draw()
+    figure.draw_without_rendering()
     assert mine.xaxis.get_ticklabels()[0].get_fontsize() == 7.0
     assert other.xaxis.get_ticklabels()[0].get_fontsize() == size
     plt.close(figure)
@@ -717,7 +717,7 @@ def test_layers_figure_keeps_title_and_caption_clear_of_the_axes(results, style,
         warnings.simplefilter("error", UserWarning)  # "constrained_layout not applied"
         figure = _layers_figure(args, results["layers"], "Hessian", where)
         save_figure(figure, tmp_path / "layers.png")
-        figure.canvas.draw()
+        figure.draw_without_rendering()
     renderer = figure.canvas.get_renderer()
     assert figure.get_figwidth() == STYLES[style].width
     canvas = figure.bbox
@@ -896,7 +896,7 @@ def test_cli_figures_in_serif_without_legend_and_labels(results, style):
     figures = _figures(args, report)
     assert [stem for _, stem, _ in figures] == ["eigenvalues", "density", "layers"]
     for _, stem, figure in figures:
-        figure.canvas.draw()
+        figure.draw_without_rendering()
         assert not figure.legends and all(axes.get_legend() is None for axes in figure.axes)
         assert all(not axes.texts for axes in figure.axes), stem  # no value labels
         texts = _texts(figure)
@@ -950,7 +950,7 @@ def test_compact_sharpness_figure(style, monkeypatch):
         extra = ["--style", style] + ([] if caption == "default" else ["--caption", caption])
         args = _sharpness_args(*extra)
         figure = sharpness.sharpness_figure(args, report, done, None, "step", "file names")
-        figure.canvas.draw()
+        figure.draw_without_rendering()
         ax = figure.axes[0]
         shares[caption] = ax.get_window_extent().height / figure.bbox.height
         if caption == "default":

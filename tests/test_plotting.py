@@ -523,7 +523,7 @@ def test_landscape_2d_contours_colorbar_and_origin():
     colorbar_axes = [other for other in ax.figure.axes + ax.child_axes if other is not ax]
     assert len(colorbar_axes) == 1
     assert colorbar_axes[0].get_ylabel() == "Loss"
-    ax.figure.canvas.draw()
+    ax.figure.draw_without_rendering()
     box, bar = ax.get_window_extent(), colorbar_axes[0].get_window_extent()
     assert abs(bar.y0 - box.y0) < 1 and abs(bar.y1 - box.y1) < 1 and bar.x0 > box.x1
     origin = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.0]]
@@ -550,7 +550,7 @@ def test_no_global_style_change_and_readable_fonts(density, eigen):
     ]
     assert dict(matplotlib.rcParams) == before
     for ax in axes:
-        ax.figure.canvas.draw()
+        ax.figure.draw_without_rendering()
         labels = [ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
         assert all(text.get_fontsize() >= 9 for text in labels)
 

@@ -228,10 +228,11 @@ def _decimal_log_ticks(ax: Axes, values: np.ndarray) -> None:
 def _keep_annotations_inside(ax: Axes, centre: bool) -> None:
     """Widen the x range of ``ax`` until the value labels written beside the markers end
     inside the axes (off the right spine), and with ``centre`` (one eigenvalue) make the
-    range symmetric about its index, so the point sits in the middle. Cost: up to 3 draws."""
+    range symmetric about its index, so the point sits in the middle. Cost: up to 3 layout
+    passes (no rasterizing)."""
     figure = root_figure(ax)
     for _ in range(3):
-        figure.canvas.draw()
+        figure.draw_without_rendering()  # the layout and text extents, no rasterizing
         frame = ax.get_window_extent()
         right_edge = max((label.get_window_extent().x1 for label in ax.texts), default=frame.x0)
         over = right_edge + 4.0 - frame.x1

@@ -98,12 +98,13 @@ _Y_LABEL_SLACK = 0.05
 def _fit_y_labels(ax: Axes) -> None:
     """On a figure spectra made in a print style, grow its height until every axes is at
     least as tall as its y labels (left and right), so that no label runs past the canvas:
-    the width stays the preset's. Cost: a draw of the figure per growth (at most 3)."""
+    the width stays the preset's. Cost: a layout pass of the figure (no rasterizing) per
+    growth (at most 3)."""
     figure = root_figure(ax)
     if getattr(figure, STYLE_ATTRIBUTE, None) is None:
         return
     for _ in range(3):
-        figure.canvas.draw()
+        figure.draw_without_rendering()  # the layout and text extents, no rasterizing
         missing = 0.0
         for axes in figure.axes:
             label = axes.yaxis.label
