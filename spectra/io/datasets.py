@@ -1,6 +1,6 @@
 """Data for the command line and the notebooks: ``.npz`` files and small built-in data sets.
 
-Built-in data sets (scikit-learn, ``pip install spectra-hessian[datasets]``), all with ``x`` as
+Built-in data sets (scikit-learn: ``pip install scikit-learn``), all with ``x`` as
 float32 of shape ``(n, features)``:
 
 ==================  ======  ========  ==========================================================
@@ -257,7 +257,8 @@ def _sklearn_datasets() -> Any:
         import sklearn.datasets
     except ImportError as err:
         raise ImportError(
-            "The built-in data sets need scikit-learn: pip install spectra-hessian[datasets]"
+            "The built-in data sets need scikit-learn: pip install scikit-learn (or, in a "
+            "clone of spectra, pip install '.[datasets]')"
         ) from err
     return sklearn.datasets
 
