@@ -67,6 +67,7 @@ MODULES: list[tuple[str, str, list[str]]] = [
     ),
     ("density", "spectra/estimators/density.py", ["spectra.estimators.density.*"]),
     ("trace", "spectra/estimators/stochastic_trace.py", ["spectra.estimators.stochastic_trace.*"]),
+    ("preamble", "spectra/estimators/_preamble.py", ["spectra.estimators._preamble.*"]),
     (
         "data (batches and weights)",
         "spectra/operators/batching.py",

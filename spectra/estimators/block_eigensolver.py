@@ -16,7 +16,13 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from spectra.estimators._products import ProductProgress
-from spectra.estimators.eigenpairs import MethodOutput, Pairs, best_first, unit_columns
+from spectra.estimators.eigenpairs import (
+    MethodOutput,
+    MethodRequest,
+    Pairs,
+    best_first,
+    unit_columns,
+)
 from spectra.estimators.eigenvalue_bounds import certified_bounds, rounding_floor
 from spectra.estimators.krylov_schur import (
     KrylovSchur,
@@ -200,17 +206,7 @@ def _verify_block(
     return MethodOutput(solver.result(), runs_probability(solver), info)
 
 
-def lobpcg_method(
-    counter: Any,
-    k: int,
-    which: str,
-    tol: float,
-    budget: int,
-    rng: np.random.Generator,
-    bar: ProductProgress,
-    v0: np.ndarray | None,
-    failure_probability: float,
-) -> MethodOutput:
+def lobpcg_method(request: MethodRequest) -> MethodOutput:
     """scipy LOBPCG on a block of k + extra vectors, restarted with a tighter
     residual tolerance until the eigenvalue bounds meet ``tol``.
 
@@ -226,6 +222,7 @@ def lobpcg_method(
     of ``budget``: the reported bounds, convergence and failure probability are that
     state's. The dense path is exact (failure probability 0).
     """
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability = request
     n = counter.n
     block = min(n, k + max(2, k // 2))
     info: dict[str, Any] = {"block_size": block}

@@ -17,15 +17,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from spectra._validation import check_choice, check_float, check_int
+from spectra.estimators._preamble import EstimatorRun, start_estimator
 from spectra.estimators._products import (
     ProductCounter,
-    ProductProgress,
     SeedLike,
-    as_symmetric_operator,
     one_blas_thread,
     rademacher_vectors,
-    seed_setting,
-    seeded_rng,
 )
 from spectra.estimators.krylov import _batched_lanczos
 from spectra.estimators.results import LogSpectralDensity, SpectralDensity, SpectralMass
@@ -37,6 +34,8 @@ __all__ = ["log_spectral_density", "spectral_density", "spectral_mass_below"]
 _DEFAULT_TAU = 0.01
 # A node of a PSD operator within this times eps·max|θ| below 0 is rounding (raised to 0).
 _PSD_ROUNDING = 100.0
+# The probes of stochastic Lanczos quadrature (densities, log-determinants).
+SLQ_DISTRIBUTIONS = ("rademacher", "gaussian")
 
 
 def spectral_density(
@@ -83,51 +82,35 @@ def spectral_density(
     started = time.perf_counter()
     num_steps = check_int("num_steps", num_steps)
     num_probes = check_int("num_probes", num_probes)
-    run = _probe_recurrences(
-        op,
-        "spectral_density",
-        "spectral density",
-        num_steps,
-        num_probes,
-        seed,
-        distribution,
-        check_symmetry,
-        progress,
-    )
-    counter, steps_taken = run.counter, run.steps_taken
-    n = counter.n
+    distribution = check_choice("distribution", distribution, SLQ_DISTRIBUTIONS)
+    run = start_estimator(op, "spectral_density", seed, check_symmetry, progress, started)
+    slq = _probe_recurrences(run, "spectral density", num_steps, num_probes, distribution)
+    steps_taken = slq.steps_taken
     width = int(steps_taken.max())
     nodes = np.zeros((num_probes, width))
     weights = np.zeros((num_probes, width))
-    for probe, (theta, probe_weights) in enumerate(run.rules()):
+    for probe, (theta, probe_weights) in enumerate(slq.rules()):
         m = len(theta)
         nodes[probe, :m] = theta
         nodes[probe, m:] = theta[-1]
         weights[probe, :m] = probe_weights
     claimed = getattr(op, "is_positive_semidefinite", False) is True
-    psd, note = _positive_semidefinite(nodes, weights, counter.eps) if claimed else (False, None)
+    psd, note = (
+        _positive_semidefinite(nodes, weights, run.counter.eps) if claimed else (False, None)
+    )
     if psd:
         nodes = np.maximum(nodes, 0.0)
+    fields = slq.result_fields()
+    if claimed:
+        fields["settings"].update(
+            positive_semidefinite_claimed=True, positive_semidefinite_note=note
+        )
     return SpectralDensity(
         nodes=nodes,
         weights=weights,
         steps_taken=steps_taken,
-        dimension=n,
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_steps": num_steps,
-            "num_probes": num_probes,
-            "distribution": distribution,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-            **(
-                {"positive_semidefinite_claimed": True, "positive_semidefinite_note": note}
-                if claimed
-                else {}
-            ),
-        },
+        dimension=run.counter.n,
+        **fields,
         positive_semidefinite=psd,
     )
 
@@ -293,13 +276,29 @@ def log_spectral_density(
 
 
 class _ProbeRecurrences(NamedTuple):
-    """The Lanczos recurrences of stochastic Lanczos quadrature: the product counter and,
-    per probe, the coefficients α (num_probes × steps), β and the steps taken."""
+    """The Lanczos recurrences of stochastic Lanczos quadrature: the estimator's run, its
+    settings and, per probe, the coefficients α (num_probes × steps), β and the steps
+    taken."""
 
-    counter: ProductCounter
+    run: EstimatorRun
+    num_steps: int
+    num_probes: int
+    distribution: str
     alpha: np.ndarray
     beta: np.ndarray
     steps_taken: np.ndarray
+
+    @property
+    def counter(self) -> ProductCounter:
+        """The run's product counter."""
+        return self.run.counter
+
+    def result_fields(self) -> dict[str, Any]:
+        """The counts, wall time and settings (steps, probes, distribution, seed,
+        check_symmetry) of an SLQ result: :meth:`EstimatorRun.result_fields`."""
+        return self.run.result_fields(
+            num_steps=self.num_steps, num_probes=self.num_probes, distribution=self.distribution
+        )
 
     def rules(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per probe, its Gauss quadrature rule (nodes θ, weights), the nodes back from the
@@ -313,33 +312,20 @@ class _ProbeRecurrences(NamedTuple):
 
 
 def _probe_recurrences(
-    op: Any,
-    label: str,
-    description: str,
-    num_steps: int,
-    num_probes: int,
-    seed: SeedLike,
-    distribution: str,
-    check_symmetry: bool,
-    progress: bool | None,
+    run: EstimatorRun, description: str, num_steps: int, num_probes: int, distribution: str
 ) -> _ProbeRecurrences:
     """``num_probes`` Lanczos recurrences of at most ``num_steps`` steps (and n) from
-    Rademacher or Gaussian starts drawn from ``seed``, run in lock-step (one ``matmat`` a
-    step): the data every SLQ estimate (densities, log-determinants) is computed from.
-    ``label`` names the estimator in errors, ``description`` on the progress bar."""
-    distribution = check_choice("distribution", distribution, ("rademacher", "gaussian"))
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, label, check_symmetry)
+    Rademacher or Gaussian starts (``distribution``, checked by the caller) drawn from the
+    run's generator, run in lock-step (one ``matmat`` a step): the data every SLQ estimate
+    (densities, log-determinants) is computed from. ``description`` names the progress
+    bar."""
+    counter, rng = run.counter, run.rng
     n = counter.n
     if distribution == "rademacher":
         starts = rademacher_vectors(rng, (n, num_probes))
     else:
         starts = rng.standard_normal((n, num_probes))
     steps = min(num_steps, n)
-    with (
-        one_blas_thread(),
-        ProductProgress(counter, num_probes * steps, description, progress) as bar,
-    ):
+    with one_blas_thread(), run.products(num_probes * steps, description) as bar:
         alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
-        counter.finish()
-    return _ProbeRecurrences(counter, alpha, beta, steps_taken)
+    return _ProbeRecurrences(run, num_steps, num_probes, distribution, alpha, beta, steps_taken)

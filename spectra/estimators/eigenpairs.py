@@ -1,7 +1,7 @@
-"""What the methods of :func:`~spectra.estimators.eigensolvers.eigenvalues` share: the pairs
-a run finds (:class:`Pairs`), what a method hands back (:class:`MethodOutput`), the
-best-first order of ``which`` (:func:`best_first`) and the start vectors drawn around
-``v0`` (:func:`unit_columns`)."""
+"""What the methods of :func:`~spectra.estimators.eigensolvers.eigenvalues` share: what a
+method is asked (:class:`MethodRequest`), the pairs a run finds (:class:`Pairs`), what a
+method hands back (:class:`MethodOutput`), the best-first order of ``which``
+(:func:`best_first`) and the start vectors drawn around ``v0`` (:func:`unit_columns`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,27 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MethodOutput", "Pairs", "best_first", "unit_columns"]
+from spectra.estimators._products import ProductProgress
+
+__all__ = ["MethodOutput", "MethodRequest", "Pairs", "best_first", "unit_columns"]
+
+
+class MethodRequest(NamedTuple):
+    """What :func:`eigenvalues` asks of a method (``lanczos_method``, ...): the k best pairs
+    by ``which`` of the operator behind ``counter`` (a ``ProductCounter``), to relative
+    accuracy ``tol``, within ``budget`` products, from the random generator ``rng`` and the
+    optional unit start columns ``v0`` (n × j), with ``bar`` updated as products are made
+    and bounds that hold except with probability ``failure_probability``."""
+
+    counter: Any
+    k: int
+    which: str
+    tol: float
+    budget: int
+    rng: np.random.Generator
+    bar: ProductProgress
+    v0: np.ndarray | None
+    failure_probability: float
 
 
 class Pairs(NamedTuple):

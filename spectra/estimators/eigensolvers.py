@@ -45,7 +45,7 @@ from spectra.estimators._products import (
     seeded_rng,
 )
 from spectra.estimators.block_eigensolver import lobpcg_method
-from spectra.estimators.eigenpairs import MethodOutput
+from spectra.estimators.eigenpairs import MethodOutput, MethodRequest
 from spectra.estimators.eigenvalue_bounds import rounding_floor
 from spectra.estimators.krylov_schur import lanczos_method
 from spectra.estimators.power_iteration import power_method
@@ -250,7 +250,7 @@ def eigenvalues(
         ProductProgress(counter, planned, f"eigenvalues ({method})", progress) as bar,
     ):
         output = _SOLVERS[method](
-            counter, k, which, tol, max_products, rng, bar, v0, failure_probability
+            MethodRequest(counter, k, which, tol, max_products, rng, bar, v0, failure_probability)
         )
         counter.finish()
     reported = _report(output, counter, tol, failure_probability)

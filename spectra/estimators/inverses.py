@@ -61,6 +61,7 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
 from spectra._validation import check_choice, check_float, check_int, check_seed
+from spectra.estimators._preamble import check_damping
 from spectra.estimators._products import (
     ProductCounter,
     ProductProgress,
@@ -806,9 +807,7 @@ def inverse(
     κ·ln(1/tol) (LSMR's iterations cost two), plus one per restart for the true residual.
     Memory: a few n × k blocks (k right-hand sides).
     """
-    damping = check_float("damping", damping, positive=False)
-    if damping < 0:
-        raise ValueError(f"damping must be >= 0 (it is added to C's diagonal), got {damping!r}")
+    damping = check_damping(damping)
     method = check_choice("method", method, METHODS)
     tol = check_float("tol", tol, below=1.0)
     maxiter = check_int("maxiter", maxiter, allow_none=True)

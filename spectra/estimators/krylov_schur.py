@@ -17,7 +17,7 @@ import numpy as np
 from scipy.linalg import blas as _blas
 
 from spectra.estimators._products import ProductProgress, orthogonalize
-from spectra.estimators.eigenpairs import MethodOutput, Pairs, best_first
+from spectra.estimators.eigenpairs import MethodOutput, MethodRequest, Pairs, best_first
 from spectra.estimators.eigenvalue_bounds import (
     certified_bounds,
     log_inverse_delta,
@@ -491,18 +491,9 @@ def runs_probability(solver: KrylovSchur) -> float:
     return min(1.0, sum(segment.probability for segment in solver.segments))
 
 
-def lanczos_method(
-    counter: Any,
-    k: int,
-    which: str,
-    tol: float,
-    budget: int,
-    rng: np.random.Generator,
-    bar: ProductProgress,
-    v0: np.ndarray | None,
-    failure_probability: float,
-) -> MethodOutput:
+def lanczos_method(request: MethodRequest) -> MethodOutput:
     """Krylov–Schur restarted Lanczos from one start (see :class:`KrylovSchur`)."""
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability = request
     n = counter.n
     ncv = krylov_dimension(n, k)
     start, warm = _lanczos_start(v0, n, rng)

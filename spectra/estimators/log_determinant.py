@@ -23,12 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from spectra._validation import check_float, check_int
-from spectra.estimators._products import (
-    SeedLike,
-    seed_setting,
-)
-from spectra.estimators.density import _probe_recurrences
+from spectra._validation import check_choice, check_int
+from spectra.estimators._preamble import check_damping, start_estimator
+from spectra.estimators._products import SeedLike
+from spectra.estimators.density import SLQ_DISTRIBUTIONS, _probe_recurrences
 from spectra.estimators.results import LogDetResult
 
 __all__ = ["logdet"]
@@ -101,27 +99,17 @@ def logdet(
     that no probe's Krylov space saw); it is the estimate's assumption.
     """
     started = time.perf_counter()
-    damping = check_float("damping", damping, positive=False)
-    if damping < 0:
-        raise ValueError(f"damping must be >= 0 (it is added to C's diagonal), got {damping!r}")
+    damping = check_damping(damping)
     num_probes = check_int("num_probes", num_probes)
     num_steps = check_int("num_steps", num_steps)
-    run = _probe_recurrences(
-        op,
-        "logdet",
-        "log-determinant",
-        num_steps,
-        num_probes,
-        seed,
-        distribution,
-        check_symmetry,
-        progress,
-    )
-    counter, steps_taken = run.counter, run.steps_taken
+    distribution = check_choice("distribution", distribution, SLQ_DISTRIBUTIONS)
+    run = start_estimator(op, "logdet", seed, check_symmetry, progress, started)
+    slq = _probe_recurrences(run, "log-determinant", num_steps, num_probes, distribution)
+    counter = run.counter
     n = counter.n
     per_probe = np.empty(num_probes)
     smallest = math.inf
-    rules = run.rules()
+    rules = slq.rules()
     # Ritz values carry absolute errors of order eps·‖C‖ (≈ eps·max|θ|), eps that of the
     # operator's products (float32: 1.2e-7): a node of C + λI within _ROUNDING·eps·max|θ|
     # of 0 is rounding, not a spectrum value.
@@ -160,15 +148,6 @@ def logdet(
         num_probes=num_probes,
         min_ritz_value=smallest,
         per_probe=per_probe,
-        steps_taken=steps_taken,
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_steps": num_steps,
-            "num_probes": num_probes,
-            "distribution": distribution,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+        steps_taken=slq.steps_taken,
+        **slq.result_fields(),
     )

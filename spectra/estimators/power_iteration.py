@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from spectra.estimators._products import ProductProgress, orthogonalize
-from spectra.estimators.eigenpairs import MethodOutput, Pairs, unit_columns
+from spectra.estimators.eigenpairs import MethodOutput, MethodRequest, Pairs, unit_columns
 from spectra.estimators.eigenvalue_bounds import log_inverse_delta, rounding_floor
 
 __all__ = ["power_method"]
@@ -122,17 +122,7 @@ class _PowerIteration:
         return vector
 
 
-def power_method(
-    counter: Any,
-    k: int,
-    which: str,
-    tol: float,
-    budget: int,
-    rng: np.random.Generator,
-    bar: ProductProgress,
-    v0: np.ndarray | None,
-    failure_probability: float,
-) -> MethodOutput:
+def power_method(request: MethodRequest) -> MethodOutput:
     """Power iteration with deflation; "smallest" runs on −A.
 
     For "largest" (and "smallest") an indefinite spectrum whose dominant
@@ -161,6 +151,7 @@ def power_method(
     stops and leaves them to the next pairs). Each of the k
     values gets ``failure_probability / k``; the result's probability is their sum.
     """
+    counter, k, which, tol, budget, rng, bar, v0, failure_probability = request
     n = counter.n
     sign = -1.0 if which == "smallest" else 1.0
     share = failure_probability / k

@@ -31,24 +31,24 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from spectra._validation import check_int
+from spectra.estimators._preamble import check_block_size, start_estimator
 from spectra.estimators._products import (
     ProductCounter,
-    ProductProgress,
-    RunningMoments,
     SeedLike,
-    as_symmetric_operator,
-    one_blas_thread,
     rademacher_vectors,
-    seed_setting,
-    seeded_rng,
     tall_qr,
 )
 from spectra.estimators.results import DiagonalResult
-from spectra.estimators.stochastic_trace import _SPAN_TOL, _numerical_rank, _sketch_span
+from spectra.estimators.stochastic_trace import (
+    _SPAN_TOL,
+    _adaptive_mean,
+    _exchangeable_estimates,
+    _numerical_rank,
+    _sketch_span,
+)
 
 __all__ = ["diagonal", "xdiag"]
 
-_DEFAULT_BLOCK_SIZE = 16
 # Rows per chunk of :func:`_pair_sum`: its monomials (a few chunk × s float64 arrays) stay
 # in the cache for s up to about 50.
 _PAIR_SUM_ROWS = 2048
@@ -84,34 +84,23 @@ def diagonal(
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
-    block_size = (
-        min(_DEFAULT_BLOCK_SIZE, num_products)
-        if block_size is None
-        else check_int("block_size", block_size)
-    )
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "diagonal", check_symmetry)
-    moments = RunningMoments((counter.n,))
-    with ProductProgress(counter, num_products, "diagonal", progress) as bar:
-        while moments.count < num_products:
-            width = min(block_size, num_products - moments.count)
-            probes = rademacher_vectors(rng, (counter.n, width))
-            moments.update((probes * counter.matmat(probes)).T)
-            bar.update()
-        counter.finish()
+    block_size = check_block_size(block_size, num_products)
+    run = start_estimator(op, "diagonal", seed, check_symmetry, progress, started)
+    counter = run.counter
+
+    def draw(width: int) -> np.ndarray:
+        probes = rademacher_vectors(run.rng, (counter.n, width))
+        return (probes * counter.matmat(probes)).T
+
+    with run.products(num_products, "diagonal") as bar:
+        moments, _ = _adaptive_mean(
+            draw, num_products, block_size, None, 0.0, bar, shape=(counter.n,)
+        )
     # back from the counter's scaled products (a power of two: exact)
     return DiagonalResult(
         estimate=counter.unscale(moments.mean, "the diagonal estimate"),
         stderr=counter.unscale(moments.stderr(), "the diagonal's standard error"),
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_products": num_products,
-            "block_size": block_size,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+        **run.result_fields(num_products=num_products, block_size=block_size),
     )
 
 
@@ -474,16 +463,14 @@ def xdiag(
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "diagonal (xdiag)", check_symmetry)
+    run = start_estimator(op, "diagonal (xdiag)", seed, check_symmetry, progress, started)
+    counter = run.counter
     n = counter.n
     s = min(num_products // 2, n)
-    test = rademacher_vectors(rng, (n, s))
-    with one_blas_thread(), ProductProgress(counter, 2 * s, "diagonal (xdiag)", progress) as bar:
-        image = counter.matmat(test)
-        bar.update()
-        estimates, interaction = _xdiag_estimates(test, image, counter)
-        counter.finish()
+    test = rademacher_vectors(run.rng, (n, s))
+    estimates, interaction = _exchangeable_estimates(
+        run, test, "diagonal (xdiag)", _xdiag_estimates
+    )
     mean = estimates.mean(axis=1)
     if s > 1:
         spread = np.sum((estimates - mean[:, None]) ** 2, axis=1)
@@ -497,14 +484,5 @@ def xdiag(
     return DiagonalResult(
         estimate=counter.unscale(mean, "the diagonal estimate"),
         stderr=counter.unscale(stderr, "the diagonal's standard error"),
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "method": "xdiag",
-            "num_products": num_products,
-            "num_test_vectors": s,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+        **run.result_fields(method="xdiag", num_products=num_products, num_test_vectors=s),
     )

@@ -37,22 +37,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from scipy.linalg import solve_triangular
 
 from spectra._validation import check_choice, check_float, check_int
+from spectra.estimators._preamble import EstimatorRun, check_block_size, start_estimator
 from spectra.estimators._products import (
     ProductCounter,
     ProductProgress,
     RunningMoments,
     SeedLike,
-    as_symmetric_operator,
     one_blas_thread,
     rademacher_vectors,
-    seed_setting,
-    seeded_rng,
     tall_qr,
 )
 from spectra.estimators.results import FrobeniusResult, TraceResult
@@ -60,7 +58,8 @@ from spectra.estimators.results import FrobeniusResult, TraceResult
 __all__ = ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"]
 
 _METHODS = ("hutchinson", "hutch++", "xtrace")
-_DEFAULT_BLOCK_SIZE = 16
+# What XTrace's and XDiag's leave-one-out algebra returns (see _exchangeable_estimates).
+_Estimates = TypeVar("_Estimates")
 # With rtol, the stopping rule is checked only after this many blocks (and at
 # least this many samples), so that the sample standard error is not itself
 # too noisy to trust.
@@ -72,12 +71,6 @@ def _check_rtol(rtol: Any) -> float | None:
     return None if rtol is None else check_float("rtol", rtol)
 
 
-def _block_size(block_size: int | None, budget: int) -> int:
-    if block_size is None:
-        return min(_DEFAULT_BLOCK_SIZE, budget)
-    return check_int("block_size", block_size)
-
-
 def _adaptive_mean(
     draw_block: Callable[[int], np.ndarray],
     budget: int,
@@ -85,11 +78,13 @@ def _adaptive_mean(
     rtol: float | None,
     offset: float,
     bar: ProductProgress,
+    shape: tuple[int, ...] = (),
 ) -> tuple[RunningMoments, str]:
-    """Average samples from ``draw_block(width)`` until ``budget`` samples are drawn
-    or, with ``rtol``, until ``stderr <= rtol·|offset + mean|`` (after a few blocks).
-    Returns the running moments and why it stopped ("rtol" or "budget")."""
-    moments = RunningMoments()
+    """Average samples from ``draw_block(width)`` (``width`` samples of ``shape`` stacked
+    along axis 0) until ``budget`` samples are drawn or, with ``rtol`` (scalar samples),
+    until ``stderr <= rtol·|offset + mean|`` (after a few blocks). Returns the running
+    moments and why it stopped ("rtol" or "budget")."""
+    moments = RunningMoments(shape)
     blocks = 0
     while moments.count < budget:
         width = min(block_size, budget - moments.count)
@@ -107,30 +102,18 @@ def _adaptive_mean(
 
 
 def _trace_result(
-    method: str,
-    estimate: float,
-    stderr: float,
-    stopped: str,
-    counter: ProductCounter,
-    started: float,
-    seed: SeedLike,
-    check_symmetry: bool,
-    **settings: Any,
+    run: EstimatorRun, method: str, estimate: float, stderr: float, stopped: str, **settings: Any
 ) -> TraceResult:
-    """A :class:`TraceResult` with the counts and timing every trace method reports."""
+    """A :class:`TraceResult` from the estimate and its standard error in the counter's
+    scaled units (multiplied back here: exact, or a ``ValueError`` if float64 cannot hold
+    them), with the counts, timing and settings every trace method reports."""
+    counter = run.counter
     return TraceResult(
-        estimate=float(estimate),
-        stderr=float(stderr),
+        estimate=float(counter.unscale(estimate, "the trace estimate")),
+        stderr=float(counter.unscale(stderr, "the trace's standard error")),
         method=method,
         stopped=stopped,
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            **settings,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+        **run.result_fields(**settings),
     )
 
 
@@ -166,26 +149,22 @@ def hutchinson_trace(
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
     rtol = _check_rtol(rtol)
-    block_size = _block_size(block_size, num_products)
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "trace (hutchinson)", check_symmetry)
+    block_size = check_block_size(block_size, num_products)
+    run = start_estimator(op, "trace (hutchinson)", seed, check_symmetry, progress, started)
+    rng, counter = run.rng, run.counter
 
     def draw(width: int) -> np.ndarray:
         probes = rademacher_vectors(rng, (counter.n, width))
         return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
-    with ProductProgress(counter, num_products, "trace (hutchinson)", progress) as bar:
+    with run.products(num_products, "trace (hutchinson)") as bar:
         moments, stopped = _adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
-        counter.finish()
     return _trace_result(
+        run,
         "hutchinson",
-        counter.unscale(float(moments.mean), "the trace estimate"),
-        counter.unscale(float(moments.stderr()), "the trace's standard error"),
+        float(moments.mean),
+        float(moments.stderr()),
         stopped,
-        counter,
-        started,
-        seed,
-        check_symmetry,
         num_products=num_products,
         rtol=rtol,
         block_size=block_size,
@@ -226,17 +205,14 @@ def hutchpp_trace(
     rtol = _check_rtol(rtol)
     if block_size is not None:
         block_size = check_int("block_size", block_size)
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "trace (hutch++)", check_symmetry)
+    run = start_estimator(op, "trace (hutch++)", seed, check_symmetry, progress, started)
+    rng, counter = run.rng, run.counter
     n = counter.n
     sketch_size = min(num_products // 3, n)
     remaining = num_products - 2 * sketch_size
-    block_size = _block_size(block_size, remaining)
+    block_size = check_block_size(block_size, remaining)
 
-    with (
-        one_blas_thread(),
-        ProductProgress(counter, num_products, "trace (hutch++)", progress) as bar,
-    ):
+    with one_blas_thread(), run.products(num_products, "trace (hutch++)") as bar:
         sketch = counter.matmat(rademacher_vectors(rng, (n, sketch_size)))
         bar.update()
         basis, _ = tall_qr(sketch)
@@ -257,16 +233,12 @@ def hutchpp_trace(
             return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
         moments, stopped = _adaptive_mean(draw, remaining, first_width, rtol, exact_part, bar)
-        counter.finish()
     return _trace_result(
+        run,
         "hutch++",
-        counter.unscale(exact_part + float(moments.mean), "the trace estimate"),
-        counter.unscale(float(moments.stderr()), "the trace's standard error"),
+        exact_part + float(moments.mean),
+        float(moments.stderr()),
         stopped,
-        counter,
-        started,
-        seed,
-        check_symmetry,
         num_products=num_products,
         rtol=rtol,
         block_size=first_width,
@@ -639,6 +611,23 @@ def _xtrace_estimates(
     return estimates, _interaction(estimates, leave_two)
 
 
+def _exchangeable_estimates(
+    run: EstimatorRun,
+    test: np.ndarray,
+    desc: str,
+    estimates_of: Callable[[np.ndarray, np.ndarray, ProductCounter], _Estimates],
+) -> _Estimates:
+    """The two passes of XTrace and XDiag: Y = AΩ for the s test vectors Ω (one call, s
+    products), then ``estimates_of(Ω, Y, counter)`` (one more call of at most s products:
+    the leave-one-out estimates and their interaction sum), on one BLAS thread under a
+    progress bar ``desc`` over the 2s products."""
+    counter = run.counter
+    with one_blas_thread(), run.products(2 * test.shape[1], desc) as bar:
+        image = counter.matmat(test)
+        bar.update()
+        return estimates_of(test, image, counter)
+
+
 def xtrace(
     op: Any,
     num_products: int = 100,
@@ -691,20 +680,15 @@ def xtrace(
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=4)
     distribution = check_choice("distribution", distribution, ("sphere", "rademacher"))
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "trace (xtrace)", check_symmetry)
-    n = counter.n
+    run = start_estimator(op, "trace (xtrace)", seed, check_symmetry, progress, started)
+    rng, n = run.rng, run.counter.n
     s = min(num_products // 2, n)
     if distribution == "sphere":
         test = rng.standard_normal((n, s))
         test *= math.sqrt(n) / np.linalg.norm(test, axis=0)
     else:
         test = rademacher_vectors(rng, (n, s))
-    with one_blas_thread(), ProductProgress(counter, 2 * s, "trace (xtrace)", progress) as bar:
-        image = counter.matmat(test)
-        bar.update()
-        estimates, interaction = _xtrace_estimates(test, image, counter)
-        counter.finish()
+    estimates, interaction = _exchangeable_estimates(run, test, "trace (xtrace)", _xtrace_estimates)
     if s > 1:
         spread = float(np.sum((estimates - estimates.mean()) ** 2))
         variance = (spread + interaction) / (s * (s - 1))
@@ -714,14 +698,11 @@ def xtrace(
     else:
         stderr = float("nan")
     return _trace_result(
+        run,
         "xtrace",
-        counter.unscale(float(estimates.mean()), "the trace estimate"),
-        counter.unscale(stderr, "the trace's standard error"),
+        float(estimates.mean()),
+        stderr,
         "budget",
-        counter,
-        started,
-        seed,
-        check_symmetry,
         num_products=num_products,
         num_test_vectors=s,
         distribution=distribution,
@@ -790,17 +771,16 @@ def frobenius_norm(
     """
     started = time.perf_counter()
     num_products = check_int("num_products", num_products, minimum=2)
-    block_size = _block_size(block_size, num_products)
-    rng = seeded_rng(seed)
-    counter = as_symmetric_operator(op, "frobenius_norm", check_symmetry)
+    block_size = check_block_size(block_size, num_products)
+    run = start_estimator(op, "frobenius_norm", seed, check_symmetry, progress, started)
+    rng, counter = run.rng, run.counter
 
     def draw(width: int) -> np.ndarray:
         images = counter.matmat(rademacher_vectors(rng, (counter.n, width)))
         return np.einsum("ij,ij->j", images, images)
 
-    with ProductProgress(counter, num_products, "frobenius norm", progress) as bar:
+    with run.products(num_products, "frobenius norm") as bar:
         moments, _ = _adaptive_mean(draw, num_products, block_size, None, 0.0, bar)
-        counter.finish()
     squared = max(float(moments.mean), 0.0)
     squared_stderr = float(moments.stderr())
     norm = math.sqrt(squared)
@@ -822,13 +802,5 @@ def frobenius_norm(
         squared_stderr=counter.unscale(
             squared_stderr, "the squared Frobenius norm's standard error", power=2
         ),
-        num_products=counter.num_products,
-        num_operator_calls=counter.num_operator_calls,
-        wall_time=time.perf_counter() - started,
-        settings={
-            "num_products": num_products,
-            "block_size": block_size,
-            "seed": seed_setting(seed),
-            "check_symmetry": bool(check_symmetry),
-        },
+        **run.result_fields(num_products=num_products, block_size=block_size),
     )
