@@ -87,8 +87,8 @@ _EXPORTS: dict[str, list[str]] = {
         "SpectralMass",
         "SpectralMoments",
         "TraceResult",
-        "load",
     ],
+    "spectra.reports.loading": ["load"],
     "spectra.analysis.stability": ["stability_threshold"],
     "spectra.analysis.subspaces": [
         "GradientOverlapResult",
@@ -106,7 +106,16 @@ _EXPORTS: dict[str, list[str]] = {
 }
 
 # Subpackages and modules reachable as attributes (``spectra.plotting``) without an import.
-_SUBMODULES = ("analysis", "callback", "cli", "estimators", "io", "operators", "plotting")
+_SUBMODULES = (
+    "analysis",
+    "callback",
+    "cli",
+    "estimators",
+    "io",
+    "operators",
+    "plotting",
+    "reports",
+)
 
 _SOURCE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -1,6 +1,7 @@
 """The layers of spectra import one way (docs/architecture.md): io below everything; operators
 (TensorFlow) and estimators (NumPy/SciPy, never TensorFlow) side by side; analysis above both;
-plotting, callback and the CLI on top. Every module of spectra/ is read with ``ast`` (imports
+plotting and callback above it; the commands' reports (spectra.reports) above those, and the
+CLI on top. Every module of spectra/ is read with ``ast`` (imports
 inside functions count too), and the estimators are also imported in a fresh interpreter to
 check that TensorFlow stays out of ``sys.modules``."""
 
@@ -120,7 +121,13 @@ def test_the_parser_sees_the_package() -> None:
     )
 
 
-LAYERS = "spectra.estimators", "spectra.analysis", "spectra.plotting", "spectra.callback"
+LAYERS = (
+    "spectra.estimators",
+    "spectra.analysis",
+    "spectra.plotting",
+    "spectra.callback",
+    "spectra.reports",
+)
 RULES = {
     # _validation's generic argument checks (NumPy only) sit below every layer, so io, like
     # the estimators, may use them.
@@ -138,15 +145,20 @@ RULES = {
         ],
         forbidden=["tensorflow", "keras", "tf_keras"],
     ),
-    "operators import no estimators, analysis, plotting, callback or cli": dict(
+    "operators import no estimators, analysis, plotting, callback, reports or cli": dict(
         importers="spectra.operators", forbidden=[*LAYERS, "spectra.cli"]
     ),
-    "analysis imports no plotting, callback or cli": dict(
+    "analysis imports no plotting, callback, reports or cli": dict(
         importers="spectra.analysis",
-        forbidden=["spectra.plotting", "spectra.callback", "spectra.cli"],
+        forbidden=["spectra.plotting", "spectra.callback", "spectra.reports", "spectra.cli"],
     ),
-    "plotting imports no callback or cli": dict(
-        importers="spectra.plotting", forbidden=["spectra.callback", "spectra.cli"]
+    "plotting imports no callback, reports or cli": dict(
+        importers="spectra.plotting",
+        forbidden=["spectra.callback", "spectra.reports", "spectra.cli"],
+    ),
+    "reports import no callback or cli, never TensorFlow": dict(
+        importers="spectra.reports",
+        forbidden=["spectra.callback", "spectra.cli", "tensorflow", "keras", "tf_keras"],
     ),
 }
 
@@ -287,27 +299,12 @@ NAMED_BY_STRING: dict[tuple[str, str], str] = {
     "model builder",
     ("spectra.io.checkpoints", "resolve_custom_objects"): "imports the module that provides "
     "a checkpoint's custom objects",
-    # The one upward reach left (docs/architecture.md): spectra.load finds the result and
-    # report types defined above the estimators by module name. Being removed (the report
-    # types are moving out of the CLI); UPWARD_BY_NAME below lists each module it may name.
-    ("spectra.estimators.results", "_RESULT_MODULES"): "the modules of the result types "
-    "defined above the estimators (analysis, CLI reports), for spectra.load",
-    ("spectra.estimators.results", "_result_class"): "imports one of _RESULT_MODULES",
 }
 
-# The modules named in strings that are above the module naming them: the one known
-# exception, spectra.load's (estimators/results.py, _RESULT_MODULES). To be removed, line by
-# line; anything else a string names obeys the layer rules above.
-UPWARD_BY_NAME = {
-    "spectra.estimators.results -> spectra.analysis.landscape_result",
-    "spectra.estimators.results -> spectra.analysis.per_layer",
-    "spectra.estimators.results -> spectra.analysis.repeats",
-    "spectra.estimators.results -> spectra.analysis.subspaces",
-    "spectra.estimators.results -> spectra.cli._common",
-    "spectra.estimators.results -> spectra.cli.analyze",
-    "spectra.estimators.results -> spectra.cli.landscape",
-    "spectra.estimators.results -> spectra.cli.sharpness",
-}
+# The modules named in strings that are above the module naming them: none left
+# (spectra.load, spectra.reports.loading, imports the result types it reads); anything a
+# string names obeys the layer rules above.
+UPWARD_BY_NAME: set[str] = set()
 
 _SPECTRA_NAME = re.compile(r"spectra(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_][\w.]*)?")
 _IMPORT_FUNCTIONS = {
@@ -425,7 +422,6 @@ def test_the_string_reader_sees_names_and_computed_imports() -> None:
     )
     assert _module_named("spectra.operators.batching.Batches") == "spectra.operators.batching"
     # and it sees the package's own
-    assert ("_RESULT_MODULES", "'spectra.cli.analyze'") in NAMED["spectra.estimators.results"]
     assert ("__getattr__", "importlib.import_module(f'{__name__}.{name}')") in NAMED["spectra"]
 
 
@@ -443,12 +439,14 @@ def test_no_module_imports_spectra_modules_by_name_but_the_listed_ones() -> None
 
 def test_the_modules_named_in_strings_obey_the_layers() -> None:
     # What a string names is imported at runtime, so it is held to the layer rules too;
-    # the one exception is spectra.load's (UPWARD_BY_NAME).
+    # no exception is left (UPWARD_BY_NAME).
     graph = {
         name: {_module_named(ast.literal_eval(what)) for _, what in found if what[0] in "'\""}
         for name, found in NAMED.items()
     }
-    assert "spectra.cli.analyze" in graph["spectra.estimators.results"]
+    # the rules see a name above its namer
+    upward = {"spectra.estimators.results": {"spectra.reports.loading"}}
+    assert _violations("spectra.estimators", allowed=["spectra.estimators"], graph=upward)
     bad = set()
     for rule in RULES.values():
         bad.update(_violations(**rule, graph=graph))

@@ -1,8 +1,11 @@
-"""What the subcommands share: errors, console output, inputs, reports and figures.
+"""What the subcommands share: errors, console output, inputs (checked, loaded, described),
+the options' settings and the output directory.
 
-Keras' backend is imported only by :func:`require_backend` (TensorFlow quietly, see
-:mod:`spectra._console`; nothing of TensorFlow under ``KERAS_BACKEND=jax``) and by the
-functions that load models, after the cheap checks.
+The reports themselves (their settings, computation and figures) are :mod:`spectra.reports`;
+the command modules map their arguments to its settings. Keras' backend is imported only by
+:func:`require_backend` (TensorFlow quietly, see :mod:`spectra._console`; nothing of
+TensorFlow under ``KERAS_BACKEND=jax``) and by the functions that load models, after the
+cheap checks.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,8 @@ import numpy as np
 
 from spectra import __version__
 from spectra._validation import loss_config, loss_name
-from spectra.analysis.trajectory import SharpnessSettings, explain_null
+from spectra.analysis.trajectory import explain_null
 from spectra.cli._curvature import curvature_choice
-from spectra.estimators.results import Result
 from spectra.io.files import (
     MANIFEST_NAME,
     DirectoryLock,
@@ -37,6 +38,18 @@ from spectra.io.files import (
     prepare_directory,
     remove_temporaries,
 )
+from spectra.reports.base import (
+    DEFAULT_FAILURE_PROBABILITY,
+    UNNAMED_OUTPUT,
+    InputError,
+    SettingConflict,
+    compile_with_loss_weights,
+    output_names,
+    seed_generator_states,
+)
+from spectra.reports.figures import FigureOptions
+from spectra.reports.figures import figure_record as record_figures
+from spectra.reports.thresholds import PRECONDITIONED_OPTIMIZERS, check_preconditionable
 
 
 class UserError(Exception):
@@ -49,14 +62,33 @@ class SettingError(UserError):
 
 @contextlib.contextmanager
 def user_errors(context: str | None = None) -> Iterator[None]:
-    """Turn the errors that checking and loading user inputs raise into :class:`UserError`."""
+    """Turn the errors that checking and loading user inputs raise into :class:`UserError`
+    (the reports' input errors as :func:`report_errors` does, without ``context``)."""
     try:
         yield
     except UserError:
         raise
+    except InputError as err:
+        raise _user_error(err) from (err.__cause__ or err)
     except (OSError, ValueError, ImportError, DirectoryLocked) as err:
         text = str(err) or type(err).__name__
         raise UserError(f"{context}: {text}" if context else text) from err
+
+
+@contextlib.contextmanager
+def report_errors() -> Iterator[None]:
+    """Turn the errors :mod:`spectra.reports` raises about a run's inputs into the command
+    line's: an :class:`~spectra.reports.base.InputError` into a :class:`UserError`, a
+    :class:`~spectra.reports.base.SettingConflict` into a :class:`SettingError`, with the
+    same text and cause; any other error passes unchanged."""
+    try:
+        yield
+    except InputError as err:
+        raise _user_error(err) from (err.__cause__ or err)
+
+
+def _user_error(err: InputError) -> UserError:
+    return (SettingError if isinstance(err, SettingConflict) else UserError)(str(err))
 
 
 def one_line(text: str) -> str:
@@ -121,51 +153,33 @@ def require_backend(args: argparse.Namespace) -> str:
 # --------------------------------------------------------------------------- inputs
 
 
-def measurement_settings(args: argparse.Namespace) -> SharpnessSettings:
-    """The eigenvalue (and trace) settings of ``analyze`` and ``sharpness``, checked."""
-    with user_errors():
-        return SharpnessSettings(
-            top_k=args.top_k,
-            method=args.method,
-            tol=args.tol,
-            trace=bool(getattr(args, "trace", False)),
-            trace_method=args.trace_method,
-            trace_products=args.trace_products,
-            seed=args.seed,
-            warm_start=not getattr(args, "cold_start", False),
-            per_batch=getattr(args, "per_batch", None) or 0,
-            per_batch_size=getattr(args, "per_batch_size", None),
-        )
-
-
-def matrix_title(args: argparse.Namespace) -> str:
-    """How figures, captions and settings name the matrix a run measures: the
-    ``--curvature`` (default the Hessian), or the preconditioned Hessian with
-    ``--preconditioned``."""
-    title = curvature_choice(getattr(args, "curvature", None)).title
-    if getattr(args, "preconditioned", False):
-        return f"preconditioned {title} P⁻¹H"
-    return title
-
-
-def number_settings(args: argparse.Namespace, settings: SharpnessSettings) -> dict[str, Any]:
-    """Every option that decides the numbers of ``analyze`` and ``sharpness``.
-
-    ``loss`` None means the loss each checkpoint was compiled with; a dict is one loss per
-    output (``--loss OUTPUT=NAME``, None for an output left out), ``loss_weights`` the
-    ``--loss-weight`` of each output named (None without).
-    """
+def input_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`spectra.reports.base.InputSettings` of a command's options (data, loss,
+    model), as keywords for its settings class."""
     return {
         "loss": args.loss,
-        "loss_weights": getattr(args, "loss_weights", None),
+        "loss_weights": args.loss_weights,
         "max_examples": args.max_examples,
-        **settings.numbers(),
         "batch_size": args.batch_size,
         "float64": args.float64,
         "training": args.training,
+        "seed": args.seed,
         "builder": args.builder,
-        "matrix": matrix_title(args),
     }
+
+
+def drawing_options(args: argparse.Namespace, **specific: Any) -> FigureOptions:
+    """The :class:`spectra.reports.figures.FigureOptions` of the figure options every
+    command has (``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``),
+    with the ``specific`` ones of the command (``labels=...``, ``log_scale=...``)."""
+    return FigureOptions(
+        style=args.style,
+        font=args.font,
+        title=not args.no_title,
+        caption=args.caption,
+        legend=not args.no_legend,
+        **specific,
+    )
 
 
 def check_out_option(args: argparse.Namespace) -> None:
@@ -206,7 +220,7 @@ def write_outputs(
     out: OutputClaim,
     report: Any,
     results: str,
-    figures: list[tuple[str, str, Any]],
+    figures: Sequence[tuple[str, str, Any]],
     formats: list[str],
 ) -> None:
     """Write the results JSON first, then the figures (``(key, stem, figure)``), so that a
@@ -334,18 +348,6 @@ def operator_loss(args: argparse.Namespace) -> Any:
     return args.loss
 
 
-# What spectra calls the one output of a model whose outputs have no names (a Sequential
-# model), as :func:`spectra.operators.losses.output_entries` does.
-UNNAMED_OUTPUT = "output"
-
-
-def output_names(model: Any) -> list[str]:
-    """The names of the model's outputs in Keras' order (``model.output_names``), or
-    ``["output"]`` for a model without them (a Sequential model has one output)."""
-    names = [str(name) for name in (getattr(model, "output_names", None) or [])]
-    return names or [UNNAMED_OUTPUT]
-
-
 def check_output_names(model: Any, args: argparse.Namespace, source: str) -> None:
     """The outputs ``--loss OUTPUT=NAME`` and ``--loss-weight OUTPUT=W`` name must be the
     model's, and ``--loss OUTPUT=NAME`` must name every output (a :class:`SettingError`
@@ -377,25 +379,10 @@ def check_output_names(model: Any, args: argparse.Namespace, source: str) -> Non
 
 
 def apply_loss_weights(model: Any, args: argparse.Namespace, like: Any = None) -> None:
-    """With ``--loss-weight``: compile ``model`` with the run's loss (``--loss``, else the
-    compiled one of ``like``, default ``model`` itself) and those weights (1 for outputs
-    not named), keeping its optimizer, so that the operators' compiled loss (``loss=None``,
-    as in the Python API) is Σ_o w_o L_o. Nothing without ``--loss-weight``."""
-    weights = getattr(args, "loss_weights", None)
-    if weights is None:
-        return
-    source = model if like is None else like
-    loss = args.loss if args.loss is not None else getattr(source, "loss", None)
-    per_output: Any = {name: float(weights.get(name, 1.0)) for name in output_names(model)}
-    if not getattr(model, "output_names", None):
-        # Keras knows no name for the one output of a Sequential model: lists of one.
-        per_output = list(per_output.values())
-        if isinstance(loss, dict):
-            loss = [loss.get(UNNAMED_OUTPUT)]
-    optimizer = getattr(model, "optimizer", None)
-    keywords = {} if optimizer is None else {"optimizer": optimizer}
-    with user_errors("--loss-weight"):
-        model.compile(loss=loss, loss_weights=per_output, **keywords)
+    """With ``--loss-weight``: compile ``model`` with the run's loss and those weights
+    (:func:`spectra.reports.base.compile_with_loss_weights`); nothing without it."""
+    with report_errors():
+        compile_with_loss_weights(model, args.loss, getattr(args, "loss_weights", None), like)
 
 
 def compiles_model(args: argparse.Namespace) -> bool:
@@ -483,29 +470,6 @@ def _show_warnings(args: argparse.Namespace, caught: Sequence[warnings.WarningMe
         elif text not in shown:
             shown.add(text)
             Console(args).warn(text)
-
-
-# The optimizers whose state gives --preconditioned its P (spectra._keras_compat.OPTIMIZER_SLOTS,
-# named here so that checking a recorded optimizer needs no TensorFlow).
-PRECONDITIONED_OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "Adagrad")
-
-
-def check_preconditionable(name: str, where: str) -> None:
-    """Refuse ``--preconditioned`` for an optimizer ``name`` without a preconditioner
-    spectra reads (SGD: P = I; Lion, Adafactor, ...: unsupported), as a
-    :class:`SettingError` (every checkpoint's problem, said before any checkpoint's)."""
-    if name.lower() in (known.lower() for known in PRECONDITIONED_OPTIMIZERS):
-        return
-    if name.lower() == "sgd":
-        raise SettingError(
-            f"the optimizer {where} is SGD, which has no preconditioner (P = I): measure "
-            "λ_max(H) without --preconditioned."
-        )
-    raise SettingError(
-        f"--preconditioned does not support the optimizer {where}, {name}: its "
-        "preconditioner is not one spectra reads; supported: "
-        f"{', '.join(PRECONDITIONED_OPTIMIZERS)}. Measure λ_max(H) without --preconditioned."
-    )
 
 
 def _preconditioned(op: Any, model: Any) -> Any:
@@ -610,29 +574,6 @@ def ignored_optimizer_weights(path: str | os.PathLike) -> int | None:
         return stored_weight_counts(path)["optimizer"]
 
 
-def seed_generator_states(model: Any, seed: int) -> None:
-    """Set the state of the j-th Keras ``SeedGenerator`` of ``model`` (in the order of
-    ``model.variables``) to ``[seed, 2²⁰·j]``, the base the operators use with ``seed``.
-
-    Keras draws these states at random when a model is loaded, so in training mode
-    whatever evaluates the model itself (the loss landscape) would draw other Dropout
-    masks in every process; the operators are given ``seed`` and do not read them.
-    """
-    from spectra import _keras_compat
-
-    states = _keras_compat.seed_state_variables(model)
-    ordered = [v for v in model.variables if any(v is s for s in states)]
-    ordered += [s for s in states if all(s is not v for v in ordered)]
-    for j, state in enumerate(ordered):
-        state.assign(np.array([seed, j * SEED_STATE_STRIDE], dtype=state.dtype))
-
-
-# The second entries of the Keras seed states are 2²⁰ apart, as the operators space them
-# (spectra.operators.base): each generator's counter may advance 2²⁰ draws before it would
-# reach the next one's stream.
-SEED_STATE_STRIDE = 2**20
-
-
 def data_fingerprint(data: Any) -> str:
     """SHA-256 of the arrays (values, dtypes and shapes)."""
     digest = hashlib.sha256()
@@ -735,64 +676,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-# --------------------------------------------------------------------------- reports
-
-
-@dataclass
-class CommandReport(Result):
-    """What every command records: how it was called, with which versions, on what data."""
-
-    command: str
-    versions: dict[str, str]
-    settings: dict[str, Any]
-    data: dict[str, Any]
-
-
 # --------------------------------------------------------------------------- figures
-
-
-def describe_model(model: dict[str, Any]) -> str:
-    return f"{model['name']}, {model['num_parameters']:,} parameters"
-
-
-def describe_data(data: dict[str, Any]) -> str:
-    return f"{data['name']}, {data['num_examples']:,} examples"
-
-
-def describe_loss(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
-    """``--loss``, or the compiled loss recorded in a :func:`model_description`; per
-    output ``"mse (out1) + 0.5·sparse_categorical_crossentropy (out2)"`` with the
-    ``--loss-weight`` weights."""
-    weights = getattr(args, "loss_weights", None) or {}
-    if isinstance(args.loss, dict):
-        return " + ".join(
-            _weighted(weights.get(output), f"{loss} ({output})")
-            for output, loss in args.loss.items()
-            if loss is not None
-        )
-    if args.loss is not None:
-        text = str(args.loss)
-    else:
-        compiled = None if model is None else model.get("compiled_loss")
-        text = f"compiled loss {compiled}" if compiled else "compiled loss"
-    if weights:
-        shown = ", ".join(f"{output} {weight:g}" for output, weight in weights.items())
-        text += f" (loss weights {shown})"
-    return text
-
-
-def _weighted(weight: float | None, text: str) -> str:
-    return text if weight is None or weight == 1 else f"{weight:g}·{text}"
-
-
-def describe_matrix(args: argparse.Namespace, model: dict[str, Any] | None) -> str:
-    mode = "training mode" if args.training else "inference mode"
-    batches = f", batches of {args.batch_size}" if args.batch_size else ""
-    return f"{matrix_title(args)} of the mean {describe_loss(args, model)} ({mode}{batches})"
-
-
-def describe_eigensolver(args: argparse.Namespace, k: int, dtype: str) -> str:
-    return f"{args.method.capitalize()}, k = {k}, tol = {args.tol:g}, {dtype} products"
 
 
 def figure_font(args: argparse.Namespace) -> Any:
@@ -804,68 +688,13 @@ def figure_font(args: argparse.Namespace) -> Any:
         return resolve_font(getattr(args, "font", None))
 
 
-def caption_choice(args: argparse.Namespace, compact: bool = False) -> str:
-    """``--caption``, else the figure's default: ``"none"`` for a ``compact`` figure (the
-    sharpness figure), ``"short"`` for the others."""
-    chosen = getattr(args, "caption", None)
-    return chosen if chosen is not None else ("none" if compact else "short")
-
-
-def finish_figure(
-    fig_or_ax: Any,
-    args: argparse.Namespace,
-    title: str,
-    short: Sequence[Any],
-    full: Sequence[Any] = (),
-    *,
-    matrix: str | None = None,
-    compact: bool = False,
-) -> Any:
-    """Title and caption of a command's figure as ``--no-title`` and ``--caption`` ask:
-    the short caption is ``short`` (model, data, estimator; the title names the matrix),
-    the full one adds the ``matrix`` description (loss, mode), ``full`` and the seed; the
-    full one goes into the file's metadata either way
-    (:func:`spectra.plotting.add_title`). Without ``--caption`` a ``compact`` figure (the
-    sharpness figure) draws none (:func:`spectra.cli._common.caption_choice`). Returns the
-    figure."""
-    from spectra.plotting import add_title, figure_caption
-
-    seed = getattr(args, "seed", None)
-    complete = figure_caption(*short, matrix, *full, None if seed is None else f"seed {seed}")
-    caption = {"none": None, "short": figure_caption(*short), "full": complete}[
-        caption_choice(args, compact)
-    ]
-    shown = None if getattr(args, "no_title", False) else title
-    return add_title(fig_or_ax, shown, caption, metadata={"Title": title, "Description": complete})
-
-
 def figure_record(
     args: argparse.Namespace, figures: Sequence[tuple[str, str, Any]], compact: bool = False
 ) -> dict[str, Any]:
-    """What the results' JSON records of the figures (``"figures"``): the options they were
-    drawn with (``settings``: style, font with the families found, title, caption, legend,
-    value labels) and, for each figure ``(files key, stem, figure)``, the title and the full
-    caption that its file's metadata holds, drawn or not."""
-    from spectra.plotting import figure_metadata
-
-    font = figure_font(args)
-    settings = {
-        "style": getattr(args, "style", None),
-        "font": None if font is None else font.to_dict(),
-        "title": not getattr(args, "no_title", False),
-        "caption": caption_choice(args, compact),
-        "legend": not getattr(args, "no_legend", False),
-        "labels": not getattr(args, "no_labels", False),
-    }
-    captions = {}
-    for _, stem, figure in figures:
-        recorded = figure_metadata(figure)
-        captions[stem] = {
-            "title": recorded.get("Title"),
-            "caption": recorded.get("Description"),
-            "keywords": recorded.get("Keywords"),
-        }
-    return {"settings": settings, "captions": captions}
+    """:func:`spectra.reports.figures.figure_record` of a command's figure options (kept
+    for tests/test_figures_print.py, which calls it with parsed arguments)."""
+    options = drawing_options(args, labels=not getattr(args, "no_labels", False))
+    return record_figures(options, figures, compact)
 
 
 def save_figure_formats(
@@ -896,20 +725,6 @@ def figure_names(stems: Sequence[str], formats: Sequence[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- bounds
-
-# The failure probability spectra.eigenvalues certifies by default: a bound at this level
-# (or below) is printed as it is; any other level, or none, is printed beside it.
-DEFAULT_FAILURE_PROBABILITY = 1e-4
-
-
-def bound_holds(converged: bool, failure_probability: float | None) -> bool:
-    """Whether an eigenvalue's error bound is proven at the default level: it converged
-    and its failure probability is known and at most :data:`DEFAULT_FAILURE_PROBABILITY`."""
-    return (
-        bool(converged)
-        and failure_probability is not None
-        and failure_probability <= DEFAULT_FAILURE_PROBABILITY
-    )
 
 
 def bound_note(

@@ -1,104 +1,60 @@
 """``spectra analyze MODEL``: eigenvalues, trace, spectral density and per-layer spectra of one
-model's Hessian (or another ``--curvature`` matrix)."""
+model's Hessian (or another ``--curvature`` matrix).
+
+The options become an :class:`spectra.reports.analyze.AnalysisSettings`; the analysis, its
+report and figures are :mod:`spectra.reports.analyze`'s; this module loads the inputs,
+prints and saves.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from spectra._format import count_text, plus_minus
-from spectra.analysis.per_layer import LayerwiseResult, layerwise
-from spectra.analysis.repeats import RepeatResult, repeat_estimate, subsample_indices
+from spectra.analysis.per_layer import LayerwiseResult
+from spectra.analysis.repeats import RepeatResult
 from spectra.cli._common import (
-    DEFAULT_FAILURE_PROBABILITY,
-    CommandReport,
     Console,
     UserError,
-    bound_holds,
     bound_note,
     check_builder_use,
     data_description,
-    describe_data,
-    describe_eigensolver,
-    describe_matrix,
-    describe_model,
+    drawing_options,
     examples_note,
     figure_font,
     figure_names,
-    figure_record,
-    finish_figure,
     finish_outputs,
+    input_settings,
     load_data,
     load_operator,
     locked_output,
     make_operator,
-    matrix_title,
-    measurement_settings,
     model_description,
-    number_settings,
+    report_errors,
     user_errors,
     versions,
     write_outputs,
 )
-from spectra.cli._curvature import CURVATURES, DEFAULT_CURVATURE, curvature_choice
 from spectra.cli._parser import _positive_int, common_options, eigen_options, trace_options
-from spectra.estimators.density import spectral_density, spectral_mass_below
-from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
 from spectra.estimators.eigenvalue_bounds import FLOOR_FACTOR
-from spectra.estimators.results import (
-    EigenResult,
-    SpectralDensity,
-    SpectralMass,
-    SpectralMoments,
-    TraceResult,
+from spectra.operators.registry import CURVATURES, DEFAULT_CURVATURE
+from spectra.reports.analyze import (
+    AnalysisReport,
+    AnalysisSettings,
+    analysis_figures,
+    compute_analysis,
+    layers_figure,
 )
-from spectra.estimators.stochastic_trace import trace
+from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY, bound_holds
+from spectra.reports.figures import DrawnFigure, FigureOptions, figure_record
 
-# The spectral mass below −τ·λ₁: the mass just below 0 cannot be resolved by Lanczos
-# quadrature (the near-zero bulk of a trained network straddles 0), see
-# spectra.estimators.density.spectral_mass_below.
-_NEGATIVE_MASS_TAU = 0.01
 _RESULTS = "results.json"
 _FIGURES = ("eigenvalues", "density", "layers")
-
-
-@dataclass
-class AnalysisReport(CommandReport):
-    """Everything ``spectra analyze`` computed, as written to ``results.json``.
-
-    With ``--layers``: ``layers`` is the :class:`spectra.LayerwiseResult` (one list entry
-    per layer in each field) and ``layer_table`` the same as one row per layer (name,
-    size, eigenvalues, error bounds, converged, and with ``--trace`` trace and its
-    standard error)."""
-
-    model: dict[str, Any]
-    loss: float
-    eigenvalues: EigenResult
-    eigenvalue_ratio: float | None
-    trace: TraceResult | None
-    density: SpectralDensity | None
-    density_moments: SpectralMoments | None
-    negative_mass: SpectralMass | None
-    layers: LayerwiseResult | None
-    layer_table: list[dict[str, Any]] | None
-    num_products: int
-    num_data_passes: int
-    wall_times: dict[str, float]
-    files: dict[str, Any]
-    """The paths written (``results``, ``*_figure`` lists), and ``not_written`` (file name
-    to reason) when some could not be (a full disk)."""
-    repeats: RepeatResult | None = None
-    """With ``--repeats R``: every requested estimate rerun R times (seeds ``--seed`` ..
-    ``--seed + R - 1``; with ``--subsample f`` each on a random subset of the data, drawn as
-    ``repeats.subset_rule`` says), see :class:`spectra.RepeatResult`."""
-    figures: dict[str, Any] | None = None
-    """How the figures were drawn (``settings``: style, font, title, caption, legend,
-    labels) and each one's title and full caption, as its file's metadata holds them
-    (:func:`spectra.cli._common.figure_record`)."""
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
@@ -204,19 +160,32 @@ def run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     _check_repeats(args)
     figure_font(args)
-    settings = measurement_settings(args)
+    settings = _settings(args)
+    with user_errors():
+        settings.measurement()
     check_builder_use(args, [args.model])
     with locked_output(args, [_RESULTS, *figure_names(_FIGURES, args.format)]) as out:
         data = load_data(args)
         model, size, op = load_operator(args, data)
         loss = op.loss()
         loaded = time.perf_counter()
-        report = _compute(args, console, settings, op, loss, model=model, data=data)
+        with report_errors():
+            report = compute_analysis(
+                op,
+                settings,
+                command=args.command_line,
+                loss=loss,
+                data=data,
+                build=lambda subset: make_operator(model, args, subset),
+                progress=console.progress,
+            )
+        report.versions = versions()
         report.model = model_description(args.model, model, size)
         report.data = data_description(args, data, model)
         report.wall_times["load"] = loaded - started
-        figures = _figures(args, report)
-        report.figures = figure_record(args, figures)
+        options = _figure_options(args)
+        figures = analysis_figures(report, options)
+        report.figures = figure_record(options, figures)
         report.wall_times["total"] = time.perf_counter() - started
         write_outputs(out, report, _RESULTS, figures, args.format)
         _print(report, console)
@@ -224,11 +193,41 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> AnalysisSettings:
+    """The settings of the analysis the options ask for."""
+    return AnalysisSettings(
+        **input_settings(args),
+        top_k=args.top_k,
+        method=args.method,
+        tol=args.tol,
+        trace=args.trace,
+        trace_method=args.trace_method,
+        trace_products=args.trace_products,
+        density=args.density,
+        density_steps=args.density_steps,
+        density_probes=args.density_probes,
+        layers=args.layers,
+        curvature=args.curvature,
+        repeats=args.repeats,
+        subsample=args.subsample,
+    )
+
+
+def _figure_options(args: argparse.Namespace) -> FigureOptions:
+    return drawing_options(
+        args,
+        labels=not args.no_labels,
+        log_scale=args.log_scale,
+        density_log=args.density_log,
+        density_negative=args.density_negative,
+    )
+
+
 def _check_repeats(args: argparse.Namespace) -> None:
     """``--repeats`` at least 2, ``--subsample`` a fraction in (0, 1] and only with
     ``--repeats`` (one line, exit status 2); whether a subset keeps an example is checked
     once the data is loaded."""
-    repeats, subsample = getattr(args, "repeats", None), getattr(args, "subsample", None)
+    repeats, subsample = args.repeats, args.subsample
     if repeats is not None and repeats < 2:
         raise UserError(
             f"--repeats must be at least 2 (a spread needs two runs), got {repeats}: leave "
@@ -246,332 +245,6 @@ def _check_repeats(args: argparse.Namespace) -> None:
             f"--subsample must be a fraction of the data in (0, 1], got {subsample:g}: e.g. "
             "--subsample 0.5 for subsets of half the examples."
         )
-
-
-def _repeat_estimates(
-    args: argparse.Namespace,
-    console: Console,
-    op: Any,
-    model: Any,
-    data: Any,
-    full: dict[str, Any] | None = None,
-) -> RepeatResult:
-    """Every requested estimate rerun ``--repeats`` times, as one :class:`RepeatResult`
-    (quantities λ1..λk, then trace, then the density's trace(A)/n and trace(A²)/n); across
-    subsets compared with ``full``, this run's results on all the data (the same keys as
-    ``estimate`` returns), which gives the result's ``full_values`` and ``shift``."""
-    from spectra.io.datasets import Data
-
-    def estimate(matrix: Any, seed: int) -> dict[str, Any]:
-        results: dict[str, Any] = {
-            "eigenvalues": eigenvalues(
-                matrix, k=args.top_k, method=args.method, tol=args.tol, seed=seed, progress=False
-            )
-        }
-        if args.trace:
-            results["trace"] = trace(
-                matrix,
-                method=args.trace_method,
-                num_products=args.trace_products,
-                seed=seed,
-                progress=False,
-            )
-        if args.density:
-            results["density"] = spectral_density(
-                matrix,
-                num_steps=args.density_steps,
-                num_probes=args.density_probes,
-                seed=seed,
-                progress=False,
-            )
-        return results
-
-    if args.subsample is None:
-        return repeat_estimate(
-            estimate, op, repeats=args.repeats, seed=args.seed, progress=console.progress
-        )
-
-    def build(arrays: tuple[Any, ...]) -> Any:
-        subset = Data(
-            x=arrays[0],
-            y=arrays[1],
-            sample_weight=arrays[2] if len(arrays) > 2 else None,
-            name=data.name,
-            num_examples=len(arrays[0]),
-            description=data.description,
-        )
-        return make_operator(model, args, subset)
-
-    with user_errors("--subsample"):
-        subsample_indices(data.num_examples, args.subsample, args.seed, 0)
-    return repeat_estimate(
-        estimate,
-        data=data.as_tuple(),
-        build=build,
-        subsample=args.subsample,
-        repeats=args.repeats,
-        seed=args.seed,
-        progress=console.progress,
-        full=full,
-    )
-
-
-def _compute(
-    args: argparse.Namespace,
-    console: Console,
-    settings: Any,
-    op: Any,
-    loss: float,
-    *,
-    model: Any = None,
-    data: Any = None,
-) -> AnalysisReport:
-    eig = eigenvalues(
-        op,
-        k=args.top_k,
-        method=args.method,
-        tol=args.tol,
-        seed=args.seed,
-        progress=console.progress,
-    )
-    ratio = eigenvalue_ratio(eig) if args.top_k > 1 and eig.eigenvalues[-1] != 0 else None
-    wall_times = {"eigenvalues": eig.wall_time}
-    trace_result = None
-    if args.trace:
-        trace_result = trace(
-            op,
-            method=args.trace_method,
-            num_products=args.trace_products,
-            seed=args.seed,
-            progress=console.progress,
-        )
-        wall_times["trace"] = trace_result.wall_time
-    density = moments = negative = None
-    if args.density:
-        density = spectral_density(
-            op,
-            num_steps=args.density_steps,
-            num_probes=args.density_probes,
-            seed=args.seed,
-            progress=console.progress,
-        )
-        moments = density.moments()
-        negative = spectral_mass_below(
-            density, tau=_NEGATIVE_MASS_TAU, lambda_max=float(eig.eigenvalues[0])
-        )
-        wall_times["density"] = density.wall_time
-    layers = None
-    if args.layers:
-        layers = layerwise(
-            op,
-            k=args.top_k,
-            trace=args.trace,
-            tol=args.tol,
-            num_probes=args.trace_products,
-            seed=args.seed,
-        )
-        wall_times["layers"] = layers.wall_time
-    repeats = None
-    if getattr(args, "repeats", None) is not None:
-        full = {"eigenvalues": eig, "trace": trace_result, "density": density}
-        full = {key: value for key, value in full.items() if value is not None}
-        repeats = _repeat_estimates(args, console, op, model, data, full)
-        wall_times["repeats"] = repeats.wall_time
-    return AnalysisReport(
-        command=args.command_line,
-        versions=versions(),
-        settings={
-            **number_settings(args, settings),
-            "density": args.density,
-            "density_steps": args.density_steps if args.density else None,
-            "density_probes": args.density_probes if args.density else None,
-            "layers": args.layers,
-            "curvature": args.curvature,
-            "dtype": str(op.dtype),
-            "repeats": getattr(args, "repeats", None),
-            "subsample": getattr(args, "subsample", None),
-        },
-        data={},
-        model={},
-        loss=loss,
-        eigenvalues=eig,
-        eigenvalue_ratio=ratio,
-        trace=trace_result,
-        density=density,
-        density_moments=moments,
-        negative_mass=negative,
-        layers=layers,
-        layer_table=None if layers is None else layers.rows(),
-        num_products=op.num_hvps,
-        num_data_passes=op.num_data_passes,
-        wall_times=wall_times,
-        files={},
-        repeats=repeats,
-    )
-
-
-def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[tuple[str, str, Any]]:
-    """The figures of the report as ``(files key, file stem, figure)``, not yet saved, in
-    ``--style`` with the title and caption ``--no-title`` and ``--caption`` ask for."""
-    from spectra.plotting import plot_eigenvalues, plot_spectral_density, repeats_description
-
-    eig = report.eigenvalues
-    repeats = report.repeats
-    if repeats is not None and not any(name.startswith("λ") for name in repeats.names):
-        repeats = None
-    dtype = report.settings["dtype"]
-    matrix = matrix_title(args)
-    style = getattr(args, "style", None)
-    font = figure_font(args)
-    legend = not getattr(args, "no_legend", False)
-    annotate = False if getattr(args, "no_labels", False) else None
-    where = (
-        describe_model(report.model),
-        describe_data(report.data),
-        describe_matrix(args, report.model),
-    )
-    known_trace = (
-        None
-        if report.trace is None
-        else f"trace {plus_minus(report.trace.estimate, report.trace.stderr)}"
-    )
-    bars = "bars: eigenvalue error bounds"
-    if repeats is not None:
-        spread = f"spread across {repeats_description(repeats)}"
-        bars = f"bars: eigenvalue error bounds of this run, and the {spread} (sd)"
-        if known_trace is not None and "trace" in repeats.names:
-            j = repeats.quantity("trace")
-            across = plus_minus(float(repeats.mean[j]), float(repeats.sd[j]))
-            known_trace += (
-                f" (this run; s.e. across probes), {across} across "
-                f"{repeats_description(repeats)} (mean ± sd)"
-            )
-    ax = plot_eigenvalues(
-        eig,
-        log_scale=args.log_scale,
-        repeats=repeats,
-        annotate=annotate,
-        legend=legend,
-        style=style,
-        font=font,
-    )
-    count = eig.eigenvalues.size
-    figure = finish_figure(
-        ax,
-        args,
-        f"Top eigenvalue of the {matrix}"
-        if count == 1
-        else f"Top {count} eigenvalues of the {matrix}",
-        (*where[:2], describe_eigensolver(args, count, dtype)),
-        (f"{eig.num_products} products", bars, known_trace),
-        matrix=where[2],
-    )
-    figures: list[tuple[str, str, Any]] = [("eigenvalues_figure", "eigenvalues", figure)]
-    if report.density is not None:
-        density = report.density
-        negative = getattr(args, "density_negative", True)
-        ax = plot_spectral_density(
-            density,
-            log_scale=getattr(args, "density_log", True),
-            negative=negative,
-            legend=legend,
-            style=style,
-            font=font,
-        )
-        sigma = density.default_sigma()
-        side = None
-        if density.positive_semidefinite:
-            side = "positive semidefinite: drawn on λ ≥ 0"
-        elif not negative:
-            side = "λ < 0 not drawn (--no-density-negative)"
-        band = None
-        if density.num_probes > 1:
-            band = "band: ±2 standard errors across probes"
-            if repeats is not None:
-                # The repeats' spread is not drawn on the density: say whose band it is.
-                band = (
-                    "band: this run's ±2 standard errors across its probes, not the "
-                    f"spread across {repeats_description(repeats)}"
-                )
-        figure = finish_figure(
-            ax,
-            args,
-            f"Spectral density of the {matrix}",
-            (
-                *where[:2],
-                f"stochastic Lanczos quadrature, {density.num_probes} probes × "
-                f"{args.density_steps} steps, Gaussian σ = {sigma:.2g}",
-                band if repeats is not None else None,
-            ),
-            (
-                f"{density.num_products} products",
-                None if repeats is not None else band,
-                side,
-                known_trace,
-            ),
-            matrix=where[2],
-        )
-        figures.append(("density_figure", "density", figure))
-    if report.layers is not None:
-        figure = _layers_figure(args, report.layers, matrix, where)
-        figures.append(("layers_figure", "layers", figure))
-    return figures
-
-
-def _layers_figure(
-    args: argparse.Namespace, layers: LayerwiseResult, matrix: str, where: tuple[str, ...]
-) -> Any:
-    """Per-layer top eigenvalues (and traces) as bar charts, one row per layer, side by side
-    on one figure of ``--style``'s width whose height grows with the number of layers."""
-    from spectra.plotting import (
-        block_symbol,
-        figure_size,
-        figure_style,
-        new_figure,
-        plot_layerwise,
-    )
-
-    style = getattr(args, "style", None) or "column"
-    panels = 2 if layers.traces is not None else 1
-    width, _ = figure_size(style)
-    # Two panels: stacked in a column, side by side on a page. Each panel takes a row per
-    # layer (0.2 in: a 7 pt label and its bar) plus its axis label and legend (1.2 in).
-    stacked = panels == 2 and style == "column"
-    height = (1.2 + 0.2 * len(layers.groups)) * (2 if stacked else 1)
-    font = figure_font(args)
-    figure, axes = new_figure(
-        style,
-        aspect=min(1.6, max(0.45, height / width)),
-        nrows=2 if stacked else 1,
-        ncols=1 if stacked else panels,
-        font=font,
-    )
-    axes = np.atleast_1d(axes).ravel()
-    symbol = curvature_choice(args.curvature).symbol
-    shown = {
-        "legend": not getattr(args, "no_legend", False),
-        "annotate": False if getattr(args, "no_labels", False) else None,
-        "style": style,
-        "font": font,
-    }
-    with figure_style(style, font=font):
-        plot_layerwise(layers, ax=axes[0], symbol=symbol, **shown)
-        if panels == 2:
-            plot_layerwise(layers, quantity="trace", symbol=symbol, ax=axes[1], **shown)
-            if not stacked:
-                axes[1].set_yticklabels([])
-                axes[1].set_ylabel("")
-    return finish_figure(
-        figure,
-        args,
-        f"Per-layer spectra of the {matrix}: diagonal blocks {block_symbol(symbol)}",
-        (*where[:2], f"block Lanczos in lock-step, k = {args.top_k}, tol = {args.tol:g}"),
-        (
-            f"trace: Hutchinson, {args.trace_products} probes per layer" if args.trace else None,
-            f"{layers.num_products} products in {layers.num_operator_calls} data passes",
-        ),
-        matrix=where[2],
-    )
 
 
 def _print(report: AnalysisReport, console: Console) -> None:
@@ -723,6 +396,23 @@ def _print_layers(layers: LayerwiseResult, console: Console) -> None:
         if note:
             line += f"  {note}"
         console.info(line.rstrip())
+
+
+# Kept for tests/test_figures_print.py, which draws the figures from parsed arguments.
+
+
+def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[DrawnFigure]:
+    """:func:`spectra.reports.analyze.analysis_figures` with the settings of ``args``."""
+    recorded = _settings(args).record(report.settings["dtype"])
+    report = dataclasses.replace(report, settings={**report.settings, **recorded})
+    return analysis_figures(report, _figure_options(args))
+
+
+def _layers_figure(
+    args: argparse.Namespace, layers: LayerwiseResult, matrix: str, where: tuple[str, ...]
+) -> Any:
+    """:func:`spectra.reports.analyze.layers_figure` with the settings of ``args``."""
+    return layers_figure(layers, _settings(args), _figure_options(args), matrix, where)
 
 
 __all__ = ["AnalysisReport", "UserError", "run"]

@@ -2,12 +2,15 @@
 
 Reads ``results.json`` (``spectra analyze``), ``sharpness.json`` (``spectra sharpness``; its
 ``--x steps|epochs`` may switch to another axis the run recorded) or
-``landscape.json`` (``spectra landscape``), rebuilds the report (:func:`spectra.load`; the
-command line the run recorded is parsed again for the options its figures name) and draws
-the figures the original command draws, with the same functions, in the ``--style``,
-``--no-title`` and ``--caption`` given to ``spectra plot`` (the run's own are not reused,
-so that a replot in another style needs no options of the run). Nothing is recomputed:
-it takes about a second, and imports no TensorFlow.
+``landscape.json`` (``spectra landscape``), rebuilds the report (:func:`spectra.load`) and
+draws the figures the original command draws, with the same functions
+(:mod:`spectra.reports`), named by the settings the report records, in the ``--style``,
+``--font``, ``--no-title``, ``--caption``, ``--no-legend`` and ``--no-labels`` given to
+``spectra plot`` (the run's own are not reused, so that a replot in another style needs no
+options of the run). The run's drawing options that only its recorded command line holds
+(``analyze --log-scale``, ``--no-density-log``, ``--no-density-negative``; ``sharpness
+--plot-overlap``) are read from it. Nothing is recomputed: it takes about a second, and
+imports no TensorFlow.
 
 The figures go to ``--out`` (default ``<the JSON's directory>/replot``, so that the run's
 own figures are never overwritten), claimed and locked as every command's output directory
@@ -17,8 +20,8 @@ own figures are never overwritten), claimed and locked as every command's output
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,29 @@ from spectra.cli._common import (
     user_errors,
 )
 from spectra.cli._parser import _formats, figure_options
-from spectra.estimators.results import load
 from spectra.io.result_validation import FieldError, check_figure_fields, damaged_file
+from spectra.reports import (
+    AnalysisReport,
+    FigureOptions,
+    LandscapeReport,
+    SharpnessReport,
+    analysis_figures,
+    landscape_figures,
+    load,
+    sharpness_figures,
+)
+from spectra.reports.figures import DrawnFigure
+from spectra.reports.sharpness_axes import x_positions
 
 # The directory under the JSON's own that the figures go to by default.
 _DEFAULT_SUBDIRECTORY = "replot"
+# The drawing options of a run that its record keeps only in its command line, by command
+# (the argparse names, which FigureOptions shares).
+_RECORDED_DRAWING = {
+    "analyze": ("log_scale", "density_log", "density_negative"),
+    "sharpness": ("plot_overlap",),
+    "landscape": (),
+}
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
@@ -109,10 +130,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def _read(path: Path) -> Any:
     """The report in ``path`` (:func:`spectra.load`); a ``sharpness.json`` as the dictionary
-    its figure is drawn from (:meth:`spectra.cli.sharpness.SharpnessReport.to_dict`, NaN
+    its figure is drawn from (:meth:`spectra.reports.sharpness.SharpnessReport.to_dict`, NaN
     restored)."""
-    from spectra.cli.sharpness import SharpnessReport
-
     wanted = "a run's results.json, sharpness.json or landscape.json"
     if not path.exists():
         raise UserError(f"no file '{path}': give {wanted}")
@@ -133,41 +152,47 @@ def _read(path: Path) -> Any:
     return report
 
 
-def _recorded_args(
-    path: Path, command: Any, options: argparse.Namespace | None = None
-) -> argparse.Namespace:
-    """The options of the run: its recorded command line parsed again, with the figure
-    options (``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``,
-    ``--no-labels``) of ``options``."""
+def _recorded_drawing(path: Path, command: Any) -> dict[str, Any]:
+    """The drawing options of the run that only its recorded command line holds
+    (:data:`_RECORDED_DRAWING`): the command line parsed again, refused when it is not
+    one this spectra reads."""
     from spectra.cli._parser import build_parser
 
     words = shlex.split(str(command)) if command else []
     if len(words) < 2 or words[0] != "spectra":
         raise UserError(f"{path}: records no spectra command line to read the options from")
     try:
-        args = build_parser().parse_args(words[1:])
+        recorded = vars(build_parser().parse_args(words[1:]))
     except SystemExit:
         raise UserError(
             f"{path}: its recorded command line ({command}) is not one this spectra reads"
         ) from None
-    args.command_line = command
-    if options is not None:
-        for name in ("style", "no_title", "caption"):
-            setattr(args, name, getattr(options, name))
-        for name, default in (("font", "sans"), ("no_legend", False), ("no_labels", False)):
-            setattr(args, name, getattr(options, name, default))
-        if getattr(options, "x_axis", None) is not None:
-            args.x_axis = options.x_axis
-    return args
+    names = _RECORDED_DRAWING.get(str(recorded.get("command_module")), ())
+    return {name: recorded[name] for name in names}
+
+
+def _options(path: Path, command: Any, options: argparse.Namespace) -> FigureOptions:
+    """The figure options of the replot: those of ``options`` (``spectra plot``'s own:
+    ``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``,
+    ``--no-labels``, ``--x``), with the run's drawing options its command line records."""
+    recorded = _recorded_drawing(path, command)
+    return FigureOptions(
+        style=getattr(options, "style", None),
+        font=getattr(options, "font", "sans"),
+        title=not getattr(options, "no_title", False),
+        caption=getattr(options, "caption", None),
+        legend=not getattr(options, "no_legend", False),
+        labels=not getattr(options, "no_labels", False),
+        x_axis=getattr(options, "x_axis", None),
+        **recorded,
+    )
 
 
 def _drawing(
-    path: Path, report: Any, options: argparse.Namespace | None = None
-) -> tuple[Any, tuple[str, ...]]:
-    """A function drawing the report's figures (``(files key, stem, figure)``) and the stems."""
-    from spectra.cli.analyze import AnalysisReport
-    from spectra.cli.landscape import LandscapeReport
-
+    path: Path, report: Any, options: argparse.Namespace
+) -> tuple[Callable[[], list[DrawnFigure]], tuple[str, ...]]:
+    """A function drawing the report's figures (``(files key, stem, figure)``) and the
+    stems, with ``spectra plot``'s arguments ``options``."""
     chosen = getattr(options, "x_axis", None)
     if chosen is not None and not (
         isinstance(report, dict) and report.get("type") == "SharpnessReport"
@@ -177,51 +202,31 @@ def _drawing(
             f"--x out for {path.name}."
         )
     if isinstance(report, AnalysisReport):
-        from spectra.cli import analyze
-
-        args = _recorded_args(path, report.command, options)
+        drawn = _options(path, report.command, options)
         stems = ["eigenvalues"]
         stems += ["density"] if report.density is not None else []
         stems += ["layers"] if report.layers is not None else []
-        return (lambda: analyze._figures(args, report)), tuple(stems)
+        return (lambda: analysis_figures(report, drawn)), tuple(stems)
     if isinstance(report, LandscapeReport):
-        from spectra.cli import landscape
-
-        args = _recorded_args(path, report.command, options)
-        curves = report.curves
-        slope = float(report.radius["slope_along_v1"])
+        drawn = _options(path, report.command, options)
         stems = ["landscape_1d"] + (["landscape_2d"] if report.surface is not None else [])
-        return (
-            lambda: landscape._figures(args, report, curves.alphas, curves.base_loss, slope)
-        ), tuple(stems)
+        return (lambda: landscape_figures(report, drawn)), tuple(stems)
     if isinstance(report, dict) and report.get("type") == "SharpnessReport":
         return _sharpness_drawing(path, report, options), ("sharpness",)
     raise UserError(f"{path}: a {type(report).__name__} has no figures to redraw")
 
 
 def _sharpness_drawing(
-    path: Path, report: dict[str, Any], options: argparse.Namespace | None = None
-) -> Any:
-    from spectra.analysis.stability import StabilityThreshold
-    from spectra.cli import sharpness
-
-    args = _recorded_args(path, report.get("command"), options)
+    path: Path, report: dict[str, Any], options: argparse.Namespace
+) -> Callable[[], list[DrawnFigure]]:
+    drawn = _options(path, report.get("command"), options)
     done = [entry for entry in report.get("checkpoints", []) if entry.get("status") == "done"]
     if not done:
         raise UserError(f"{path}: no checkpoint is done, so there is nothing to plot")
-    threshold = None
-    recorded = report.get("threshold")
-    if recorded is not None:
-        names = [spec.name for spec in dataclasses.fields(StabilityThreshold)]
-        threshold = StabilityThreshold(**{name: recorded[name] for name in names})
     unit, source = str(report.get("step_unit", "step")), str(report.get("step_source", ""))
+    x_axis = drawn.x_axis if drawn.x_axis is not None else report.get("x_axis")
 
     # An axis the run did not record is refused before anything is drawn or claimed.
     with user_errors():
-        sharpness.x_positions(args, report, done, unit, source)
-
-    def draw() -> list[tuple[str, str, Any]]:
-        figure = sharpness.sharpness_figure(args, report, done, threshold, unit, source)
-        return [("sharpness_figure", "sharpness", figure)]
-
-    return draw
+        x_positions(report, done, x_axis, unit, source)
+    return lambda: sharpness_figures(report, drawn)

@@ -1,33 +1,26 @@
 """``spectra sharpness CHECKPOINTS``: the sharpness of every checkpoint of a run, resumable.
 
 The bookkeeping (resume, lock, files) is :class:`spectra.analysis.trajectory.SharpnessRun`, the
-measurement :func:`spectra.analysis.trajectory.measure_sharpness`; this module reads the options,
-finds the checkpoints and the stability threshold, and prints.
+measurement :func:`spectra.analysis.trajectory.measure_sharpness`; the options become a
+:class:`spectra.reports.sharpness.SharpnessRunSettings`, the run's threshold, x axes, report
+and figure are :mod:`spectra.reports`'. This module reads the options, finds the checkpoints,
+measures them in order and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
+import functools
 import itertools
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from spectra._format import count_text, plus_minus
-from spectra.analysis.minibatch import minibatch_sharpness, summary_scalars
-from spectra.analysis.stability import (
-    StabilityThreshold,
-    gradient_descent_threshold,
-    stability_threshold_of,
-    threshold_matrix,
-)
+from spectra._format import plus_minus
+from spectra.analysis.minibatch import summary_scalars
+from spectra.analysis.stability import StabilityThreshold
 from spectra.analysis.trajectory import (
     PlannedCheckpoint,
     ResumeRefused,
@@ -36,36 +29,28 @@ from spectra.analysis.trajectory import (
     plan_checkpoints,
 )
 from spectra.cli._common import (
-    DEFAULT_FAILURE_PROBABILITY,
-    CommandReport,
     Console,
     SettingError,
     UserError,
-    bound_holds,
     bound_note,
     check_builder_use,
     check_curvature,
     check_loss,
     check_model,
     check_out_option,
-    check_preconditionable,
     compiles_model,
     custom_objects_option,
     data_description,
     data_fingerprint,
-    describe_data,
-    describe_matrix,
+    drawing_options,
     figure_font,
     figure_names,
-    figure_record,
-    finish_figure,
+    input_settings,
     load_data,
     make_operator,
-    matrix_title,
-    measurement_settings,
     model_description,
-    number_settings,
     one_line,
+    report_errors,
     require_backend,
     save_figure_formats,
     user_errors,
@@ -80,108 +65,27 @@ from spectra.cli._parser import (
 )
 from spectra.io.files import read_json
 from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
+from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY
+from spectra.reports.figures import (
+    FigureOptions,
+    describe_data,  # noqa: F401  (tests/test_figures_print.py patches it)
+    figure_record,
+)
+from spectra.reports.sharpness import (
+    SharpnessReport,
+    SharpnessRunSettings,
+    entry_certified,
+    entry_failure_probability,
+    minibatch_record,
+    sharpness_figures,
+    side_of_threshold,
+)
+from spectra.reports.sharpness_axes import X_AXES, x_axes
+from spectra.reports.thresholds import recorded_learning_rate, recover_threshold
+
+__all__ = ["SharpnessReport", "add_arguments", "run"]
 
 _FIGURE = "sharpness"
-_UNIT_LABELS = {
-    ("step", "--steps"): "Training step (from --steps)",
-    ("step", "file names"): "Training step (from the file names)",
-    ("epoch", "file names"): "Epoch (from the file names)",
-    ("checkpoint", "file names"): "Checkpoint number (from the file names)",
-}
-# The x axes of --x: where each source puts the checkpoints, and the axis label it gives.
-_X_CHOICES = ("steps", "epochs")
-_STEP_SOURCE_LABELS = {
-    "--steps": "from --steps",
-    "optimizer iterations": "optimizer iterations",
-    "file names": "from the file names",
-}
-# The training steps' source as the numerator of an epoch axis' label.
-_STEPS_PER_EPOCH_LABELS = {
-    "--steps": "--steps",
-    "optimizer iterations": "optimizer iterations",
-    "file names": "steps in the file names",
-}
-
-# --lr and a recorded learning rate are the same rate when they agree to 1e-6: a rate read
-# back from a saved float32 optimizer variable carries a relative rounding of 2^-24 ≈ 6e-8.
-_SAME_RATE_RTOL = 1e-6
-
-
-@dataclass
-class SharpnessReport(CommandReport):
-    """A ``spectra sharpness`` run as written to ``sharpness.json``
-    (:meth:`spectra.analysis.trajectory.SharpnessRun.report`), reloaded by :func:`spectra.load`.
-
-    ``checkpoints`` holds one entry per checkpoint recorded so far, in step order: ``file``,
-    ``step``, ``sha256``, ``path``, ``status`` (``"done"`` or ``"failed"``), ``error`` and
-    the measurement (``eigenvalues`` largest first, ``error_bounds``, ``residual_norms``,
-    ``converged``, ``trace``, ``trace_stderr``, ``loss``, ``eigenvector_overlap``,
-    ``num_products``, ``wall_time``, …; None for a failed one), NaN where the file wrote
-    null and said so. ``settings`` are the values a resume must match, ``plan`` every
-    checkpoint of the run, ``summary`` the counts, ``threshold`` the stability threshold
-    (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`) or None, ``model`` the
-    model's description (None before the first measurement). :attr:`done`, :attr:`steps`,
-    :attr:`eigenvalues` and :attr:`error_bounds` give the measured checkpoints as arrays.
-    """
-
-    format: str
-    checkpoints_source: str
-    step_source: str
-    step_unit: str
-    learning_rate: float | None
-    learning_rate_source: str | None
-    threshold: dict[str, Any] | None
-    warm_start: bool
-    plan: list[dict[str, Any]]
-    summary: dict[str, int]
-    checkpoints: list[dict[str, Any]]
-    model: dict[str, Any] | None = None
-    learning_rate_stored: float | None = None
-    """The learning rate as the first checkpoint's optimizer stores it (a float32 read back,
-    0.009999999776482582), None when no checkpoint records one; ``learning_rate`` is then
-    the shortest decimal with the same float32 value (0.01), the threshold's η."""
-    x_axis: str | None = None
-    """``--x``: ``"steps"``, ``"epochs"``, or None for the file names' own numbers
-    (``step_unit`` says what they count)."""
-    x_axes: dict[str, Any] | None = None
-    """Every x axis the run could place its checkpoints on (``"steps"``, ``"epochs"``), each
-    ``{"source", "label", "values": {file: position}}``, so that ``spectra plot --x`` can
-    switch between them; ``source`` is ``"--steps"``, ``"optimizer iterations"`` (the
-    counter saved in each checkpoint), ``"file names"`` or, for epochs, the steps' source
-    divided by ``--steps-per-epoch``."""
-    dropped_threshold: dict[str, Any] | None = None
-    """The recorded optimizer's threshold when it bounds the other matrix and is not drawn
-    (:meth:`spectra.analysis.stability.StabilityThreshold.to_dict`; e.g. Adam's, which
-    bounds λ_max(P⁻¹H), on a run measuring λ_max(H)), so that the figure can name it."""
-    figures: dict[str, Any] | None = None
-    """How the figure was drawn and its title and full caption, which the compact figure
-    does not draw by default (:func:`spectra.cli._common.figure_record`); None before a
-    checkpoint is measured."""
-
-    @property
-    def done(self) -> list[dict[str, Any]]:
-        """The entries of the checkpoints measured, in step order."""
-        return [entry for entry in self.checkpoints if entry.get("status") == "done"]
-
-    @property
-    def steps(self) -> np.ndarray:
-        """The steps (in :attr:`step_unit`) of the measured checkpoints, int64."""
-        return np.array([entry["step"] for entry in self.done], dtype=np.int64)
-
-    @property
-    def eigenvalues(self) -> np.ndarray:
-        """The eigenvalues of the measured checkpoints, shape (checkpoints, top_k), float64."""
-        return self._matrix("eigenvalues")
-
-    @property
-    def error_bounds(self) -> np.ndarray:
-        """Their error bounds, shape (checkpoints, top_k), float64."""
-        return self._matrix("error_bounds")
-
-    def _matrix(self, name: str) -> np.ndarray:
-        k = int(self.settings.get("top_k", 1))
-        rows = [entry[name] for entry in self.done]
-        return np.array(rows, dtype=np.float64).reshape(len(rows), k)
 
 
 def add_arguments(commands: argparse._SubParsersAction) -> None:
@@ -227,7 +131,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     sharpness.add_argument(
         "--x",
         dest="x_axis",
-        choices=_X_CHOICES,
+        choices=X_AXES,
         help="the figure's x axis: 'steps' puts each checkpoint at its training step (from "
         "--steps, else the optimizer's iteration counter saved in the checkpoints, else the "
         "step numbers in the file names); 'epochs' at its epoch (the epoch numbers in the "
@@ -303,7 +207,9 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    settings = measurement_settings(args)
+    settings = _settings(args)
+    with user_errors():
+        settings.measurement()
     check_out_option(args)
     figure_font(args)
     events = _tensorboard_events(args)
@@ -340,52 +246,35 @@ def _tensorboard_scalars(
     return scalars
 
 
-def _minibatch(
-    model: Any,
-    args: argparse.Namespace,
-    data: Any,
-    settings: Any,
-    measurement: Any,
-    threshold: StabilityThreshold | None,
-) -> dict[str, Any]:
-    """λ₁ (and with --trace the trace) of the run's matrix on each of ``--per-batch``
-    mini-batches at the checkpoint's weights, with the full-batch λ₁ and the threshold."""
+def _settings(args: argparse.Namespace) -> SharpnessRunSettings:
+    """The settings of the run the options ask for."""
+    return SharpnessRunSettings(
+        **input_settings(args),
+        top_k=args.top_k,
+        method=args.method,
+        tol=args.tol,
+        trace=args.trace,
+        trace_method=args.trace_method,
+        trace_products=args.trace_products,
+        warm_start=not args.cold_start,
+        per_batch=args.per_batch,
+        per_batch_size=args.per_batch_size,
+        preconditioned=args.preconditioned,
+        lr=args.lr,
+        steps=args.steps,
+        x_axis=args.x_axis,
+        steps_per_epoch=args.steps_per_epoch,
+    )
 
-    def build(batch: tuple[Any, ...]) -> Any:
-        x, y, *weight = batch
-        subset = dataclasses.replace(
-            data,
-            x=x,
-            y=y,
-            sample_weight=weight[0] if weight else None,
-            num_examples=settings.per_batch_size,
-        )
-        return make_operator(model, args, subset)
 
-    with user_errors("--per-batch"):
-        result = minibatch_sharpness(
-            model,
-            data.as_tuple(),
-            batch_size=settings.per_batch_size,
-            num_batches=settings.per_batch,
-            seed=settings.seed,
-            tol=settings.tol,
-            method=settings.method,
-            trace=settings.trace,
-            trace_products=settings.trace_products,
-            build=build,
-            progress=False,
-        )
-    result.full_batch = measurement.eigenvalues[0]
-    if threshold is not None and threshold.preconditioned == bool(args.preconditioned):
-        result.threshold = threshold.value
-    return result.to_dict()
+def _figure_options(args: argparse.Namespace) -> FigureOptions:
+    return drawing_options(args, plot_overlap=args.plot_overlap, x_axis=args.x_axis)
 
 
 def _run_locked(
     args: argparse.Namespace,
     console: Console,
-    settings: Any,
+    settings: SharpnessRunSettings,
     store: Any,
     events: SharpnessEvents | None = None,
 ) -> int:
@@ -405,8 +294,13 @@ def _run_locked(
     data = load_data(args)
     with user_errors(args.checkpoints):
         plan = plan_checkpoints(refs)
-    axes = x_axes(args, plan)
-    threshold, rate, rate_source, notes, dropped = _threshold(args, refs)
+    with report_errors():
+        axes = x_axes(
+            plan, x_axis=settings.x_axis, steps_per_epoch=settings.steps_per_epoch, steps=args.steps
+        )
+        recovered = recover_threshold(refs, lr=settings.lr, preconditioned=settings.preconditioned)
+    threshold, rate, rate_source = recovered.threshold, recovered.learning_rate, recovered.source
+    notes, dropped = recovered.notes, recovered.dropped
     for note in notes:
         console.warn(note)
     header = {
@@ -422,11 +316,11 @@ def _run_locked(
         "threshold": None if threshold is None else threshold.to_dict(),
         "dropped_threshold": None if dropped is None else dropped.to_dict(),
         "warm_start": settings.warm_start,
-        "x_axis": getattr(args, "x_axis", None),
+        "x_axis": settings.x_axis,
         "x_axes": axes,
     }
     wanted = {
-        **number_settings(args, settings),
+        **settings.record(),
         "data_sha256": data_fingerprint(data),
         "num_examples": data.num_examples,
     }
@@ -483,7 +377,7 @@ def _run_locked(
     figure = None
     try:
         # Drawn before the last write, so that sharpness.json records its caption.
-        figure = _prepared_figure(args, store, threshold, unit, step_source)
+        figure = _prepared_figure(args, store)
     finally:
         store.finish()
     if events is not None:
@@ -501,22 +395,15 @@ def _run_locked(
     return _conclude(args, console, store, threshold, unit, figure)
 
 
-def _prepared_figure(
-    args: argparse.Namespace,
-    store: SharpnessRun,
-    threshold: StabilityThreshold | None,
-    unit: str,
-    step_source: str,
-) -> Any:
+def _prepared_figure(args: argparse.Namespace, store: SharpnessRun) -> Any:
     """The figure of the checkpoints measured so far (None before the first), not yet
     saved; its settings, title and full caption go into the record's ``figures``."""
-    done = [entry for entry in store.entries if entry["status"] == "done"]
-    if not done:
+    options = _figure_options(args)
+    figures = sharpness_figures(store.report(), options)
+    if not figures:
         return None
-    figure = sharpness_figure(args, store.report(), done, threshold, unit, step_source)
-    record = figure_record(args, [("sharpness_figure", _FIGURE, figure)], compact=True)
-    store.update_header(figures=record)
-    return figure
+    store.update_header(figures=figure_record(options, figures, compact=True))
+    return figures[0].figure
 
 
 def _nothing_measured(path: Path) -> bool:
@@ -549,7 +436,7 @@ def _refusal_in_words(text: str) -> str:
 def _measure_all(
     args: argparse.Namespace,
     console: Console,
-    settings: Any,
+    settings: SharpnessRunSettings,
     store: SharpnessRun,
     plan: list[PlannedCheckpoint],
     pending: list[PlannedCheckpoint],
@@ -579,6 +466,7 @@ def _measure_all(
     previous_file = before.get(pending[0].file) if previous is not None else None
     if store.warm_start_problem:
         console.warn(store.warm_start_problem)
+    measured = settings.measurement()
     checked: Any = None
     totals = {"products": 0, "passes": 0}
     bar = console.bar(len(pending), "checkpoints", "checkpoint")
@@ -601,15 +489,21 @@ def _measure_all(
                     )
                     measurement = measure_sharpness(
                         op,
-                        settings,
+                        measured,
                         v0=vectors,
                         previous=vectors if neighbour else None,
                         progress=False,
                     )
-                    if settings.per_batch:
-                        measurement.minibatch = _minibatch(
-                            model, args, data, settings, measurement, threshold
-                        )
+                    if measured.per_batch:
+                        with user_errors("--per-batch"):
+                            measurement.minibatch = minibatch_record(
+                                model,
+                                data,
+                                settings,
+                                measurement,
+                                threshold,
+                                functools.partial(make_operator, model, args),
+                            )
             except SettingError:
                 raise
             except UserError as err:
@@ -646,34 +540,6 @@ def _measure_all(
     )
 
 
-def entry_failure_probability(entry: dict[str, Any], method: str) -> float | None:
-    """The failure probability of an entry's bounds; for an entry recorded without one
-    (by an earlier version), what its method certifies: "lanczos" the default level, "power"
-    nothing (1), "lobpcg" no statement (None)."""
-    if "failure_probability" in entry:
-        return entry["failure_probability"]
-    return {"lanczos": DEFAULT_FAILURE_PROBABILITY, "power": 1.0}.get(method)
-
-
-def entry_certified(entry: dict[str, Any], method: str) -> bool:
-    """Whether the top eigenvalue's bound of an entry is proven at the default level."""
-    return bound_holds(entry["converged"][0], entry_failure_probability(entry, method))
-
-
-def _side_of_threshold(entry: dict[str, Any], threshold: StabilityThreshold, method: str) -> str:
-    """Where the bound puts λ1 against the threshold: ``"above"`` or ``"below"`` when the
-    whole interval λ1 ± bound is on that side, ``"within"`` when the threshold lies inside
-    it, ``"unproven"`` when the bound is not certified."""
-    if not entry_certified(entry, method):
-        return "unproven"
-    value, bound = entry["eigenvalues"][0], entry["error_bounds"][0]
-    if value - bound > threshold.value:
-        return "above"
-    if value + bound < threshold.value:
-        return "below"
-    return "within"
-
-
 def _line(
     entry: dict[str, Any],
     threshold: StabilityThreshold | None,
@@ -701,7 +567,7 @@ def _line(
         line += f"  {note}"
     if threshold is not None:
         ratio = entry["eigenvalues"][0] / threshold.value
-        side = _side_of_threshold(entry, threshold, method)
+        side = side_of_threshold(entry, threshold, method)
         proven = {"unproven": ", not proven", "within": ", threshold within the bound"}
         line += f"  ({ratio:.3f} × threshold{proven.get(side, '')})"
     if entry.get("eigenvector_overlap") is not None:
@@ -722,169 +588,6 @@ def _line(
         line + f"  loss {entry['loss']:.4f}  [{entry['num_products']} products, "
         f"{entry['num_data_passes']} passes, {entry['wall_time']:.2f} s, {start} start]"
     )
-
-
-# --------------------------------------------------------------------------- threshold
-
-
-def _trajectory_notes(refs: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """The ``trajectory.json`` beside the checkpoints (when they share one directory), its
-    learning rate checked; a file that cannot be used is a UserError advising ``--lr``."""
-    parents = {Path(ref.path).parent for ref in refs}
-    if len(parents) != 1:
-        return None, None
-    notes = parents.pop() / "trajectory.json"
-    if not notes.is_file():
-        return None, None
-    try:
-        content = read_json(notes)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read '{notes}' as JSON ({err}); give --lr.") from err
-    if not isinstance(content, dict):
-        return None, str(notes)
-    rate = content.get("learning_rate")
-    if rate is not None and not (
-        isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)
-    ):
-        raise UserError(f"'{notes}' has learning_rate {rate!r}, not a positive number; give --lr.")
-    return content, str(notes)
-
-
-def _threshold(
-    args: argparse.Namespace, refs: list[Any]
-) -> tuple[
-    StabilityThreshold | None, float | None, str | None, list[str], StabilityThreshold | None
-]:
-    """The stability threshold of the run, its η and where they came from, warnings, and
-    the threshold dropped because it bounds the other matrix (None when none was).
-
-    The optimizer recorded in the first checkpoint (a compiled .keras file) decides the
-    formula, else the optimizer named in a ``trajectory.json``, else gradient descent;
-    ``--lr`` overrides the recorded η (a mismatch is warned about). A threshold for another
-    matrix than the one measured (λ_max(P⁻¹H) with ``--preconditioned``, else λ_max(H)) is
-    warned about and not returned: no line, ratio or count compares λ₁ with a threshold
-    that does not bound it (the η stays recorded). ``--preconditioned`` on a run whose
-    recorded optimizer has no preconditioner is refused here, before anything is measured.
-    """
-    from spectra.io.checkpoints import recorded_optimizer
-
-    threshold, rate, source, notes = _recorded_threshold(args, refs)
-    recorded = recorded_optimizer(refs[0].path)
-    if args.preconditioned and recorded is None and threshold is not None and source != "--lr":
-        # The optimizer named by a trajectory.json (SGD when it names none).
-        name = threshold.optimizer
-        if not threshold.preconditioned:
-            raise SettingError(
-                f"the optimizer recorded in {source} is {name}, which has no preconditioner "
-                "(P = I): measure λ_max(H) without --preconditioned."
-            )
-    if args.preconditioned and recorded is not None:
-        name = re.sub(r"_\d+$", "", str(recorded["class_name"]))
-        with contextlib.suppress(ValueError):
-            if threshold_matrix(name) == "hessian":
-                raise SettingError(
-                    f"the optimizer recorded in {Path(refs[0].path).name} is {name}, which has "
-                    "no preconditioner (P = I): measure λ_max(H) without --preconditioned."
-                )
-        check_preconditionable(name, f"recorded in {Path(refs[0].path).name}")
-    if threshold is not None and threshold.preconditioned and not args.preconditioned:
-        notes.append(
-            f"no threshold: {threshold.optimizer}'s threshold {threshold.formula} bounds the "
-            "preconditioned sharpness λ_max(P⁻¹H), not the λ_max(H) this command measures "
-            "(give --preconditioned to measure λ_max(P⁻¹H) against it)"
-        )
-        return None, rate, source, notes, threshold
-    if threshold is not None and not threshold.preconditioned and args.preconditioned:
-        notes.append(
-            f"no threshold: {threshold.optimizer}'s threshold {threshold.formula} bounds "
-            "λ_max(H), not the preconditioned sharpness λ_max(P⁻¹H) that --preconditioned "
-            "measures"
-        )
-        return None, rate, source, notes, threshold
-    return threshold, rate, source, notes, None
-
-
-def _recorded_threshold(
-    args: argparse.Namespace, refs: list[Any]
-) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
-    from spectra.io.checkpoints import recorded_optimizer
-
-    notes: list[str] = []
-    optimizer = recorded_optimizer(refs[0].path)
-    source = f"optimizer recorded in {Path(refs[0].path).name}" if optimizer else None
-    if optimizer is not None:
-        config = dict(optimizer["config"])
-        config["learning_rate"] = float32_decimal(config.get("learning_rate"))
-        optimizer = {**optimizer, "config": config}
-    if optimizer is None:
-        try:
-            content, where = _trajectory_notes(refs)
-        except UserError as err:
-            if args.lr is None:
-                raise
-            # The advice was followed: --lr makes the run independent of the file.
-            notes.append(f"{str(err).removesuffix('; give --lr.')}: ignored, η from --lr")
-            content = None
-        if content is not None and content.get("learning_rate") is not None:
-            rate = content["learning_rate"]
-            name = str(content.get("optimizer") or "SGD")
-            optimizer = {
-                "class_name": name,
-                "config": {
-                    "learning_rate": float(rate),
-                    "momentum": content.get("momentum") or 0.0,
-                    "beta_1": content.get("beta_1", 0.9),
-                    "nesterov": bool(content.get("nesterov", False)),
-                },
-            }
-            source = where
-    if optimizer is None:
-        if args.lr is None:
-            return None, None, None, notes
-        return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
-    try:
-        recorded = stability_threshold_of(optimizer)
-    except ValueError as err:
-        if args.lr is None:
-            notes.append(f"no threshold line: {err}")
-            return None, None, None, notes
-        notes.append(f"{source}: {err}; the line is gradient descent's 2/η with --lr")
-        return gradient_descent_threshold(args.lr), args.lr, "--lr", notes
-    threshold = recorded
-    same_rate = args.lr is None or math.isclose(
-        args.lr, recorded.learning_rate, rel_tol=_SAME_RATE_RTOL
-    )
-    if not same_rate:
-        notes.append(
-            f"--lr {args.lr:g} differs from the learning rate {recorded.learning_rate:g} of the "
-            f"{source}; the threshold uses --lr"
-        )
-        threshold = stability_threshold_of(optimizer, learning_rate=args.lr)
-        source = f"{source}, η from --lr"
-    return threshold, threshold.learning_rate, source, notes
-
-
-def float32_decimal(value: Any) -> Any:
-    """A float that holds a float32 exactly (a learning rate Keras saved from its float32
-    variable: 0.009999999776482582) as the shortest decimal that rounds to the same float32
-    (0.01), the rate the user gave; anything else (a schedule's dict, None, a float64
-    value) unchanged."""
-    if not isinstance(value, float) or not math.isfinite(value):
-        return value
-    single = np.float32(value)
-    if float(single) != value:
-        return value
-    return float(np.format_float_positional(single, unique=True, trim="-"))
-
-
-def recorded_learning_rate(refs: list[Any]) -> float | None:
-    """The learning rate as stored in the first checkpoint's optimizer (before
-    :func:`float32_decimal`), or None when it records none or stores no float."""
-    from spectra.io.checkpoints import recorded_optimizer
-
-    optimizer = recorded_optimizer(refs[0].path)
-    rate = None if optimizer is None else optimizer["config"].get("learning_rate")
-    return rate if isinstance(rate, float) else None
 
 
 # --------------------------------------------------------------------------- the end
@@ -911,7 +614,7 @@ def _conclude(
             summary += f" (threshold {threshold.value:.7g})"
         uncertified = [entry for entry in done if not entry_certified(entry, args.method)]
         if threshold is not None:
-            sides = [_side_of_threshold(entry, threshold, args.method) for entry in done]
+            sides = [side_of_threshold(entry, threshold, args.method) for entry in done]
             summary += (
                 f"; certified above it: {sides.count('above')}, below: {sides.count('below')}, "
                 f"threshold within the bound: {sides.count('within')}"
@@ -959,20 +662,7 @@ def _save_figure(
         ) from err
 
 
-def _minibatch_quantiles(done: list[dict[str, Any]]) -> tuple[np.ndarray | None, str | None]:
-    """The (5 %, median, 95 %) of the entries' mini-batch λ₁ (NaN where not measured) and
-    their legend text, or (None, None) without any."""
-    measured = [entry.get("minibatch") for entry in done]
-    first = next((m for m in measured if m), None)
-    if first is None:
-        return None, None
-    rows = [
-        [m["summary"][q] for q in ("q05", "q50", "q95")] if m else [np.nan] * 3 for m in measured
-    ]
-    batches = count_text(first["num_batches"], "mini-batch", "mini-batches")
-    examples = count_text(first["batch_size"], "example")
-    label = f"λ₁ of {batches} of {examples}: median (dashed), 5–95 % (band)"
-    return np.array(rows, dtype=np.float64), label
+# Kept for tests/test_figures_print.py, which draws the figure from parsed arguments.
 
 
 def sharpness_figure(
@@ -983,227 +673,17 @@ def sharpness_figure(
     unit: str,
     step_source: str,
 ) -> Any:
-    """The figure of a run's ``done`` entries (``report`` is ``sharpness.json``'s record),
-    not yet saved; also drawn by ``spectra plot`` from a reloaded ``sharpness.json``."""
-    from spectra.plotting import plot_sharpness, threshold_text
-
-    threshold, missing = _plotted_threshold(args, report, threshold)
-    steps, xlabel = x_positions(args, report, done, unit, step_source)
-    values = np.array([entry["eigenvalues"] for entry in done], dtype=np.float64)
-    errors = np.array([entry["error_bounds"] for entry in done], dtype=np.float64)
-    if args.top_k == 1:
-        values, errors = values[:, 0], errors[:, 0]
-    traces = [entry["trace"] for entry in done] if args.trace else None
-    trace_errors = None
-    if args.trace:
-        trace_errors = [
-            np.nan if entry["trace_stderr"] is None else entry["trace_stderr"] for entry in done
-        ]
-    overlaps = None
-    if args.plot_overlap:
-        overlaps = [
-            np.nan if entry.get("eigenvector_overlap") is None else entry["eigenvector_overlap"]
-            for entry in done
-        ]
-    minibatch, minibatch_label = _minibatch_quantiles(done)
-    ax = plot_sharpness(
-        steps,
-        values,
-        threshold=threshold,
-        errors=errors,
-        traces=traces,
-        trace_errors=trace_errors,
-        losses=[entry["loss"] for entry in done],
-        overlaps=overlaps,
-        minibatch=minibatch,
-        minibatch_label=minibatch_label,
-        xlabel=xlabel,
-        ylabel="Preconditioned sharpness λ₁(P⁻¹H)" if args.preconditioned else None,
-        threshold_note=missing,
-        legend=not getattr(args, "no_legend", False),
-        style=getattr(args, "style", None),
-        font=figure_font(args),
-    )
-    uncertified = [not entry_certified(entry, args.method) for entry in done]
-    if any(uncertified):
-        top = values if values.ndim == 1 else values[:, 0]
-        picked = np.flatnonzero(uncertified)
-        ax.plot(
-            np.asarray(steps)[picked],
-            top[picked],
-            linestyle="none",
-            marker="o",
-            markersize=7,
-            markerfacecolor="white",
-            markeredgecolor="black",
-            zorder=5,
-        )
-    model = report.get("model")
-    start = "cold starts" if args.cold_start else "warm starts from the previous eigenvectors"
-    short = (
-        None if model is None else f"{model['name']}, {model['num_parameters']:,} parameters",
-        describe_data(report["data"]),
-        f"{args.method.capitalize()}, k = {args.top_k}, tol = {args.tol:g}, {start}",
-    )
-    full = (
-        "P: the optimizer state of each checkpoint" if args.preconditioned else None,
-        f"trace: {args.trace_method}, {args.trace_products} products" if args.trace else None,
-        f"{len(done)} checkpoints",
-        "bars: eigenvalue error bounds",
-        "hollow markers: bound not certified" if any(uncertified) else None,
-        None if threshold is None else f"threshold: {threshold_text(threshold.label)}",
-        missing,
-    )
-    return finish_figure(
-        ax,
-        args,
-        f"Sharpness of the {matrix_title(args)} along training",
-        short,
-        full,
-        matrix=describe_matrix(args, model),
-        compact=True,
-    )
-
-
-def _plotted_threshold(
-    args: argparse.Namespace, report: dict[str, Any], threshold: StabilityThreshold | None
-) -> tuple[StabilityThreshold | None, str | None]:
-    """The threshold to draw: only one that bounds the plotted matrix (λ₁(P⁻¹H) with
-    ``--preconditioned``, else λ₁(H), written as on the figure's axis); with the reason
-    when a known threshold is not drawn (a run of an adaptive optimizer without
-    ``--preconditioned``, or a record of an earlier version that kept the threshold of
-    the other matrix)."""
-    plotted = "λ₁(P⁻¹H)" if args.preconditioned else "λ₁(H)"
-    other = "λ₁(H)" if args.preconditioned else "λ₁(P⁻¹H)"
-    if threshold is not None and bool(threshold.preconditioned) == bool(args.preconditioned):
-        return threshold, None
-    dropped = report.get("dropped_threshold")
-    if threshold is None and isinstance(dropped, dict) and dropped.get("optimizer"):
-        threshold = StabilityThreshold(
-            **{name: dropped[name] for name in StabilityThreshold.__dataclass_fields__}
-        )
-    if threshold is not None:
-        return None, f"no threshold: {threshold.optimizer}'s is for {other}, not {plotted}"
-    if report.get("learning_rate") is not None:
-        return None, f"no threshold: the optimizer's does not bound {plotted}"
-    return None, None
-
-
-# --------------------------------------------------------------------------- the x axis
-
-
-def x_axes(args: argparse.Namespace, plan: list[PlannedCheckpoint]) -> dict[str, Any]:
-    """Every x axis the checkpoints of ``plan`` can be placed on, as recorded in
-    ``sharpness.json``'s ``x_axes`` (see :class:`SharpnessReport`), after checking that the
-    one ``--x`` asks for is among them (a :class:`UserError` naming what is missing and
-    what to pass otherwise; nothing is loaded into TensorFlow).
-
-    ``"steps"``: from ``--steps``; else the optimizer's iteration counter saved in every
-    checkpoint (:func:`spectra.io.checkpoints.stored_iterations`), when they all hold one
-    and no two are equal; else the file names' numbers when they count steps.
-    ``"epochs"``: the training steps / ``--steps-per-epoch``; else the file names' numbers
-    when they count epochs. Cost: reading each checkpoint's weights index once.
-    """
-    from spectra.io.checkpoints import _step_from_name, step_unit, stored_iterations
-
-    choice = getattr(args, "x_axis", None)
-    per_epoch = getattr(args, "steps_per_epoch", None)
-    if per_epoch is not None and choice is None:
-        raise UserError(
-            f"--steps-per-epoch {per_epoch} places the checkpoints at training step / "
-            f"{per_epoch} on an epoch axis: add --x epochs (or leave it out)."
-        )
-    named = step_unit([item.path for item in plan])
-    from_names = {item.file: _step_from_name(item.path) for item in plan}
-    axes: dict[str, Any] = {}
-    missing = ""
-    if args.steps:
-        axes["steps"] = _axis("--steps", {item.file: item.step for item in plan})
-    else:
-        counters = {item.file: stored_iterations(item.path) for item in plan}
-        without = [file for file, counter in counters.items() if counter is None]
-        repeated = len(set(counters.values())) < len(counters)
-        if not without and not repeated:
-            axes["steps"] = _axis("optimizer iterations", counters)
-        elif named == "step":
-            axes["steps"] = _axis("file names", from_names)
-        else:
-            missing = _missing_steps(plan, named, without, counters)
-    if per_epoch is not None and "steps" in axes:
-        steps = axes["steps"]
-        epochs = {file: value / per_epoch for file, value in steps["values"].items()}
-        source = f"{steps['source']} / {per_epoch}"
-        label = f"Epoch ({_STEPS_PER_EPOCH_LABELS[steps['source']]} / {per_epoch})"
-        axes["epochs"] = {"source": source, "label": label, "values": epochs}
-    elif named == "epoch" and per_epoch is None:
-        axes["epochs"] = _axis("file names", from_names, unit="Epoch")
-    if choice == "steps" and "steps" not in axes:
-        raise UserError(f"--x steps: {missing}")
-    if choice == "epochs" and "epochs" not in axes:
-        if per_epoch is not None:
-            reason = missing.removeprefix("the checkpoints' training steps are not known: ")
-            raise UserError(
-                f"--x epochs: --steps-per-epoch {per_epoch} divides the training steps, "
-                f"which are not known: {reason}"
-            )
-        counted = "steps given by --steps" if args.steps else f"the file names count {named}s"
-        raise UserError(
-            f"--x epochs: the checkpoints' epochs are not known ({counted}, not epochs): "
-            "pass --steps-per-epoch N (the optimizer steps in one epoch) to plot training "
-            "step / N."
-        )
-    return axes
-
-
-def _axis(source: str, values: dict[str, Any], unit: str = "Training step") -> dict[str, Any]:
-    return {"source": source, "label": f"{unit} ({_STEP_SOURCE_LABELS[source]})", "values": values}
-
-
-def _missing_steps(
-    plan: list[PlannedCheckpoint], named: str, without: list[str], counters: dict[str, Any]
-) -> str:
-    """Why the training steps of ``plan`` are not known, and what to pass."""
-    names = f"the file names count {named}s, not steps ({plan[0].file}, …)"
-    if len(without) == len(plan):
-        counter = (
-            "no checkpoint holds an optimizer iteration counter (a .keras or .weights.h5 "
-            "saved from a compiled model after training does)"
-        )
-    elif without:
-        counter = (
-            f"{len(without)} of {len(plan)} checkpoints hold no optimizer iteration counter "
-            f"(e.g. {without[0]})"
-        )
-    else:
-        counter = (
-            f"their optimizer iteration counters repeat ({sorted(counters.values())[:6]}: "
-            "the optimizer was rebuilt between saves)"
-        )
-    return (
-        f"the checkpoints' training steps are not known: {names} and {counter}; pass --steps "
-        "STEP [STEP ...] (one per checkpoint file, in natural name order)."
-    )
-
-
-def x_positions(
-    args: argparse.Namespace,
-    report: dict[str, Any],
-    done: list[dict[str, Any]],
-    unit: str,
-    step_source: str,
-) -> tuple[list[Any], str]:
-    """The x positions of the ``done`` entries and the axis label: the file names' (or
-    ``--steps``') numbers without ``--x``, else those of the recorded axis it names."""
-    choice = getattr(args, "x_axis", None)
-    if choice is None:
-        return [entry["step"] for entry in done], _UNIT_LABELS.get(
-            (unit, step_source), unit.capitalize()
-        )
-    axis = (report.get("x_axes") or {}).get(choice)
-    if axis is None:
-        known = ", ".join(sorted(report.get("x_axes") or {})) or "none"
-        raise UserError(
-            f"--x {choice}: the run records no {choice} for its checkpoints (axes recorded: "
-            f"{known}); run spectra sharpness again with --x {choice} (it says what to pass)."
-        )
-    return [axis["values"][entry["file"]] for entry in done], str(axis["label"])
+    """:func:`spectra.reports.sharpness.sharpness_figures` of the ``done`` entries of a
+    ``sharpness.json`` record ``report`` with the settings of ``args`` and ``threshold``."""
+    settings = _settings(args)
+    record = {
+        **report,
+        "settings": settings.record(),
+        "warm_start": settings.warm_start,
+        "checkpoints": done,
+        "threshold": None if threshold is None else threshold.to_dict(),
+        "step_unit": unit,
+        "step_source": step_source,
+    }
+    (drawn,) = sharpness_figures(record, _figure_options(args))
+    return drawn.figure

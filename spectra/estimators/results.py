@@ -3,8 +3,9 @@
 Every result is a dataclass deriving from :class:`Result`, which provides
 ``to_dict()`` (JSON-serializable: numpy arrays become lists, numpy scalars
 become Python numbers) and ``to_json(path=None)`` (atomic when writing a file), and
-back: ``Cls.from_dict(d)``, ``Cls.from_json(path)`` and :func:`load` (any result's JSON,
-or a command's ``results.json``/``landscape.json``/``sharpness.json``).
+back: ``Cls.from_dict(d)``, ``Cls.from_json(path)`` and :func:`load` (the JSON of any result
+type defined so far; :func:`spectra.load` also imports the analysis results and the
+commands' reports, :mod:`spectra.reports`).
 All results record the number of operator products (``num_products``, each
 column of a ``matmat`` counts once), the number of operator calls
 (``num_operator_calls``: ``matvec``/``matmat`` calls, i.e. data passes for a
@@ -14,7 +15,6 @@ Hessian), the wall time in seconds and the settings used.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -77,28 +77,18 @@ def _to_jsonable(value: Any, include_vectors: bool) -> Any:
 
 
 # Every Result subclass by class name (the "type" field ``to_dict`` writes), filled as the
-# classes are defined; the result types defined above the estimators are found by importing
-# the module named here (a string, so that this module imports nothing above it).
+# classes are defined (Result.__init_subclass__): the estimators' own here, those defined
+# above the estimators (the analysis results, the commands' reports) when their modules are
+# imported, which spectra.load (spectra.reports.loading) does. This module imports nothing
+# above the estimators.
 _RESULT_TYPES: dict[str, type[Result]] = {}
-_RESULT_MODULES = {
-    "LayerwiseResult": "spectra.analysis.per_layer",
-    "GradientOverlapResult": "spectra.analysis.subspaces",
-    "LandscapeResult": "spectra.analysis.landscape_result",
-    "RepeatResult": "spectra.analysis.repeats",
-    "CommandReport": "spectra.cli._common",
-    "AnalysisReport": "spectra.cli.analyze",
-    "LandscapeReport": "spectra.cli.landscape",
-    "SharpnessReport": "spectra.cli.sharpness",
-}
 # How strict_json_text names the position of a value it wrote as null: "a.b[2][0]".
 _PATH_PART = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def _result_class(name: str) -> type[Result] | None:
-    """The Result subclass called ``name``, importing the module that defines it if needed."""
-    if name not in _RESULT_TYPES and name in _RESULT_MODULES:
-        importlib.import_module(_RESULT_MODULES[name])
+    """The Result subclass called ``name``, when its class is defined (its module imported)."""
     return _RESULT_TYPES.get(name)
 
 
@@ -783,15 +773,16 @@ class LogSpectralDensity(SpectralDensity):
 
 
 def load(path: str | os.PathLike) -> Any:
-    """The result (or command report) in the JSON file ``path``, as its class.
+    """The result in the JSON file ``path``, as its class: any type defined so far.
 
-    Reads any result's :meth:`Result.to_json`, ``spectra analyze``'s ``results.json``
-    (:class:`spectra.cli.analyze.AnalysisReport`) and ``spectra landscape``'s
-    ``landscape.json`` (``LandscapeReport``) and ``spectra sharpness``'s ``sharpness.json``
-    (:class:`spectra.cli.sharpness.SharpnessReport`): the file's ``"type"`` field names the
-    class, and :meth:`Result.from_dict` rebuilds it with numpy arrays, the NaN and ±inf
-    written as null restored, after checking every field (types, lengths that must agree,
-    NaN where a number is required, the keys the figures read). No TensorFlow is imported.
+    Reads any result's :meth:`Result.to_json` whose class is defined (the estimators' own
+    always; the analysis results and the commands' reports once their modules are
+    imported: :func:`spectra.load`, :func:`spectra.reports.loading.load`, imports them all
+    and reads ``results.json``, ``landscape.json`` and ``sharpness.json`` too): the file's
+    ``"type"`` field names the class, and :meth:`Result.from_dict` rebuilds it with numpy
+    arrays, the NaN and ±inf written as null restored, after checking every field (types,
+    lengths that must agree, NaN where a number is required, the keys the figures read). No
+    TensorFlow is imported.
 
     Raises
     ------
@@ -814,7 +805,7 @@ def load(path: str | os.PathLike) -> Any:
     kind = payload["type"]
     cls = _result_class(kind)
     if cls is None:
-        known = sorted({*_RESULT_TYPES, *_RESULT_MODULES} - {"Result"})
+        known = sorted(set(_RESULT_TYPES) - {"Result"})
         raise ValueError(f"{where}: unknown result type {kind!r} (known: {', '.join(known)})")
     try:
         return cls.from_dict(payload)

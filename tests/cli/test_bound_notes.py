@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from spectra.cli import main
-from spectra.cli._common import DEFAULT_FAILURE_PROBABILITY, bound_holds, bound_note
-from spectra.cli.sharpness import entry_certified, entry_failure_probability
+from spectra.cli._common import bound_note
+from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY, bound_holds
+from spectra.reports.sharpness import entry_certified, entry_failure_probability
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"

@@ -20,12 +20,10 @@ from spectra.analysis.landscape_result import LandscapeResult
 from spectra.analysis.per_layer import LayerwiseResult
 from spectra.analysis.stability import gradient_descent_threshold
 from spectra.cli import main
-from spectra.cli.analyze import AnalysisReport
-from spectra.cli.landscape import LandscapeReport
-from spectra.cli.sharpness import SharpnessReport
 from spectra.estimators.results import EigenResult, SpectralDensity, TraceResult
 from spectra.io.files import MAX_JSON_DEPTH, read_json
 from spectra.io.result_validation import FieldError
+from spectra.reports import AnalysisReport, LandscapeReport, SharpnessReport
 
 DAMAGED = "the file was edited or is damaged"
 

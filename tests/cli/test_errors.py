@@ -337,7 +337,7 @@ def test_landscape_refuses_100000_points_with_their_cost(tmp_path, capsys):
 
 
 def test_landscape_cost_counts_the_evaluations_run():
-    from spectra.cli.landscape import planned_evaluations, step_grid
+    from spectra.reports.landscape import planned_evaluations, step_grid
 
     for directions, points in ((1, 1), (1, 4), (1, 41), (2, 3), (2, 41)):
         size = step_grid(1.0, points).size
@@ -379,7 +379,7 @@ def test_preconditioned_lion_is_refused_before_a_checkpoint_is_blamed(small, tmp
 
 def test_the_supported_optimizers_are_those_spectra_reads():
     from spectra._keras_compat import OPTIMIZER_SLOTS
-    from spectra.cli._common import PRECONDITIONED_OPTIMIZERS
+    from spectra.reports.thresholds import PRECONDITIONED_OPTIMIZERS
 
     assert tuple(OPTIMIZER_SLOTS) == PRECONDITIONED_OPTIMIZERS
 

@@ -14,9 +14,8 @@ import pytest
 from spectra import load
 from spectra.analysis.landscape_result import LandscapeResult
 from spectra.cli import main
-from spectra.cli.landscape import LandscapeReport
-from spectra.cli.sharpness import SharpnessReport
 from spectra.estimators.results import EigenResult
+from spectra.reports import LandscapeReport, SharpnessReport
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"

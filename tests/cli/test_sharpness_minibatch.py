@@ -72,10 +72,10 @@ def test_each_batch_matches_a_direct_loop_over_the_same_batches(run):
 
 
 def test_the_figure_draws_the_band_and_names_it(run):
-    from spectra.cli.sharpness import _minibatch_quantiles
+    from spectra.reports.sharpness import minibatch_quantiles
 
     _, _, report = run
-    quantiles, label = _minibatch_quantiles(report["checkpoints"])
+    quantiles, label = minibatch_quantiles(report["checkpoints"])
     summary = report["checkpoints"][0]["minibatch"]["summary"]
     assert quantiles.tolist() == [[summary["q05"], summary["q50"], summary["q95"]]]
     assert label.startswith("λ₁ of 4 mini-batches of 32 examples")

@@ -23,8 +23,9 @@ import spectra
 from spectra.analysis.trajectory import plan_checkpoints
 from spectra.cli import main
 from spectra.cli._common import UserError
-from spectra.cli.sharpness import x_axes
 from spectra.io.checkpoints import find_checkpoints, stored_iterations
+from spectra.reports.base import InputError
+from spectra.reports.sharpness_axes import x_axes
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -62,9 +63,8 @@ def _copies(tmp_path: Path, names: list[str], source: str = "step_0000.keras") -
 
 
 def _axes(directory: Path, *, x: str | None, per_epoch: int | None = None, steps=None):
-    args = argparse.Namespace(x_axis=x, steps_per_epoch=per_epoch, steps=steps)
     plan = plan_checkpoints(find_checkpoints(directory, steps=steps))
-    return x_axes(args, plan)
+    return x_axes(plan, x_axis=x, steps_per_epoch=per_epoch, steps=steps)
 
 
 def _figure(path: Path, x: str | None = None):
@@ -131,7 +131,7 @@ def test_steps_from_the_optimizer_and_epochs_from_steps_per_epoch(adam_epochs, t
     # Adam's threshold bounds λ_max(P⁻¹H): dropped, named in the warning and the record.
     assert "no threshold: Adam's threshold (2+2β₁)/((1−β₁)η) bounds" in captured.err
     assert report["threshold"] is None and report["dropped_threshold"]["optimizer"] == "Adam"
-    assert isinstance(spectra.load(path), spectra.cli.sharpness.SharpnessReport)
+    assert isinstance(spectra.load(path), spectra.reports.SharpnessReport)
 
     # Redrawn from the JSON: the run's axis, then the other one with spectra plot --x.
     figure = _figure(path)
@@ -151,8 +151,7 @@ def test_steps_from_the_optimizer_and_epochs_from_steps_per_epoch(adam_epochs, t
 
 
 def test_default_and_epochs_from_the_file_names(adam_epochs):
-    from spectra.cli._parser import build_parser
-    from spectra.cli.sharpness import x_positions
+    from spectra.reports.sharpness_axes import x_positions
 
     axes = _axes(adam_epochs, x="epochs")
     assert axes["epochs"]["label"] == "Epoch (from the file names)"
@@ -160,14 +159,12 @@ def test_default_and_epochs_from_the_file_names(adam_epochs):
     assert axes["steps"]["source"] == "optimizer iterations"
     done = [{"file": "epoch_001.keras", "step": 1}, {"file": "epoch_002.keras", "step": 2}]
     report = {"x_axes": axes}
-    args = build_parser().parse_args(["sharpness", "run", "--data", "d.npz", "--out", "o"])
     # Without --x: the names' own numbers, labelled with what they count.
-    assert x_positions(args, report, done, "epoch", "file names") == (
+    assert x_positions(report, done, None, "epoch", "file names") == (
         [1, 2],
         "Epoch (from the file names)",
     )
-    args.x_axis = "steps"
-    assert x_positions(args, report, done, "epoch", "file names") == (
+    assert x_positions(report, done, "steps", "epoch", "file names") == (
         [4, 8],
         "Training step (optimizer iterations)",
     )
@@ -232,7 +229,7 @@ def test_steps_from_the_file_names_and_from_steps(tmp_path):
 )
 def test_unknown_units_are_refused(names, x, per_epoch, message, tmp_path):
     run = _copies(tmp_path, names)
-    with pytest.raises(UserError) as caught:
+    with pytest.raises(InputError) as caught:
         _axes(run, x=x, per_epoch=per_epoch)
     assert str(caught.value).startswith(message), str(caught.value)
 
@@ -242,11 +239,11 @@ def test_some_checkpoints_without_a_counter(adam_epochs, tmp_path):
     run.mkdir()
     shutil.copyfile(adam_epochs / "epoch_001.keras", run / "epoch_001.keras")
     shutil.copyfile(DATA / "gd_trajectory" / "step_0000.keras", run / "epoch_002.keras")
-    with pytest.raises(UserError, match=r"1 of 2 checkpoints hold no optimizer iteration "):
+    with pytest.raises(InputError, match=r"1 of 2 checkpoints hold no optimizer iteration "):
         _axes(run, x="steps")
     # Two saves with the same counter are not training steps.
     shutil.copyfile(adam_epochs / "epoch_001.keras", run / "epoch_002.keras")
-    with pytest.raises(UserError, match=r"counters repeat \(\[4, 4\]"):
+    with pytest.raises(InputError, match=r"counters repeat \(\[4, 4\]"):
         _axes(run, x="steps")
 
 

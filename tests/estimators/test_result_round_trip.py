@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import spectra.reports  # noqa: F401  (registers the report and analysis result types with load)
 from spectra.estimators import results as results_module
 from spectra.estimators.results import (
     EigenResult,
