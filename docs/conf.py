@@ -3,7 +3,8 @@
 Pages are Markdown (MyST); the API reference is generated from the docstrings (autodoc,
 NumPy-style sections through napoleon); the CLI reference from ``spectra <command> --help``
 (docs/_ext/spectra_docs.py); the gallery shows the notebooks of notebooks/ as they were
-executed (myst-nb, not re-executed).
+executed (myst-nb, not re-executed). Math is written as MathML when the site is built
+(docs/_ext/spectra_math.py), so the pages need no script and no network to show it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "myst_nb",
     "spectra_docs",
+    "spectra_math",
 ]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "_ext", "**/.ipynb_checkpoints"]
@@ -46,6 +48,9 @@ autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
+
+# MathML written at build time (latex2mathml), shown by the browser itself: offline too.
+html_math_renderer = "mathml"
 
 html_theme = "furo"
 html_title = f"spectra {release}"

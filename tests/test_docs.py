@@ -8,6 +8,7 @@ extra, which ``make test`` installs; without it the build test is skipped with t
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-DOCS_PACKAGES = ("sphinx", "myst_parser", "myst_nb", "furo")
+DOCS_PACKAGES = ("sphinx", "myst_parser", "myst_nb", "furo", "latex2mathml")
 
 
 def test_every_notebook_is_in_the_gallery():
@@ -62,8 +63,18 @@ def test_the_site_builds_without_warnings(tmp_path):
     assert 'id="spectra.estimators.eigensolvers.eigenvalues"' in estimators
     assert "spectra analyze" in (out / "reference" / "cli.html").read_text()
     assert "--top-k" in (out / "reference" / "cli.html").read_text()
-    assert "<img" in (out / "gallery" / "01_quickstart.html").read_text()
+    quickstart = (out / "gallery" / "01_quickstart.html").read_text()
+    assert "<img" in quickstart
     assert "1 process × 2 threads" in (out / "benchmarks.html").read_text()
+    # Math is MathML in the page, shown offline: no MathJax script (from a CDN), no LaTeX.
+    assert "<math" in quickstart and "\\lVert" not in quickstart
+    assert not re.search(r"<script[^>]*mathjax", quickstart, re.I)
+    # The landing page shows the quickstart itself; the API index links every public name.
+    landing = (out / "index.html").read_text()
+    assert "digits_mlp.keras" in landing and "prints:" in landing
+    api = (out / "reference" / "index.html").read_text()
+    for name in ("HessianOperator", "GGNOperator", "FisherOperator"):
+        assert f'href="operators.html#spectra.operators.{name[:-8].lower()}.{name}"' in api
 
 
 def _documented_functions():
@@ -100,7 +111,6 @@ def test_parameter_sections_name_only_parameters():
     # without one ("Cost: ...") is read as more parameters, and "name : text" makes the
     # text a type. Napoleon's reading must name parameters of the signature only.
     import inspect
-    import re
 
     napoleon = pytest.importorskip("sphinx.ext.napoleon", reason="the [docs] extra is missing")
     from sphinx.ext.napoleon.docstring import NumpyDocstring
