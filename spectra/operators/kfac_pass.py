@@ -682,6 +682,9 @@ class CompiledPass:
             sums = list(sums)
             for index, g in enumerate(grads):
                 d_out = d_outs[index]
+                # g is ∂/∂z of the layer output z: z's static shape, which a gradient through
+                # a Dropout layer's cond (keras-hub's GPT-2, dropout > 0) does not carry.
+                g = tf.ensure_shape(g, zs[index].shape)
                 g = tf.reshape(tf.cast(g, dtype), [n, -1, d_out])  # (n, T, d_out)
                 positions = int(g.shape[1])
                 if bases is None:
