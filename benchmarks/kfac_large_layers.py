@@ -39,7 +39,8 @@ import numpy as np
 
 import spectra
 from spectra.operators import kfac as kfac_module
-from spectra.operators.kfac import KFACBlock, KFACOperator
+from spectra.operators.kfac import KFACOperator
+from spectra.operators.kfac_blocks import KFACBlock
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

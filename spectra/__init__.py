@@ -70,7 +70,8 @@ _EXPORTS: dict[str, list[str]] = {
     "spectra.operators": operator_class_names(),
     "spectra.operators.block_diagonal": ["BlockDiagonalOperator"],
     "spectra.operators.submatrix": ["SubmatrixOperator"],
-    "spectra.operators.kfac": ["EKFACOperator", "KFACOperator"],
+    "spectra.operators.kfac": ["KFACOperator"],
+    "spectra.operators.ekfac": ["EKFACOperator"],
     "spectra.operators.jacobian": ["JacobianOperator", "TransposedJacobianOperator"],
     "spectra.analysis.preconditioning": ["PreconditionedOperator", "preconditioned"],
     "spectra.estimators.results": [

@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from spectra.operators.base import CurvatureOperator, block_size_for
     from spectra.operators.block_diagonal import BlockDiagonalOperator, layer_groups
     from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
+    from spectra.operators.ekfac import EKFACOperator
     from spectra.operators.fisher import EmpiricalFisher, FisherOperator, MonteCarloFisher
     from spectra.operators.ggn import GGN, GGNOperator
     from spectra.operators.hessian import Hessian, HessianOperator
     from spectra.operators.jacobian import JacobianOperator, TransposedJacobianOperator
-    from spectra.operators.kfac import EKFACOperator, KFACBlock, KFACOperator
+    from spectra.operators.kfac import KFACOperator
+    from spectra.operators.kfac_blocks import KFACBlock
     from spectra.operators.submatrix import SubmatrixOperator
 
 _SOURCE: dict[str, str] = {
@@ -56,8 +58,8 @@ _SOURCE: dict[str, str] = {
     "Hessian": "spectra.operators.hessian",
     "JacobianOperator": "spectra.operators.jacobian",
     "TransposedJacobianOperator": "spectra.operators.jacobian",
-    "EKFACOperator": "spectra.operators.kfac",
-    "KFACBlock": "spectra.operators.kfac",
+    "EKFACOperator": "spectra.operators.ekfac",
+    "KFACBlock": "spectra.operators.kfac_blocks",
     "KFACOperator": "spectra.operators.kfac",
     # The operator classes, from the registry.
     **{entry.class_name: entry.operator.partition(":")[0] for entry in CURVATURES.values()},

@@ -44,20 +44,22 @@ diagonal over the positions; type-2 back-propagates column c of every position's
 root at once (C passes, cross terms between positions included, as curvlinops does), mc
 and empirical the gradients at per-position sampled or true labels. A tied
 ``ReversibleEmbedding`` table (lookup and logits h Wᵀ) is factored at one of its two uses
-(``tied_embeddings``). See :class:`KFACOperator`.
+(``tied_embeddings``). See :class:`KFACOperator`; EKFAC is
+:mod:`spectra.operators.ekfac`, the blocks and their eigendecompositions
+:mod:`spectra.operators.kfac_blocks`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import keras
 import numpy as np
 import tensorflow as tf
-from scipy.linalg import lapack
 from scipy.sparse.linalg import LinearOperator
 
 from spectra import _keras_compat
@@ -67,6 +69,7 @@ from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
 from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
 from spectra.operators.fisher import _check_reduction, predictive_distribution
+from spectra.operators.kfac_blocks import Eigen, KFACBlock, block_eigen
 from spectra.operators.kfac_layers import (
     FACTORED,
     FACTORED_NAMES,
@@ -78,7 +81,6 @@ from spectra.operators.kfac_layers import (
     uncovered_message,
 )
 from spectra.operators.kfac_pass import (
-    ROUNDING_UNITS,
     Accumulators,
     CompiledPass,
     PassSettings,
@@ -96,7 +98,7 @@ from spectra.operators.layout import (
 )
 from spectra.operators.memory import KFACMemoryPlan
 
-__all__ = ["EKFACOperator", "KFACBlock", "KFACOperator"]
+__all__ = ["KFACOperator"]
 
 KINDS = ("type-2", "mc", "empirical")
 OTHER_VARIABLES = ("error", "exclude", "diagonal")
@@ -117,139 +119,6 @@ _LOGIT_LOSSES = (
 PRODUCTS_IN_TENSORFLOW: bool | None = None
 #: ``to_dense`` refuses matrices larger than this many rows (a dense float64 copy).
 MAX_DENSE_SIZE = 20_000
-
-
-@dataclasses.dataclass(frozen=True)
-class KFACBlock:
-    """One factored layer's Kronecker factors.
-
-    ``A`` (d_a × d_a): E[ā āᵀ] over examples, with ā the layer's input a (when its kernel
-    is a variable of the operator) followed by 1 (when its bias is). ``G`` (d_out × d_out):
-    E[Σ_c g_c g_cᵀ] of the pre-activation output gradients. For a layer shared over
-    positions, both as the ``conv`` variant defines them (:class:`KFACOperator`).
-    ``kernel``/``bias``: the names of the variables (None when not one of the operator's).
-    ``kernel_slice``, ``bias_slice``: where they lie in the flat parameter vector.
-    ``scalings`` (EKFAC only, d_a × d_out): the eigenvalues in the eigenbasis Q_A ⊗ Q_G of
-    A ⊗ G, re-estimated as the second moments of the projected per-example gradients;
-    ``basis`` (EKFAC only): that eigenbasis (Q_A, Q_G), the one the scalings were
-    measured in.
-    """
-
-    layer: str
-    A: np.ndarray
-    G: np.ndarray
-    kernel: str | None
-    bias: str | None
-    kernel_slice: slice | None
-    bias_slice: slice | None
-    scalings: np.ndarray | None = None
-    basis: tuple[np.ndarray, np.ndarray] | None = None
-
-    @property
-    def size(self) -> int:
-        """Number of parameters of the block: d_a · d_out."""
-        return self.A.shape[0] * self.G.shape[0]
-
-
-@dataclasses.dataclass
-class _Eigen:
-    """Eigendecompositions of one block's factors, with the eigenvalues that are zero to
-    the working precision set to exactly 0 (see :func:`_factor_eigen`); ``bound_A``,
-    ``bound_G``: how large such a zeroed eigenvalue may truly be (0 when none is)."""
-
-    alpha: np.ndarray
-    QA: np.ndarray
-    gamma: np.ndarray
-    QG: np.ndarray
-    bound_A: float = 0.0
-    bound_G: float = 0.0
-
-    def zero_bound(self) -> float:
-        """How large the block's zeroed eigenvalues α_i γ_j (α_i or γ_j zeroed) may truly
-        be: bound_A γ_max + α_max bound_G + bound_A bound_G."""
-        alpha_max = float(self.alpha.max(initial=0.0))
-        gamma_max = float(self.gamma.max(initial=0.0))
-        return self.bound_A * gamma_max + alpha_max * self.bound_G + self.bound_A * self.bound_G
-
-
-def _factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Eigenvalues (ascending) and orthonormal eigenvectors of a PSD factor F (float64,
-    computed from data in a dtype of unit roundoff ``eps``), and a bound on the zeroed ones.
-
-    Rows with a zero diagonal are exact null directions. On the rest, F = D F̃ D with
-    D = diag(F)^½ and F̃ of unit diagonal: the eigenvalues of F̃ at most
-    ``ROUNDING_UNITS``·eps are rounding, so F has that many eigenvalues exactly 0, each of
-    true size at most ``ROUNDING_UNITS``·eps·‖D Ṽₙ‖² (the returned bound; Ṽₙ those
-    eigenvectors of F̃). The others
-    come from ``eigh(F)``, which resolves them only to about 1e-16·‖F‖ absolute; when that
-    is coarser than both 1e-8 and what the data determine (a graded factor, e.g. inputs
-    of very different scales beside the bias coordinate) they come instead from F = B Bᵀ,
-    B = D Ṽ diag(w̃)^½ (the kept eigenpairs of F̃), as the squared singular values and
-    right singular vectors of the column-scaled Bᵀ by the preconditioned Jacobi SVD
-    (LAPACK ``dgejsv``, JOBA='F'), which computes both to relative precision, small
-    eigenvector components included, when Ṽ diag(w̃)^½ is well conditioned (Demmel &
-    Veselić 1992; Drmač & Veselić 2008).
-    """
-    d = F.shape[0]
-    diagonal = np.diag(F)
-    live = np.flatnonzero(diagonal > 0)
-    dead = np.flatnonzero(~(diagonal > 0))
-    values = np.zeros(d)
-    vectors = np.zeros((d, d))
-    vectors[dead, np.arange(len(dead))] = 1.0
-    m = len(live)
-    if m == 0:
-        return values, vectors, 0.0
-    scale = np.sqrt(diagonal[live])
-    sub = F[np.ix_(live, live)]
-    scaled_values, scaled_vectors = np.linalg.eigh(sub / np.outer(scale, scale))
-    keep = scaled_values > ROUNDING_UNITS * eps
-    rank = int(keep.sum())
-    # The discarded part D Ṽₙ diag(w̃ₙ) Ṽₙᵀ D has norm at most τ ‖D Ṽₙ‖², τ the threshold.
-    null = scale[:, None] * scaled_vectors[:, ~keep]
-    bound = ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
-    w, V = np.linalg.eigh(sub)
-    w[: m - rank] = 0.0
-    # eigh resolves the smallest kept eigenvalue to a relative eps64 ‖F‖ / λ; the data
-    # determine it only to about eps / w̃ (w̃ the smallest kept of F̃). The Jacobi SVD (a
-    # few times the cost) when eigh is the worse of the two and worse than 1e-8.
-    f64 = float(np.finfo(np.float64).eps)
-    if rank and f64 * w[-1] > w[m - rank] * max(1e-8, eps / scaled_values[keep].min()):
-        # Bᵀ = diag(w̃)^½ Ṽᵀ D, padded with zero rows to m × m: a column-scaled matrix,
-        # whose right singular vectors (the eigenvectors of F) Jacobi computes accurately
-        # down to their smallest components.
-        Bt = np.zeros((m, m))
-        Bt[:rank] = (scaled_vectors[:, keep] * np.sqrt(scaled_values[keep])).T * scale
-        # joba=2: 'F' (row and column pivoting), jobu=3: 'N', jobv=0: 'V', jobr=0: 'N'
-        # (no restricted range), jobt=0: 'N', jobp=0: 'N' (no perturbation).
-        sva, _, Vt, work, _, info = lapack.dgejsv(
-            Bt, joba=2, jobu=3, jobv=0, jobr=0, jobt=0, jobp=0
-        )
-        if info != 0:
-            raise ValueError(
-                f"K-FAC: the Jacobi SVD of a graded factor did not converge (LAPACK dgejsv info "
-                f"{info}); rescale the model's inputs to comparable magnitudes."
-            )
-        sigma = (sva * (work[0] / work[1]))[:rank]
-        if np.any(sigma**2 < np.finfo(np.float64).tiny):
-            raise ValueError(
-                "K-FAC: a factor's eigenvalues underflow float64 (below 2.2e-308): the "
-                "activations or output gradients are too small; rescale the model's inputs."
-            )
-        order = np.argsort(sigma)
-        w = np.concatenate([np.zeros(m - rank), sigma[order] ** 2])
-        V = np.concatenate([Vt[:, rank:], Vt[:, :rank][:, order]], axis=1)
-    values[len(dead) :] = w
-    vectors[np.ix_(live, np.arange(len(dead), d))] = V
-    return values, vectors, bound
-
-
-def _in_basis(M: np.ndarray, Q: np.ndarray, rank: int) -> np.ndarray:
-    """The eigenvalues of M in its known eigenbasis Q (clipped at 0), all but the ``rank``
-    largest set to 0."""
-    values = np.maximum(np.einsum("ij,ik,kj->j", Q, M, Q), 0.0)
-    values[np.argsort(values)[: len(values) - rank]] = 0.0
-    return values
 
 
 def _round_up(x: float) -> float:
@@ -380,7 +249,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
     the loss with a seeded random vector (to the dtype's rounding): a loss coupling the
     output positions (not a sum of per-position terms) is refused for type-2 in one line.
     EKFAC on outputs with positions and ``conv="expand"`` takes each (example, layer
-    position) as an example (:class:`EKFACOperator`).
+    position) as an example (:class:`~spectra.operators.ekfac.EKFACOperator`).
 
     **Tied embeddings.** A ``ReversibleEmbedding`` with ``tie_weights=True`` (keras-hub's
     GPT-2, Gemma, ... token embeddings) uses its table W (V × d) twice: the token lookup
@@ -474,7 +343,8 @@ class KFACOperator(SymmetricProducts, LinearOperator):
 
     is_positive_semidefinite = True  # A ⊗ G blocks of PSD factors (read by spectral_density)
 
-    #: False: K-FAC (A ⊗ G); True (:class:`EKFACOperator`): eigenvalue-corrected.
+    #: False: K-FAC (A ⊗ G); True (:class:`~spectra.operators.ekfac.EKFACOperator`):
+    #: eigenvalue-corrected.
     eigenvalue_corrected = False
 
     def __init__(
@@ -488,6 +358,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         num_examples: int = 0,
         other_slices: Sequence[slice] = (),
         other_diagonal: np.ndarray | None = None,
+        build_traces: Mapping[str, int] | None = None,
     ) -> None:
         #: The flat parameter vector's layout.
         self.layout = ParameterLayout(variable_shapes, variable_names, dtype)
@@ -512,14 +383,16 @@ class KFACOperator(SymmetricProducts, LinearOperator):
                 f"the K-FAC blocks cover {covered} of the {size} parameters; every variable must "
                 "belong to one Dense block or to the other variables."
             )
-        self._eigen: list[_Eigen] | None = None
+        self._eigen: list[Eigen] | None = None
         # Factors cast to a product dtype ((dtype name, block) -> arrays), made on first use.
         self._cast_factors: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
         # The products' compiled TensorFlow form (see _compiled_products), made on first use.
         self._compiled: KroneckerProducts | None = None
         self._has_gpu: bool | None = None
-        #: Traces of the compiled data passes during ``from_keras`` (empty otherwise).
-        self._build_traces: dict[str, int] = {}
+        #: How many times ``from_keras`` traced each pass kind ("factors", "scalings"): 1
+        #: per batch shape on a model's first build, 0 when the compiled pass was reused
+        #: (empty when not built by ``from_keras``).
+        self._build_traces: dict[str, int] = dict(build_traces or {})
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -601,306 +474,50 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             for type-2, a ``reduction="sum"`` loss for mc/empirical, non-finite values).
         """
         keras_models.check_model(model)
-        kind = check_choice("kind", kind, KINDS)
-        num_samples = check_int("num_samples", num_samples, minimum=1)
-        if kind != "mc" and num_samples != 1:
-            raise ValueError("num_samples is for kind='mc'; the other kinds draw no labels.")
-        seed = cast(
-            int, check_seed("seed", seed, below=2**62, allow_none=False, allow_generator=False)
+        options = _Options.checked(
+            kind=kind,
+            num_samples=num_samples,
+            seed=seed,
+            other_variables=other_variables,
+            conv=conv,
+            tied_embeddings=tied_embeddings,
         )
-        other_variables = check_choice("other_variables", other_variables, OTHER_VARIABLES)
-        conv = check_choice("conv", conv, CONV_VARIANTS)
-        tied_embeddings = check_choice("tied_embeddings", tied_embeddings, TIED_EMBEDDINGS)
         if data is None:
             raise ValueError("data is required: (x, y) arrays or a tf.data.Dataset of them.")
         variables, positions, target = keras_models.resolve_variables_and_dtype(model, None, dtype)
-        if loss is None:
-            loss, loss_weights = keras_models.compiled_loss(model)
-            if loss_weights is not None:
-                raise ValueError(
-                    "K-FAC supports one output with one loss; loss_weights were given."
-                )
-        if isinstance(loss, (list, tuple, dict)):
-            raise ValueError(
-                "K-FAC supports a model with one output and one loss; got a "
-                f"{type(loss).__name__} of losses. Use GGNOperator for several outputs."
-            )
+        loss = _one_loss(model, loss)
         for weight, name in zip(variables, map(variable_name, variables)):
             keras_models.check_finite(tf.convert_to_tensor(weight), name)
-        resolved = keras_models.resolve_loss(loss, target)
-        reduction = keras_models.reduction_of(resolved.call)
-        if kind != "type-2":
-            _check_reduction(resolved.call)
-        distribution = predictive_distribution(loss) if kind == "mc" else None
-        found = _loss_function(loss)
-        reads_logits = (
-            found is not None
-            and found[0].__name__ in _LOGIT_LOSSES
-            and not found[1].get("from_logits", False)
+        reading = _LossReading.of(loss, target, options.kind)
+        parameters = _Parameters.of(
+            variables, positions, keras_models.model_in_dtype(model, target), target
         )
-        # Losses convex at the point K-FAC splits (the logits for Keras' cross-entropies):
-        # a negative eigenvalue of their output Hessian is rounding, by theorem.
-        convex = found is not None and (
-            found[0] in convex_losses()
-            and (
-                reads_logits
-                or found[0] is keras.losses.mean_squared_error
-                or bool(found[1].get("from_logits", False))
-            )
+        layers = _factored_layers(model, parameters, options.other_variables)
+        passes = _factor_passes(
+            cls.__name__, model, data, batch_size, reading, parameters, layers, options
         )
-        run_model = keras_models.model_in_dtype(model, target)
-        run_weights = list(run_model.weights)
-        chosen = [run_weights[p] for p in positions]
-        names = [variable_name(v) for v in variables]
-        shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        offsets = np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in shapes])])
-
-        def where(weight: Any) -> int | None:
-            for j, v in enumerate(chosen):
-                if v is weight:
-                    return j
-            return None
-
-        dense_layers: list[Any] = []
-        layout: list[tuple[Any, int | None, int | None]] = []
-        covered: set[int] = set()
-        for layer in _keras_compat.flatten_layers(run_model):
-            if not isinstance(layer, FACTORED):
-                continue
-            base = next(kind for kind in FACTORED if isinstance(layer, kind))
-            k = where(kernel_of(layer))
-            bias = getattr(layer, "bias", None)
-            b = where(bias) if bias is not None else None
-            if k is None and b is None:
-                continue
-            if type(layer).call is not base.call:
-                raise ValueError(
-                    f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides "
-                    f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
-                    "cannot factor it."
-                )
-            if base in (keras.layers.Conv1D, keras.layers.Conv2D) and (
-                layer.data_format != "channels_last" or layer.groups != 1
-            ):
-                raise ValueError(
-                    f"K-FAC supports {base.__name__} layers with data_format='channels_last' and "
-                    f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
-                    f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
-                    "making it non-trainable, or use GGNOperator."
-                )
-            if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
-                raise ValueError(
-                    f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
-                    "kernel is not one matrix. Merge or dequantize it first."
-                )
-            if base in (keras.layers.Dense, keras.layers.EinsumDense):
-                rank = static_rank(layer) if base is keras.layers.EinsumDense else 2
-                dense_form(layer, rank)  # an EinsumDense that is not Dense-like: refused
-            if isinstance(layer, keras.layers.Embedding):
-                check_embedding(layer)
-            dense_layers.append(layer)
-            layout.append((layer, k, b))
-            covered.update(j for j in (k, b) if j is not None)
-        others = [j for j in range(len(chosen)) if j not in covered]
-        if others and other_variables == "error":
-            raise ValueError(
-                uncovered_message(run_model, [chosen[j] for j in others], names, others)
-            )
-        if not dense_layers:
-            raise ValueError(
-                f"model {model.name!r} has no {FACTORED_NAMES.replace(' and ', ' or ')} layer "
-                "with trainable variables: K-FAC covers those layers only."
-            )
-        batches = Batches(
-            data,
-            batch_size,
-            cast_floats_to=target,
-            purpose=f"{cls.__name__} (its factors' data passes)",
-        )
-        # Class labels and Embedding indices in range, input dtypes and shapes, before any
-        # graph (as for every operator): one-line errors instead of the graph's.
-        check_keras_data(model, loss, batches)
-        num_examples = batches.num_examples
-        # A tied ReversibleEmbedding factored at its reverse call z = h Wᵀ: accumulated as
-        # the Dense layer of kernel Wᵀ (A over h, G over the V logits), then transposed
-        # into the table's row-major layout (rows V, columns d).
-        transposed = [is_tied(layer) and tied_embeddings == "output" for layer, _, _ in layout]
-        accumulators = Accumulators(layout, others, chosen, transposed)
-        accumulators.conv = conv
-        # Keras' own losses whose output Hessian per position has a closed form.
-        closed = closed_form(found, reads_logits)
-
-        # Split at the logits: known from the loss for Keras' own cross-entropies, found
-        # on the first batch for a custom loss that reads them (its gradient in the
-        # softmax output is None).
-        split = {"logits": reads_logits}
-
-        settings = PassSettings(
-            loss=resolved.call,
-            tied_embeddings=tied_embeddings,
-            closed=closed,
-            reduction=reduction,
-            kind=kind,
-            num_samples=num_samples,
-            distribution=distribution,
-            conv=conv,
-        )
-        # The compiled pass is shared by the operators built on the same model with the
-        # same settings (not on a clone made for this build's dtype: used once).
-        loss_id, loss_owners = keras_models.loss_key(loss)
-        pass_key = (
-            None
-            if run_model is not model
-            else (
-                id(model),
-                loss_id,
-                target.name,
-                tuple(positions),
-                kind,
-                num_samples,
-                other_variables,
-                conv,
-                tied_embeddings,
-            )
-        )
-        compiled = compiled_pass(
-            pass_key,
-            (model, *loss_owners),
-            lambda: CompiledPass(
-                run_model, dense_layers, layout, transposed, accumulators.others, settings
-            ),
-        )
-        traces_before = dict(compiled.traces)
-        # The same labels in every pass and for every batching: stateless, from the seed
-        # and each example's index.
-        seed_tensor = tf.constant(seed, tf.int64)
-        total = tf.constant(float(num_examples), tf.float64)
-
-        def data_pass(want_diagonal: bool, scalings: bool = False) -> None:
-            state = compiled.initial_state(scalings, want_diagonal)
-            bases = (
-                [(tf.constant(QA), tf.constant(QG)) for QA, QG in accumulators.bases]
-                if scalings and accumulators.bases is not None
-                else None
-            )
-            first_index = 0  # of the batch's first example in the dataset
-            for index, (batch, _weight) in enumerate(batches):
-                x, y, sample_weight = keras_models.unpack_batch(batch)
-                if sample_weight is not None:
-                    raise ValueError(
-                        "K-FAC does not take sample weights: pass (x, y) data (the factors "
-                        "are expectations over examples, each counted once)."
-                    )
-                n = len(tf.nest.flatten(y)[0])
-                for _attempt in range(2):
-                    try:
-                        with graph_errors(batches.describe(index)):
-                            step = compiled.function(split["logits"], scalings, want_diagonal)
-                            updated, report = step(
-                                x,
-                                y,
-                                tf.constant(first_index, tf.int32),
-                                seed_tensor,
-                                total,
-                                state,
-                                bases,
-                            )
-                        break
-                    except SplitAtLogits:
-                        split["logits"] = True  # nothing was accumulated: redo the batch
-                keras_models.check_finite(report["loss"], "the batch loss", inputs=x)
-                values = {key: float(value) for key, value in report.items() if key != "loss"}
-                compiled.check(values, n, target)
-                if "most_negative" in values:
-                    accumulators.most_negative = max(
-                        accumulators.most_negative, values["most_negative"]
-                    )
-                    accumulators.hessian_scale = max(
-                        accumulators.hessian_scale, values["hessian_scale"]
-                    )
-                state = updated
-                first_index += n
-            # The sums reach the host once per pass.
-            if scalings:
-                accumulators.S = [np.asarray(S) for S in state["S"]]
-                return
-            accumulators.A = [np.asarray(A) for A in state["A"]]
-            accumulators.G = [np.asarray(G) for G in state["G"]]
-            if want_diagonal:
-                accumulators.diagonal = [np.asarray(d) for d in state["diagonal"]]
-
-        data_pass(other_variables == "diagonal")
-        if kind == "type-2" and not convex:
-            check_convex(accumulators, target)
-        blocks = []
-        for (layer, k, b), A, G, flip in zip(layout, accumulators.A, accumulators.G, transposed):
-            A = A / num_examples
-            G = G / num_examples
-            if flip:  # the table W = (Wᵀ)ᵀ: its rows are the logits, its columns h
-                A, G = G, A
-            for factor, what in ((A, "A"), (G, "G")):
-                if not np.all(np.isfinite(factor)):
-                    raise ValueError(
-                        f"K-FAC: the factor {what} of layer {layer.name!r} is not finite (NaN or "
-                        "Inf in the activations or output gradients); check the data and weights."
-                    )
-            blocks.append(
-                KFACBlock(
-                    layer=layer.name,
-                    A=A,
-                    G=G,
-                    kernel=None if k is None else names[k],
-                    bias=None if b is None else names[b],
-                    kernel_slice=None if k is None else slice(int(offsets[k]), int(offsets[k + 1])),
-                    bias_slice=None if b is None else slice(int(offsets[b]), int(offsets[b + 1])),
-                )
-            )
-        if cls.eigenvalue_corrected:
-            # Second pass: second moments of the per-example gradients in the eigenbasis.
-            eps = float(np.finfo(target.as_numpy_dtype).eps)
-            factors = [(_factor_eigen(b.A, eps), _factor_eigen(b.G, eps)) for b in blocks]
-            bases = [(fa[1], fg[1]) for fa, fg in factors]
-            accumulators.bases = [
-                (QG, QA) if flip else (QA, QG) for (QA, QG), flip in zip(bases, transposed)
-            ]
-            data_pass(False, scalings=True)
-            accumulators.S = [S.T if flip else S for S, flip in zip(accumulators.S, transposed)]
-            # A direction on which A or G is zero to working precision has scaling 0 (its
-            # per-example projections are rounding).
-            blocks = [
-                dataclasses.replace(
-                    block,
-                    scalings=np.where(np.outer(fa[0] > 0, fg[0] > 0), S / num_examples, 0.0),
-                    basis=basis,
-                )
-                for block, S, basis, (fa, fg) in zip(blocks, accumulators.S, bases, factors)
-            ]
-            for block, S in zip(blocks, accumulators.S):
-                if not np.all(np.isfinite(S)):
-                    raise ValueError(
-                        f"EKFAC: the scalings of layer {block.layer!r} are not finite."
-                    )
-        diagonal = None
-        if others and other_variables == "diagonal":
-            diagonal = np.concatenate([d / num_examples for d in accumulators.diagonal])
-            if not np.all(np.isfinite(diagonal)):
-                raise ValueError("K-FAC: the diagonal of the other variables is not finite.")
-        operator = cls(
+        passes.run(want_diagonal=options.other_variables == "diagonal")
+        if options.kind == "type-2" and not reading.convex:
+            check_convex(passes.accumulators, target)
+        blocks = cls._corrected_blocks(_factor_blocks(layers, parameters, passes), passes)
+        diagonal = _other_diagonal(layers, passes, options.other_variables)
+        return cls(
             blocks,
-            names,
-            shapes,
+            parameters.names,
+            parameters.shapes,
             target.as_numpy_dtype,
-            kind=kind,
-            num_examples=num_examples,
-            other_slices=[slice(int(offsets[j]), int(offsets[j + 1])) for j in others],
+            kind=options.kind,
+            num_examples=passes.num_examples,
+            other_slices=[parameters.slice(j) for j in layers.others],
             other_diagonal=diagonal,
+            build_traces=passes.build_traces(),
         )
-        #: How many times this build traced each pass kind ("factors", "scalings"): 1 per
-        #: batch shape on a model's first build, 0 when the compiled pass was reused.
-        operator._build_traces = {
-            what: count - traces_before[what] for what, count in compiled.traces.items()
-        }
-        return operator
+
+    @classmethod
+    def _corrected_blocks(cls, blocks: list[KFACBlock], passes: FactorPasses) -> list[KFACBlock]:
+        """The blocks of the first pass's factors, as K-FAC keeps them (EKFAC re-estimates
+        their eigenvalues in a second pass: :class:`~spectra.operators.ekfac.EKFACOperator`)."""
+        return blocks
 
     # -- the parameter vector --------------------------------------------------------
     @property
@@ -1105,18 +722,10 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         )
 
     # -- the exact spectrum --------------------------------------------------------------
-    def _eigens(self) -> list[_Eigen]:
+    def _eigens(self) -> list[Eigen]:
         if self._eigen is None:
             eps = float(np.finfo(self.dtype).eps)
-            self._eigen = []
-            for b in self.blocks:
-                alpha, QA, bound_A = _factor_eigen(b.A, eps)
-                gamma, QG, bound_G = _factor_eigen(b.G, eps)
-                if b.basis is not None:  # EKFAC: the basis the scalings were measured in
-                    QA, QG = b.basis
-                    alpha = _in_basis(b.A, QA, int(np.count_nonzero(alpha)))
-                    gamma = _in_basis(b.G, QG, int(np.count_nonzero(gamma)))
-                self._eigen.append(_Eigen(alpha, QA, gamma, QG, bound_A, bound_G))
+            self._eigen = [block_eigen(b, eps) for b in self.blocks]
         return self._eigen
 
     def _block_values(self, index: int) -> np.ndarray:
@@ -1162,11 +771,12 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         a one-line ``ValueError`` otherwise.
 
         K's eigenvalues that are zero to working precision (a factor's, see
-        :func:`_factor_eigen`; a zero EKFAC scaling or excluded variable) are exactly 0 in
-        :meth:`eigenvalues`, but each may truly be as large as a bound u set by the
-        rounding of the factors' dtype. K + δI is refused when δ ≤ u: its smallest
-        eigenvalue would be rounding, not a number of the matrix. The suggested damping,
-        max(1e-3 λ_max, 100 u), is accepted and puts that rounding below 1 %.
+        :func:`~spectra.operators.kfac_blocks.factor_eigen`; a zero EKFAC scaling or
+        excluded variable) are exactly 0 in :meth:`eigenvalues`, but each may truly be as
+        large as a bound u set by the rounding of the factors' dtype. K + δI is refused
+        when δ ≤ u: its smallest eigenvalue would be rounding, not a number of the matrix.
+        The suggested damping, max(1e-3 λ_max, 100 u), is accepted and puts that rounding
+        below 1 %.
         """
         damping = check_float("damping", damping, positive=False)
         if damping < 0:
@@ -1282,40 +892,468 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         )
 
 
-class EKFACOperator(KFACOperator):
-    """EKFAC (eigenvalue-corrected K-FAC; George et al. 2018), a symmetric PSD
-    ``LinearOperator`` like :class:`KFACOperator`, built with the same ``from_keras``.
+# -- from_keras's steps ---------------------------------------------------------------------
+#: A factored layer, with the indices of its kernel and bias among the operator's variables
+#: (None: not one of them).
+_Slot = tuple[Any, int | None, int | None]
 
-    Per Dense layer it keeps K-FAC's eigenbasis Q = Q_A ⊗ Q_G (the eigenvectors of A and
-    G) and replaces the eigenvalues α_i γ_j by the second moments of the per-example
-    gradients projected onto it::
 
-        K_l = Q diag(s) Qᵀ,   s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ ā_n)² (q_G,jᵀ g_nc)²,
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """``from_keras``'s choices of the matrix, checked."""
 
-    that is s = diag(Qᵀ B_l Q) for B_l the layer's exact block of the matrix of ``kind``
-    ((1/N) Σ_n Σ_c (ā_n ⊗ g_nc)(ā_n ⊗ g_nc)ᵀ: the GGN's block for type-2). Among matrices
-    diagonal in Q it is the closest to B_l in Frobenius norm, hence at least as close as
-    K-FAC. Its spectrum is exact (the s_ij), and so are the trace, log-determinant,
-    Frobenius norm and damped inverse. Cost: a second pass over the data (the eigenbasis
-    needs the factors first) with the same backward passes as the first; products cost
-    four matrix products per layer instead of two.
+    kind: str
+    num_samples: int
+    seed: int
+    other_variables: str
+    conv: str
+    tied_embeddings: str
 
-    For a layer shared over T positions (Conv1D, Conv2D, Dense, EinsumDense or Embedding on
-    sequences) the per-example gradient is M_nc = Σ_t ā_nt g_ntcᵀ and
-    s_ij = (1/N) Σ_n Σ_c (q_A,iᵀ M_nc q_G,j)², in the eigenbasis of the ``conv`` variant's
-    factors, except for outputs with positions (a language model) and ``conv="expand"``:
-    there each (example, layer position) counts as an example, as the expand factors
-    count it (Eschenhagen et al. 2023), s_ij = (1/N) Σ_{n,t,c} (q_A,iᵀ ā_nt)² (q_G,jᵀ g_ntc)²,
-    the diagonal in Q of (1/N) Σ_{n,t,c} (ā_nt ⊗ g_ntc)(ā_nt ⊗ g_ntc)ᵀ, which is the layer's
-    type-2 GGN block when each layer position reaches only its own output position (no
-    cross terms, see :class:`KFACOperator`); the per-example Σ_t would add the type-2
-    columns' cross terms between output positions to every scaling. A direction on which
-    A or G is zero to working precision gets s_ij = 0. With
-    ``conv="expand"`` (or one position) that is exact: q_Aᵀ ā_nt = 0 at every position.
-    With ``conv="reduce"`` on several positions only the mean ā_n is orthogonal to such a
-    q_A (likewise Σ_t g for G), so the exact projection there need not vanish: a
-    rank-deficient reduce factor (fewer examples than its dimension) makes EKFAC equal to
-    diag(Qᵀ B_l Q) on the other directions only.
-    """
+    @classmethod
+    def checked(
+        cls,
+        *,
+        kind: Any,
+        num_samples: Any,
+        seed: Any,
+        other_variables: Any,
+        conv: Any,
+        tied_embeddings: Any,
+    ) -> _Options:
+        """The options, each checked (``TypeError``/``ValueError`` in one line)."""
+        kind = check_choice("kind", kind, KINDS)
+        num_samples = check_int("num_samples", num_samples, minimum=1)
+        if kind != "mc" and num_samples != 1:
+            raise ValueError("num_samples is for kind='mc'; the other kinds draw no labels.")
+        seed = cast(
+            int, check_seed("seed", seed, below=2**62, allow_none=False, allow_generator=False)
+        )
+        other_variables = check_choice("other_variables", other_variables, OTHER_VARIABLES)
+        conv = check_choice("conv", conv, CONV_VARIANTS)
+        tied_embeddings = check_choice("tied_embeddings", tied_embeddings, TIED_EMBEDDINGS)
+        return cls(kind, num_samples, seed, other_variables, conv, tied_embeddings)
 
-    eigenvalue_corrected = True
+
+def _one_loss(model: Any, loss: Any) -> Any:
+    """``loss``, or the loss ``model`` was compiled with (None); several losses are
+    refused in one line."""
+    if loss is None:
+        loss, loss_weights = keras_models.compiled_loss(model)
+        if loss_weights is not None:
+            raise ValueError("K-FAC supports one output with one loss; loss_weights were given.")
+    if isinstance(loss, (list, tuple, dict)):
+        raise ValueError(
+            "K-FAC supports a model with one output and one loss; got a "
+            f"{type(loss).__name__} of losses. Use GGNOperator for several outputs."
+        )
+    return loss
+
+
+@dataclasses.dataclass(frozen=True)
+class _LossReading:
+    """How K-FAC reads the loss: ``loss`` as given, ``call`` its batch mean in the pass's
+    dtype and ``reduction``; ``distribution`` the predictive distribution (mc only);
+    ``found`` the Keras function behind it (None for a custom loss); ``reads_logits``
+    whether it is split at the logits behind a softmax/sigmoid output, and ``convex``
+    whether it is convex at the split."""
+
+    loss: Any
+    call: Any
+    reduction: str
+    distribution: Any
+    found: tuple[Any, dict[str, Any], str] | None
+    reads_logits: bool
+    convex: bool
+
+    @classmethod
+    def of(cls, loss: Any, target: tf.DType, kind: str) -> _LossReading:
+        """The reading of ``loss`` for a pass in ``target`` of the matrix ``kind``
+        (mc and empirical refuse a ``reduction="sum"`` loss)."""
+        resolved = keras_models.resolve_loss(loss, target)
+        reduction = keras_models.reduction_of(resolved.call)
+        if kind != "type-2":
+            _check_reduction(resolved.call)
+        distribution = predictive_distribution(loss) if kind == "mc" else None
+        found = _loss_function(loss)
+        reads_logits = (
+            found is not None
+            and found[0].__name__ in _LOGIT_LOSSES
+            and not found[1].get("from_logits", False)
+        )
+        # Losses convex at the point K-FAC splits (the logits for Keras' cross-entropies):
+        # a negative eigenvalue of their output Hessian is rounding, by theorem.
+        convex = found is not None and (
+            found[0] in convex_losses()
+            and (
+                reads_logits
+                or found[0] is keras.losses.mean_squared_error
+                or bool(found[1].get("from_logits", False))
+            )
+        )
+        return cls(loss, resolved.call, reduction, distribution, found, reads_logits, convex)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parameters:
+    """The operator's variables: ``names``, ``shapes`` and ``offsets`` (where each starts
+    in the flat parameter vector, then its end); ``positions``, their indices among the
+    model's weights, and ``chosen``, the same variables in ``run_model``, the model the
+    passes run (the model itself, or its clone in ``dtype``)."""
+
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    offsets: np.ndarray
+    positions: list[int]
+    chosen: list[Any]
+    run_model: Any
+    dtype: tf.DType
+
+    @classmethod
+    def of(
+        cls, variables: Sequence[Any], positions: Sequence[int], run_model: Any, dtype: tf.DType
+    ) -> _Parameters:
+        """The parameters of ``variables`` (at ``positions`` among the model's weights)."""
+        run_weights = list(run_model.weights)
+        chosen = [run_weights[p] for p in positions]
+        names = [variable_name(v) for v in variables]
+        shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        offsets = np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in shapes])])
+        return cls(names, shapes, offsets, list(positions), chosen, run_model, dtype)
+
+    def slice(self, j: int) -> slice:
+        """Where variable ``j`` lies in the flat parameter vector."""
+        return slice(int(self.offsets[j]), int(self.offsets[j + 1]))
+
+    def index_of(self, weight: Any) -> int | None:
+        """The index of ``weight`` (by identity) among the variables, None if not one."""
+        for j, v in enumerate(self.chosen):
+            if v is weight:
+                return j
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layers:
+    """The layers K-FAC factors (``layout``: each with its kernel's and bias's indices
+    among the variables) and the indices of the variables outside them (``others``)."""
+
+    layout: list[_Slot]
+    others: list[int]
+
+    @property
+    def layers(self) -> list[Any]:
+        """The factored layers, in the order of their blocks."""
+        return [layer for layer, _, _ in self.layout]
+
+
+def _check_factorable(layer: Any, base: Any) -> None:
+    """Refuse (one line) a layer of a factored class ``base`` that K-FAC cannot factor:
+    its own ``call``, a Conv layer not channels-last or grouped, LoRA or quantization, an
+    EinsumDense that is not a Dense layer over positions, an Embedding K-FAC does not
+    cover."""
+    if type(layer).call is not base.call:
+        raise ValueError(
+            f"K-FAC: layer {layer.name!r} ({type(layer).__name__}) overrides "
+            f"{base.__name__}.call, so its pre-activations are not a W + b; spectra "
+            "cannot factor it."
+        )
+    if base in (keras.layers.Conv1D, keras.layers.Conv2D) and (
+        layer.data_format != "channels_last" or layer.groups != 1
+    ):
+        raise ValueError(
+            f"K-FAC supports {base.__name__} layers with data_format='channels_last' and "
+            f"groups=1; layer {layer.name!r} has data_format={layer.data_format!r}, "
+            f"groups={layer.groups}. Pass other_variables='exclude' or 'diagonal' after "
+            "making it non-trainable, or use GGNOperator."
+        )
+    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+        raise ValueError(
+            f"K-FAC: the layer {layer.name!r} is LoRA-enabled or quantized; its "
+            "kernel is not one matrix. Merge or dequantize it first."
+        )
+    if base in (keras.layers.Dense, keras.layers.EinsumDense):
+        rank = static_rank(layer) if base is keras.layers.EinsumDense else 2
+        dense_form(layer, rank)  # an EinsumDense that is not Dense-like: refused
+    if isinstance(layer, keras.layers.Embedding):
+        check_embedding(layer)
+
+
+def _factored_layers(model: Any, parameters: _Parameters, other_variables: str) -> _Layers:
+    """The layers of ``parameters.run_model`` that K-FAC factors (those of a factored
+    class with a variable of the operator), each checked; refused in one line when there
+    is none, or when variables lie outside them with ``other_variables="error"``."""
+    layout: list[_Slot] = []
+    covered: set[int] = set()
+    for layer in _keras_compat.flatten_layers(parameters.run_model):
+        if not isinstance(layer, FACTORED):
+            continue
+        base = next(kind for kind in FACTORED if isinstance(layer, kind))
+        k = parameters.index_of(kernel_of(layer))
+        bias = getattr(layer, "bias", None)
+        b = parameters.index_of(bias) if bias is not None else None
+        if k is None and b is None:
+            continue
+        _check_factorable(layer, base)
+        layout.append((layer, k, b))
+        covered.update(j for j in (k, b) if j is not None)
+    chosen = parameters.chosen
+    others = [j for j in range(len(chosen)) if j not in covered]
+    if others and other_variables == "error":
+        raise ValueError(
+            uncovered_message(
+                parameters.run_model, [chosen[j] for j in others], parameters.names, others
+            )
+        )
+    if not layout:
+        raise ValueError(
+            f"model {model.name!r} has no {FACTORED_NAMES.replace(' and ', ' or ')} layer "
+            "with trainable variables: K-FAC covers those layers only."
+        )
+    return _Layers(layout, others)
+
+
+@dataclasses.dataclass
+class FactorPasses:
+    """The passes over the data of one build: K-FAC's factors (:meth:`run`), then
+    EKFAC's scalings. ``compiled``: the batch step; ``accumulators``: the sums each pass
+    leaves on the host; ``transposed``: per factored layer, a tied ReversibleEmbedding
+    accumulated at its reverse call; ``seed``, ``total``: the labels' seed and N as the
+    step takes them; ``reads_logits``: where the loss is split, known from the loss or
+    found on the first batch (a custom loss reading the logits behind the output) and
+    kept for the later passes; ``traces_before``: the compiled pass's trace counts when
+    the build began."""
+
+    compiled: CompiledPass
+    batches: Batches
+    accumulators: Accumulators
+    dtype: tf.DType
+    transposed: list[bool]
+    num_examples: int
+    seed: tf.Tensor
+    total: tf.Tensor
+    reads_logits: bool
+    traces_before: dict[str, int]
+
+    def run(self, want_diagonal: bool, scalings: bool = False) -> None:
+        """One pass over the data, its sums copied to ``accumulators`` at its end: A and
+        G (and the other variables' diagonal when ``want_diagonal``), or with
+        ``scalings`` EKFAC's S in the eigenbases ``accumulators.bases``."""
+        state = self.compiled.initial_state(scalings, want_diagonal)
+        bases = (
+            [(tf.constant(QA), tf.constant(QG)) for QA, QG in self.accumulators.bases]
+            if scalings and self.accumulators.bases is not None
+            else None
+        )
+        first_index = 0  # of the batch's first example in the dataset
+        for index, (batch, _weight) in enumerate(self.batches):
+            x, y, sample_weight = keras_models.unpack_batch(batch)
+            if sample_weight is not None:
+                raise ValueError(
+                    "K-FAC does not take sample weights: pass (x, y) data (the factors "
+                    "are expectations over examples, each counted once)."
+                )
+            n = len(tf.nest.flatten(y)[0])
+            arguments = (x, y, tf.constant(first_index, tf.int32), self.seed, self.total)
+            updated, report = self._step(index, (*arguments, state, bases), scalings, want_diagonal)
+            self._check(report, n, x)
+            state = updated
+            first_index += n
+        # The sums reach the host once per pass.
+        if scalings:
+            self.accumulators.S = [np.asarray(S) for S in state["S"]]
+            return
+        self.accumulators.A = [np.asarray(A) for A in state["A"]]
+        self.accumulators.G = [np.asarray(G) for G in state["G"]]
+        if want_diagonal:
+            self.accumulators.diagonal = [np.asarray(d) for d in state["diagonal"]]
+
+    def _step(
+        self, index: int, arguments: tuple[Any, ...], scalings: bool, want_diagonal: bool
+    ) -> tuple[dict[str, list[tf.Tensor]], Any]:
+        """Batch ``index``'s compiled step at the split known so far; at the logits, and
+        from then on, when its trace finds that the loss reads them."""
+        try:
+            return self._call(index, arguments, scalings, want_diagonal)
+        except SplitAtLogits:
+            self.reads_logits = True  # nothing was accumulated: redo the batch
+            return self._call(index, arguments, scalings, want_diagonal)
+
+    def _call(
+        self, index: int, arguments: tuple[Any, ...], scalings: bool, want_diagonal: bool
+    ) -> tuple[dict[str, list[tf.Tensor]], Any]:
+        """The compiled step for the split known so far, called on ``arguments``."""
+        with graph_errors(self.batches.describe(index)):
+            step = self.compiled.function(self.reads_logits, scalings, want_diagonal)
+            return step(*arguments)
+
+    def _check(self, report: Any, n: int, x: Any) -> None:
+        """Refuse (one line) a batch with a non-finite loss or output-Hessian blocks that
+        disagree with its product; keep type-2's output-Hessian extremes."""
+        keras_models.check_finite(report["loss"], "the batch loss", inputs=x)
+        values = {key: float(value) for key, value in report.items() if key != "loss"}
+        self.compiled.check(values, n, self.dtype)
+        if "most_negative" in values:
+            accumulators = self.accumulators
+            accumulators.most_negative = max(accumulators.most_negative, values["most_negative"])
+            accumulators.hessian_scale = max(accumulators.hessian_scale, values["hessian_scale"])
+
+    def build_traces(self) -> dict[str, int]:
+        """How many times this build traced each pass kind ("factors", "scalings"): 1 per
+        batch shape on a model's first build, 0 when the compiled pass was reused."""
+        return {
+            what: count - self.traces_before[what] for what, count in self.compiled.traces.items()
+        }
+
+
+def _factor_passes(
+    owner: str,
+    model: Any,
+    data: Any,
+    batch_size: int | None,
+    reading: _LossReading,
+    parameters: _Parameters,
+    layers: _Layers,
+    options: _Options,
+) -> FactorPasses:
+    """The passes of a build of ``owner`` (the operator class's name): the batches (the
+    data checked against the model), the sums and the compiled step."""
+    target = parameters.dtype
+    batches = Batches(
+        data,
+        batch_size,
+        cast_floats_to=target,
+        purpose=f"{owner} (its factors' data passes)",
+    )
+    # Class labels and Embedding indices in range, input dtypes and shapes, before any
+    # graph (as for every operator): one-line errors instead of the graph's.
+    check_keras_data(model, reading.loss, batches)
+    num_examples = batches.num_examples
+    # A tied ReversibleEmbedding factored at its reverse call z = h Wᵀ: accumulated as
+    # the Dense layer of kernel Wᵀ (A over h, G over the V logits), then transposed
+    # into the table's row-major layout (rows V, columns d).
+    transposed = [is_tied(layer) and options.tied_embeddings == "output" for layer in layers.layers]
+    accumulators = Accumulators(layers.layout, layers.others, parameters.chosen, transposed)
+    accumulators.conv = options.conv
+    compiled = _compiled_pass(
+        model, reading, parameters, layers, options, transposed, accumulators.others
+    )
+    return FactorPasses(
+        compiled=compiled,
+        batches=batches,
+        accumulators=accumulators,
+        dtype=target,
+        transposed=transposed,
+        num_examples=num_examples,
+        # The same labels in every pass and for every batching: stateless, from the seed
+        # and each example's index.
+        seed=tf.constant(options.seed, tf.int64),
+        total=tf.constant(float(num_examples), tf.float64),
+        # Split at the logits: known from the loss for Keras' own cross-entropies, found
+        # on the first batch for a custom loss that reads them (its gradient in the
+        # softmax output is None).
+        reads_logits=reading.reads_logits,
+        traces_before=dict(compiled.traces),
+    )
+
+
+def _compiled_pass(
+    model: Any,
+    reading: _LossReading,
+    parameters: _Parameters,
+    layers: _Layers,
+    options: _Options,
+    transposed: list[bool],
+    others: list[Any],
+) -> CompiledPass:
+    """The compiled batch step of these settings, shared by the operators built on the
+    same model with the same settings (not on a clone made for this build's dtype: used
+    once); ``others``: the variables outside the factored layers."""
+    settings = PassSettings(
+        loss=reading.call,
+        tied_embeddings=options.tied_embeddings,
+        # Keras' own losses whose output Hessian per position has a closed form.
+        closed=closed_form(reading.found, reading.reads_logits),
+        reduction=reading.reduction,
+        kind=options.kind,
+        num_samples=options.num_samples,
+        distribution=reading.distribution,
+        conv=options.conv,
+    )
+    loss_id, loss_owners = keras_models.loss_key(reading.loss)
+    pass_key = (
+        None
+        if parameters.run_model is not model
+        else (
+            id(model),
+            loss_id,
+            parameters.dtype.name,
+            tuple(parameters.positions),
+            options.kind,
+            options.num_samples,
+            options.other_variables,
+            options.conv,
+            options.tied_embeddings,
+        )
+    )
+    return compiled_pass(
+        pass_key,
+        (model, *loss_owners),
+        functools.partial(
+            CompiledPass,
+            parameters.run_model,
+            layers.layers,
+            layers.layout,
+            transposed,
+            others,
+            settings,
+        ),
+    )
+
+
+def _factor_blocks(
+    layers: _Layers, parameters: _Parameters, passes: FactorPasses
+) -> list[KFACBlock]:
+    """The factored layers' blocks from the first pass's sums, averaged over the examples
+    (a tied table's factors of Wᵀ swapped into its layout); refused in one line when a
+    factor is not finite."""
+    num_examples = passes.num_examples
+    accumulators = passes.accumulators
+    blocks = []
+    for (layer, k, b), A, G, flip in zip(
+        layers.layout, accumulators.A, accumulators.G, passes.transposed
+    ):
+        A = A / num_examples
+        G = G / num_examples
+        if flip:  # the table W = (Wᵀ)ᵀ: its rows are the logits, its columns h
+            A, G = G, A
+        for factor, what in ((A, "A"), (G, "G")):
+            if not np.all(np.isfinite(factor)):
+                raise ValueError(
+                    f"K-FAC: the factor {what} of layer {layer.name!r} is not finite (NaN or "
+                    "Inf in the activations or output gradients); check the data and weights."
+                )
+        blocks.append(
+            KFACBlock(
+                layer=layer.name,
+                A=A,
+                G=G,
+                kernel=None if k is None else parameters.names[k],
+                bias=None if b is None else parameters.names[b],
+                kernel_slice=None if k is None else parameters.slice(k),
+                bias_slice=None if b is None else parameters.slice(b),
+            )
+        )
+    return blocks
+
+
+def _other_diagonal(
+    layers: _Layers, passes: FactorPasses, other_variables: str
+) -> np.ndarray | None:
+    """The diagonal of the other variables (``other_variables="diagonal"``), averaged over
+    the examples and checked finite; None otherwise."""
+    if not (layers.others and other_variables == "diagonal"):
+        return None
+    diagonal = np.concatenate([d / passes.num_examples for d in passes.accumulators.diagonal])
+    if not np.all(np.isfinite(diagonal)):
+        raise ValueError("K-FAC: the diagonal of the other variables is not finite.")
+    return diagonal

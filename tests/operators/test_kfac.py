@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from spectra.estimators.results import SpectralDensity
 from spectra.operators import GGNOperator
-from spectra.operators.kfac import EKFACOperator, KFACOperator
+from spectra.operators.ekfac import EKFACOperator
+from spectra.operators.kfac import KFACOperator
 
 N, BATCH, D_IN, CLASSES = 7, 3, 4, 3
 F64 = "float64"

@@ -14,7 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from spectra.operators.kfac import EKFACOperator, KFACOperator
+from spectra.operators.ekfac import EKFACOperator
+from spectra.operators.kfac import KFACOperator
 
 SPARSE = "sparse_categorical_crossentropy"
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from spectra.operators import GGNOperator
-from spectra.operators.kfac import EKFACOperator, KFACOperator
+from spectra.operators.ekfac import EKFACOperator
+from spectra.operators.kfac import KFACOperator
 
 F64 = "float64"
 N, T, D, CLASSES = 5, 3, 4, 3
