@@ -366,10 +366,9 @@ def _consistent(op, rng):
     assert u @ op.matvec(u) == pytest.approx(values[0], rel=1e-3)
 
 
-@pytest.fixture(scope="module")
-def gpt2_lm():
+def _gpt2(dropout: float) -> keras.Model:
+    """keras-hub's GPT-2 (2 blocks, width 16) with its tied token embedding as the LM head."""
     keras_hub = pytest.importorskip("keras_hub")
-    keras.utils.set_random_seed(9)
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=VOCABULARY,
         num_layers=2,
@@ -377,14 +376,20 @@ def gpt2_lm():
         hidden_dim=16,
         intermediate_dim=32,
         max_sequence_length=SEQUENCE,
-        dropout=0.0,
+        dropout=dropout,
         dtype=F64,
     )
     inputs = {
         name: keras.Input((SEQUENCE,), dtype="int32", name=name)
         for name in ("token_ids", "padding_mask")
     }
-    model = keras.Model(inputs, backbone.token_embedding(backbone(inputs), reverse=True))
+    return keras.Model(inputs, backbone.token_embedding(backbone(inputs), reverse=True))
+
+
+@pytest.fixture(scope="module")
+def gpt2_lm():
+    keras.utils.set_random_seed(9)
+    model = _gpt2(dropout=0.0)
     rng = np.random.default_rng(10)
     x = {
         "token_ids": rng.integers(0, VOCABULARY, (EXAMPLES, SEQUENCE)).astype("int32"),
@@ -419,23 +424,8 @@ def test_gpt2_with_dropout_has_the_factors_of_gpt2_without(gpt2_lm):
     layers carry no static shape, which the factor pass once needed (a TypeError). In
     inference mode Dropout is the identity, so the factors are those without dropout
     (measured: equal to 3e-16 relative)."""
-    keras_hub = pytest.importorskip("keras_hub")
     model, (x, y) = gpt2_lm
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=SEQUENCE,
-        dropout=0.1,
-        dtype=F64,
-    )
-    inputs = {
-        name: keras.Input((SEQUENCE,), dtype="int32", name=name)
-        for name in ("token_ids", "padding_mask")
-    }
-    dropped = keras.Model(inputs, backbone.token_embedding(backbone(inputs), reverse=True))
+    dropped = _gpt2(dropout=0.1)
     dropped.set_weights(model.get_weights())
     options = {"other_variables": "exclude", "tied_embeddings": "output"}
     with_dropout = KFACOperator.from_keras(dropped, SCE, (x, y), **options)
