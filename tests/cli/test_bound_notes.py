@@ -20,54 +20,22 @@ from pathlib import Path
 import pytest
 
 from spectra.cli import main
-from spectra.cli._common import bound_note
 from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY, bound_holds
-from spectra.reports.sharpness import entry_certified, entry_failure_probability
+from spectra.reports.sharpness import entry_certified
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 DATA = ROOT / "data"
+
+
 DIGITS = str(DATA / "digits.npz")
+
+
 LOSS = "sparse_categorical_crossentropy"
+
+
 CAVEAT = re.compile(r"\((not certified|not converged|failure probability)")
-
-
-@pytest.mark.parametrize(
-    "converged, probability, expected",
-    [
-        (True, 1e-4, ""),
-        (True, 1e-9, ""),
-        (True, 0.0, ""),
-        (True, None, "(not certified: holds for some eigenvalue, maybe not this one)"),
-        (True, 1.0, "(not certified: failure probability 1)"),
-        (True, 0.5, "(not certified: failure probability 0.5)"),
-        (True, 0.01, "(failure probability 0.01, not 0.0001)"),
-        (True, 2e-4, "(failure probability 0.0002, not 0.0001)"),
-        (False, 1e-4, "(not converged: stalled)"),
-        (False, 1.0, "(not converged: stalled)  (not certified: failure probability 1)"),
-    ],
-)
-def test_bound_note(converged, probability, expected):
-    assert bound_note(converged, probability, reason="stalled") == expected
-    holds = converged and probability is not None and probability <= 1e-4
-    assert bound_holds(converged, probability) is holds
-    assert (expected == "") is holds
-
-
-def test_bound_note_explains_a_bound_above_the_tolerance():
-    note = bound_note(False, 1e-5, value=9.5, bound=0.84, tol=0.01)
-    assert note == "(not converged: error bound 0.84 > tol·|λ| = 0.095)"
-
-
-def test_entries_recorded_without_a_failure_probability():
-    """Entries of an earlier sharpness.json: what their method certifies."""
-    entry = {"converged": [True]}
-    assert entry_failure_probability(entry, "lanczos") == DEFAULT_FAILURE_PROBABILITY
-    assert entry_certified(entry, "lanczos")
-    assert entry_failure_probability(entry, "power") == 1.0
-    assert not entry_certified(entry, "power")
-    assert entry_failure_probability(entry, "lobpcg") is None
-    assert not entry_certified({"converged": [True], "failure_probability": None}, "lanczos")
-    assert not entry_certified({"converged": [False], "failure_probability": 0.0}, "lanczos")
 
 
 def _run(args: list[str]) -> tuple[int, str, str]:

@@ -6,11 +6,7 @@ In-process through ``spectra.cli.main`` (fast), plus one run of ``python -m spec
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +15,20 @@ import pytest
 from spectra.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 DATA = ROOT / "data"
+
+
 DIGITS = str(DATA / "digits.npz")
+
+
 MLP = str(DATA / "digits_mlp.keras")
+
+
 LOSS = "sparse_categorical_crossentropy"
+
+
 COMMON = ["--data", DIGITS, "--loss", LOSS, "--max-examples", "50", "--no-progress"]
 
 
@@ -79,18 +85,6 @@ def test_a_bad_trajectory_json_is_one_line(content, expected, run_dir, tmp_path,
     error = _one_line_error(capsys, status)
     assert expected in error and "trajectory.json" in error and "--lr" in error
     assert _nothing_written(out)
-
-
-def test_the_advice_for_a_bad_trajectory_json_works(run_dir, tmp_path, capsys):
-    """The error says 'give --lr'; with --lr the run no longer depends on the file."""
-    (run_dir / "trajectory.json").write_text("{not json")
-    out = tmp_path / "out"
-    args = ["sharpness", str(run_dir), *COMMON, "--lr", "0.2", "--top-k", "1", "--tol", "1e-3"]
-    status = _status([*args, "--out", str(out), "--quiet"])
-    err = capsys.readouterr().err
-    assert status == 0, err
-    assert "trajectory.json' as JSON" in err and "ignored, η from --lr" in err  # a warning
-    assert json.loads((out / "sharpness.json").read_text())["threshold"]["learning_rate"] == 0.2
 
 
 # --------------------------------------------------------------------------- sharpness.json
@@ -156,57 +150,6 @@ def test_step_and_file_conflicts_are_one_line(case, expected, run_dir, tmp_path,
     status = _status(["sharpness", spec, *COMMON, "--lr", "0.2", *steps, "--out", str(out)])
     assert expected in _one_line_error(capsys, status)
     assert _nothing_written(out)
-
-
-# --------------------------------------------------------------------------- landscape
-
-
-@pytest.mark.parametrize(
-    "options, expected",
-    [
-        (["--radius", "0"], "argument --radius: must be a positive number, got 0"),
-        (["--radius", "-1"], "argument --radius: must be a positive number, got -1"),
-        (["--radius", "nan"], "argument --radius: must be a positive number, got nan"),
-        (["--radius", "inf"], "argument --radius: must be a positive number, got inf"),
-        (["--radius", "wide"], "argument --radius: must be a positive number, got 'wide'"),
-        (["--directions", "3"], "argument --directions: invalid choice: 3"),
-        (["--directions", "0"], "argument --directions: invalid choice: 0"),
-        (["--directions", "v1"], "argument --directions: invalid int value: 'v1'"),
-        (["--directions", "2", "--points", "1"], "needs --points 3 or more"),
-        (["--points", "0"], "argument --points: must be a positive integer, got 0"),
-        (["--trace"], "unrecognized arguments: --trace"),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
-)
-def test_landscape_errors_are_one_line(options, expected, tmp_path, capsys):
-    out = tmp_path / "out"
-    status = _status(["landscape", MLP, *COMMON, *options, "--out", str(out)])
-    error = _one_line_error(capsys, status)
-    assert expected in error, error
-    assert _nothing_written(out)
-
-
-# --------------------------------------------------------------------------- a real process
-
-
-def test_one_line_error_from_a_process(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": "Agg"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = ["landscape", MLP, *COMMON, "--radius", "0", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "spectra", *command],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 2
-    assert done.stdout == ""
-    assert done.stderr.startswith("spectra: error: argument --radius: must be a positive number")
-    assert done.stderr.count("\n") == 1
-    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- the issue's cases
@@ -327,43 +270,6 @@ def test_a_negative_seed_is_refused_before_anything_is_loaded(tmp_path, capsys, 
     assert not out.exists()
 
 
-def test_landscape_refuses_100000_points_with_their_cost(tmp_path, capsys):
-    out = tmp_path / "out"
-    args = ["landscape", MLP, *COMMON, "--points", "100000", "--out", str(out)]
-    error = _one_line_error(capsys, _status(args))
-    assert "--points 100000 means 200,003 loss evaluations, one pass over the data each" in error
-    assert "more than the 2,000 run without --force" in error and "--force" in error
-    assert not out.exists()
-
-
-def test_landscape_cost_counts_the_evaluations_run():
-    from spectra.reports.landscape import planned_evaluations, step_grid
-
-    for directions, points in ((1, 1), (1, 4), (1, 41), (2, 3), (2, 41)):
-        size = step_grid(1.0, points).size
-        curves = (directions + 1) * size + 1
-        assert planned_evaluations(directions, points) == curves + (
-            size * size + 1 if directions == 2 else 0
-        )
-
-
-def test_landscape_refuses_a_radius_that_gives_nan_losses(tmp_path, capsys):
-    out = tmp_path / "out"
-    args = ["landscape", MLP, *COMMON, "--radius", "1e30", "--out", str(out)]
-    error = _one_line_error(capsys, _status(args))
-    assert "the loss is nan at α =" in error and "R = 1e+30 (--radius)" in error, error
-    assert "give a smaller --radius (the curvature-scaled default here is" in error
-    assert _nothing_written(out)
-
-
-def test_landscape_refuses_a_radius_beyond_the_dtype(tmp_path, capsys):
-    out = tmp_path / "out"
-    args = ["landscape", MLP, *COMMON, "--radius", "1e39", "--out", str(out)]
-    error = _one_line_error(capsys, _status(args))
-    assert "beyond the largest float32 number 3.4e+38: give a smaller --radius" in error
-    assert _nothing_written(out)
-
-
 def test_preconditioned_lion_is_refused_before_a_checkpoint_is_blamed(small, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["sharpness", str(small["lion"]), "--data", str(small["data"]), "--preconditioned"]
@@ -375,13 +281,6 @@ def test_preconditioned_lion_is_refused_before_a_checkpoint_is_blamed(small, tmp
     assert "supported: Adam, AdamW, RMSprop, Adagrad" in error
     assert "--skip-bad" not in error and "no optimizer state" not in error
     assert _nothing_written(out)
-
-
-def test_the_supported_optimizers_are_those_spectra_reads():
-    from spectra._keras_compat import OPTIMIZER_SLOTS
-    from spectra.reports.thresholds import PRECONDITIONED_OPTIMIZERS
-
-    assert tuple(OPTIMIZER_SLOTS) == PRECONDITIONED_OPTIMIZERS
 
 
 def test_a_builder_that_raises_is_named_with_its_error(small, tmp_path, capsys):

@@ -1,6 +1,11 @@
 """``spectra plot``: a run's figures redrawn from its JSON without TensorFlow, and
-``spectra.load`` on the JSON ``spectra analyze`` writes."""
+``spectra.load`` on the JSON ``spectra analyze`` writes.
+"""
 
+from __future__ import annotations
+
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,9 +19,16 @@ from spectra.cli import main
 from spectra.estimators.results import EigenResult, SpectralDensity, SpectralMass, TraceResult
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 DATA = ROOT / "data"
+
+
 LOSS = "sparse_categorical_crossentropy"
+
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 
 # Runs `spectra plot` in a fresh interpreter and says whether TensorFlow got imported.
 _PLOT_WITHOUT_TF = (
@@ -137,3 +149,29 @@ def test_plot_redraws_a_landscape_run_and_load_rebuilds_its_curves(tmp_path):
     assert (out / "replot" / "landscape_1d.png").read_bytes() == (
         out / "landscape_1d.png"
     ).read_bytes()
+
+
+def _run(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(args)
+        except SystemExit as exit_info:
+            status = int(exit_info.code)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _error(args: list[str]) -> str:
+    """The one-line error of a run that must fail with status 2."""
+    status, _, err = _run(args)
+    assert status == 2, err
+    assert err.startswith("spectra: error: ") and err.count("\n") == 1, err
+    return err.removeprefix("spectra: error: ").rstrip("\n")
+
+
+def test_plot_of_a_missing_file_or_a_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    wanted = "a run's results.json, sharpness.json or landscape.json"
+    assert _error(["plot", "nothere.json"]) == f"no file 'nothere.json': give {wanted}"
+    (tmp_path / "run").mkdir()
+    assert _error(["plot", "run"]) == f"'run' is a directory: give {wanted} in it"

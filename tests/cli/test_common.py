@@ -1,6 +1,6 @@
-"""The output directory of the commands: nothing written through links, one run per
-directory (the manifest, ``--restart``), what fits written on a full disk, a resumed
-``sharpness`` equal to an uninterrupted one bit for bit."""
+"""Tests of spectra.cli._common, the behaviour the commands share: bound notes, one rounding
+rule for printed uncertainties, and run directories.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +13,106 @@ import pytest
 
 import spectra.cli.analyze
 import spectra.cli.sharpness
+from spectra._format import plus_minus
 from spectra.cli import main
+from spectra.cli._common import bound_note
+from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY, bound_holds
+from spectra.reports.sharpness import entry_certified, entry_failure_probability
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "text"),
+    [
+        (20.9152, 0.87, "20.92 ± 0.87"),
+        (3.7447885, 4.5e-6, "3.7447885 ± 4.5e-06"),
+        (2.77259e-05, 3.2e-05, "2.8e-05 ± 3.2e-05"),
+        (10.4721, 0.59, "10.47 ± 0.59"),
+        (1.6441033, 2e-6, "1.6441033 ± 2.0e-06"),
+        (-0.0374, 0.002, "-0.0374 ± 0.0020"),
+        (1.5, None, "1.5"),
+        (1.5, float("nan"), "1.5 ± nan"),
+        (None, 0.1, "n/a"),
+    ],
+)
+def test_plus_minus_rounds_the_value_to_its_uncertainty(value, error, text):
+    assert plus_minus(value, error) == text
+
+
+# --------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "printed"),
+    [
+        (1.6991200, 7.5e-06, "1.6991200 ± 7.5e-06"),  # trailing zeros kept
+        (79.193, 7.0, "79.2 ± 7.0"),  # the value to the error's second digit
+        (15.4089, 0.61, "15.41 ± 0.61"),
+        (10.691818, 1.3e-05, "10.691818 ± 1.3e-05"),
+        (3800.0, 50.0, "3800 ± 50"),  # no bare trailing point
+        (0.000309, 4.8e-05, "0.000309 ± 4.8e-05"),
+    ],
+)
+def test_one_rounding_rule_with_trailing_zeros(value, error, printed) -> None:
+    assert plus_minus(value, error) == printed
+
+
+@pytest.mark.parametrize(
+    "converged, probability, expected",
+    [
+        (True, 1e-4, ""),
+        (True, 1e-9, ""),
+        (True, 0.0, ""),
+        (True, None, "(not certified: holds for some eigenvalue, maybe not this one)"),
+        (True, 1.0, "(not certified: failure probability 1)"),
+        (True, 0.5, "(not certified: failure probability 0.5)"),
+        (True, 0.01, "(failure probability 0.01, not 0.0001)"),
+        (True, 2e-4, "(failure probability 0.0002, not 0.0001)"),
+        (False, 1e-4, "(not converged: stalled)"),
+        (False, 1.0, "(not converged: stalled)  (not certified: failure probability 1)"),
+    ],
+)
+def test_bound_note(converged, probability, expected):
+    assert bound_note(converged, probability, reason="stalled") == expected
+    holds = converged and probability is not None and probability <= 1e-4
+    assert bound_holds(converged, probability) is holds
+    assert (expected == "") is holds
+
+
+def test_bound_note_explains_a_bound_above_the_tolerance():
+    note = bound_note(False, 1e-5, value=9.5, bound=0.84, tol=0.01)
+    assert note == "(not converged: error bound 0.84 > tol·|λ| = 0.095)"
+
+
+def test_entries_recorded_without_a_failure_probability():
+    """Entries of an earlier sharpness.json: what their method certifies."""
+    entry = {"converged": [True]}
+    assert entry_failure_probability(entry, "lanczos") == DEFAULT_FAILURE_PROBABILITY
+    assert entry_certified(entry, "lanczos")
+    assert entry_failure_probability(entry, "power") == 1.0
+    assert not entry_certified(entry, "power")
+    assert entry_failure_probability(entry, "lobpcg") is None
+    assert not entry_certified({"converged": [True], "failure_probability": None}, "lanczos")
+    assert not entry_certified({"converged": [False], "failure_probability": 0.0}, "lanczos")
+
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 DATA = ROOT / "data"
+
+
 TRAJECTORY = DATA / "gd_trajectory"
+
+
 DIGITS = str(DATA / "digits.npz")
+
+
 LOSS = "sparse_categorical_crossentropy"
+
+
 SECRET = "the runner's own file\n"
+
+
 MANIFEST = ".spectra-manifest.json"
 
 
@@ -248,38 +340,3 @@ def test_a_full_disk_keeps_the_results_and_says_what_was_not_written(tmp_path, c
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["status"] == "incomplete" and manifest["files"] == ["results.json"]
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "results.json"]
-
-
-# --------------------------------------------------------------------------- resume
-
-
-def test_a_resumed_sharpness_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path, monkeypatch):
-    command = spectra.cli.sharpness
-    pattern = "step_00[0-4]0.keras"  # steps 0, 20, 40
-    assert main(_sharpness(pattern, tmp_path / "whole")) == 0
-
-    measure = command.measure_sharpness
-    calls = []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # after the first checkpoint was recorded
-            raise KeyboardInterrupt
-        return measure(*args, **kwargs)
-
-    monkeypatch.setattr(command, "measure_sharpness", interrupted)
-    out = tmp_path / "resumed"
-    assert main(_sharpness(pattern, out)) == 130
-    assert len(json.loads((out / "sharpness.json").read_text())["checkpoints"]) == 1
-    monkeypatch.setattr(command, "measure_sharpness", measure)
-    assert main(_sharpness(pattern, out)) == 0
-
-    whole = json.loads((tmp_path / "whole" / "sharpness.json").read_text())["checkpoints"]
-    resumed = json.loads((out / "sharpness.json").read_text())["checkpoints"]
-    assert [entry["step"] for entry in resumed] == [0, 20, 40]
-    for got, want in zip(resumed, whole, strict=True):
-        # Everything but the wall time, as floats bit for bit: values, bounds, trace, loss,
-        # overlaps, products; the first checkpoint after the resume starts warm.
-        del got["wall_time"], want["wall_time"], got["path"], want["path"]
-        assert got == want
-    assert resumed[1]["warm_start"] and resumed[1]["eigenvector_overlap"] is not None

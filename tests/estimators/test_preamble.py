@@ -1,5 +1,6 @@
-"""What the estimators accept and refuse: finite products, symmetric operators,
-type-strict arguments; and what their progress bars show."""
+"""Tests of spectra.estimators._preamble: what the estimators accept and refuse: finite
+products, symmetric operators, type-strict arguments.
+"""
 
 from __future__ import annotations
 
@@ -175,21 +176,3 @@ def test_seed_errors_name_the_argument(seed, error, message):
     ):
         with pytest.raises(error, match=message):
             call()
-
-
-def test_progress_bars_count_the_planned_work_and_end_at_100_percent(capsys):
-    a = random_symmetric(200, seed=6)
-    result = eigenvalues(a, k=2, progress=True)
-    err = capsys.readouterr().err
-    final = err.replace("\r", "\n").strip().splitlines()[-1]
-    # the last state before the bar is cleared: all of the work done, none left
-    assert "100%" in final and f"{result.num_products}/{result.num_products}" in final
-    assert "data passes" in final
-    for run in (
-        lambda: trace(a, num_products=50, rtol=0.5, progress=True),
-        lambda: spectral_density(a, num_steps=10, num_probes=3, progress=True),
-        lambda: diagonal(a, num_products=20, progress=True),
-    ):
-        run()
-        final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-        assert "100%" in final and "data passes" in final
