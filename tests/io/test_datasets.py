@@ -117,7 +117,9 @@ def test_every_builtin_has_a_description():
 def test_missing_scikit_learn(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    with pytest.raises(ImportError, match=r"pip install spectra-hessian\[datasets\]"):
+    with pytest.raises(
+        ImportError, match=r"pip install scikit-learn .*pip install '\.\[datasets\]'"
+    ):
         load_data("digits")
 
 

@@ -27,15 +27,16 @@ def _snippet() -> str:
 def test_the_documented_snippet_reads_the_values_back(tmp_path, monkeypatch) -> None:
     pytest.importorskip("tensorboard")
     written = {0: 1.25, 20: 3.5, 40: 9.875}
-    events = SharpnessEvents(tmp_path / "logs" / "run1")
+    events = SharpnessEvents(tmp_path / "out" / "logs" / "run1")
     for step, value in written.items():
         events.write(step, {"sharpness/lambda_1": value, "sharpness/error_bound_1": 1e-6})
     events.close()
-    monkeypatch.chdir(tmp_path)  # the snippet's relative "logs/run1/spectra"
+    monkeypatch.chdir(tmp_path)  # the snippet's relative "out/logs/run1/spectra"
     namespace: dict = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(_snippet(), str(DOC), "exec"), namespace)
+    # The snippet rounds to 3 decimals; these values are exact in float32 at 3 decimals.
     assert namespace["lambda_1"] == [(step, float(np.float32(v))) for step, v in written.items()]
     assert "sharpness/lambda_1" in printed.getvalue()
     assert "sharpness/error_bound_1" in printed.getvalue()
