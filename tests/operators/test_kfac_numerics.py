@@ -268,8 +268,18 @@ def test_nan_vectors_are_refused_like_the_exact_operators(classification, cls):
 
 
 # -- 5. Monte Carlo labels per example: the matrix does not depend on the batching -----
-@pytest.mark.parametrize("cls", [KFACOperator, EKFACOperator])
-@pytest.mark.parametrize("num_samples", [1, 2])
+@pytest.mark.parametrize(
+    ("num_samples", "cls"),
+    [
+        # make test runs K-FAC with 2 samples per example and EKFAC (whose scalings pass
+        # draws its own labels) with 1; make test-all all four.
+        pytest.param(1, KFACOperator, marks=pytest.mark.long),
+        pytest.param(1, EKFACOperator),
+        pytest.param(2, KFACOperator),
+        pytest.param(2, EKFACOperator, marks=pytest.mark.long),
+    ],
+    ids=["1-KFACOperator", "1-EKFACOperator", "2-KFACOperator", "2-EKFACOperator"],
+)
 def test_monte_carlo_kfac_does_not_depend_on_batch_size(classification, cls, num_samples):
     x, labels = classification
     x, labels = x[:7], labels[:7]

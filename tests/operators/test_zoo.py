@@ -36,8 +36,10 @@ def _fresh_engines():
 _SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
 # Left out of make test (pytest.mark.long, run by make test-all): the recurrent entries
 # but the SimpleRNN, which keeps a recurrent model's truth in every run (the JAX job checks
-# the LSTM, GRU and bidirectional LSTM against the same truths on its engine).
-_LONG = {"lstm-masked", "gru", "bidirectional-lstm", "keras-scan"}
+# the LSTM, GRU and bidirectional LSTM against the same truths on its engine), and the
+# attention block, whose MultiHeadAttention the transformer block holds (and the layer
+# catalogue checks MultiHeadAttention, GroupQueryAttention and Attention one by one).
+_LONG = {"lstm-masked", "gru", "bidirectional-lstm", "keras-scan", "attention"}
 # The entries whose case several tests use: built once per module (see ``shared``).
 _SHARED = ("mlp", "lstm-masked")
 
