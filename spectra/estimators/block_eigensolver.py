@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
-from spectra.estimators._products import ProductProgress
+from spectra.estimators._products import ProductCounter, ProductProgress
 from spectra.estimators.eigenpairs import (
     MethodOutput,
     MethodRequest,
@@ -44,7 +44,9 @@ _TINY_TARGET = 1e-300
 _DENSE_BLOCKS = 5
 
 
-def _dense_pairs(counter, k: int, which: str, bar: ProductProgress, info: dict) -> MethodOutput:
+def _dense_pairs(
+    counter: ProductCounter, k: int, which: str, bar: ProductProgress, info: dict
+) -> MethodOutput:
     """The exact k pairs of a small operator: one n-column ``matmat`` and ``eigh``."""
     n = counter.n
     dense = counter.matmat(np.eye(n))
@@ -68,7 +70,7 @@ class _BlockFit(NamedTuple):
     rounds: int
 
 
-def _block_operator(counter, squared: bool, bar: ProductProgress) -> LinearOperator:
+def _block_operator(counter: ProductCounter, squared: bool, bar: ProductProgress) -> LinearOperator:
     """A (or A², two products per column, for "magnitude") as LOBPCG's operator."""
     n = counter.n
 
@@ -84,7 +86,7 @@ def _block_operator(counter, squared: bool, bar: ProductProgress) -> LinearOpera
 
 
 def _first_residual_tol(
-    counter, x: np.ndarray, tol: float, anorm: float, squared: bool
+    counter: ProductCounter, x: np.ndarray, tol: float, anorm: float, squared: bool
 ) -> tuple[float, float]:
     """LOBPCG's first residual tolerance sqrt(tol)·‖A‖ (times ‖A‖ again on A²) and the
     norm estimate, from one block product when there is none yet."""
@@ -112,7 +114,7 @@ def _run_lobpcg(
 
 
 def _rayleigh_ritz(
-    counter, x: np.ndarray, bar: ProductProgress
+    counter: ProductCounter, x: np.ndarray, bar: ProductProgress
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rayleigh–Ritz with A on the span of ``x`` (resolves ± pairs for "magnitude"):
     the rotated orthonormal block, its image and the Ritz values. The residuals
@@ -125,7 +127,15 @@ def _rayleigh_ritz(
     return x @ rotation, image @ rotation, theta
 
 
-def _lobpcg_rounds(counter, x, k, which, tol, budget, bar) -> _BlockFit:
+def _lobpcg_rounds(
+    counter: ProductCounter,
+    x: np.ndarray,
+    k: int,
+    which: str,
+    tol: float,
+    budget: int,
+    bar: ProductProgress,
+) -> _BlockFit:
     """LOBPCG rounds, each followed by a Rayleigh–Ritz step, the residual tolerance
     tightened to ``_LOBPCG_TIGHTENING`` of the smallest unmet target, until the block's
     residual bounds meet ``tol``, the budget is spent, ``_LOBPCG_MAX_ROUNDS`` rounds
@@ -177,7 +187,16 @@ def _lobpcg_rounds(counter, x, k, which, tol, budget, bar) -> _BlockFit:
 
 
 def _verify_block(
-    counter, fit: _BlockFit, k, which, tol, budget, rng, bar, failure_probability, info
+    counter: ProductCounter,
+    fit: _BlockFit,
+    k: int,
+    which: str,
+    tol: float,
+    budget: int,
+    rng: np.random.Generator,
+    bar: ProductProgress,
+    failure_probability: float,
+    info: dict,
 ) -> MethodOutput:
     """Lock the block's k wanted pairs in a :class:`KrylovSchur` state and run Lanczos
     from a random start orthogonal to them, within ``budget`` products: its

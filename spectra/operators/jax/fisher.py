@@ -187,13 +187,17 @@ class MonteCarloFisher(FisherCurvature):
             def output_of(stacked: Any, activation: Any = activation) -> Any:
                 return stacked if activation is None else OutputSplit.activate(activation, stacked)
 
-            def value(stacked: Any, term: Any = term, drawn: Any = drawn, weights: Any = weights):
+            def value(
+                stacked: Any, term: Any = term, drawn: Any = drawn, weights: Any = weights
+            ) -> Any:
                 # All S draws in one evaluation, as a batch S times as large: its mean is
                 # (1/S) Σ_s L_b(ŷ_s), so its gradient at draw s is ∇L_b(ŷ_s)/S.
                 replaced = dataclasses.replace(term, output=output_of(stacked))
                 return structured.value(replaced, drawn, weights)
 
-            def per_example(stacked: Any, drawn: Any = drawn, loss_object: Any = loss_object):
+            def per_example(
+                stacked: Any, drawn: Any = drawn, loss_object: Any = loss_object
+            ) -> Any:
                 return jnp.sum(loss_object.call(drawn, output_of(stacked)))
 
             stacked_point = _stacked(point, samples)
