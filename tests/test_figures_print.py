@@ -626,6 +626,46 @@ def test_cli_replot_in_another_style(paper_run, tmp_path):
     assert width == pytest.approx(3.25, abs=0.004)
 
 
+def _analysis_figures(args, report):
+    """The figures ``spectra analyze`` draws for ``report`` with the options of ``args``."""
+    import dataclasses
+
+    from spectra.cli.analyze import _figure_options, _settings
+    from spectra.reports.analyze import analysis_figures
+
+    recorded = _settings(args).record(report.settings["dtype"])
+    report = dataclasses.replace(report, settings={**report.settings, **recorded})
+    return analysis_figures(report, _figure_options(args))
+
+
+def _layers_figure(args, layers, matrix, where):
+    """The per-layer figure ``spectra analyze --layers`` draws with the options of ``args``."""
+    from spectra.cli.analyze import _figure_options, _settings
+    from spectra.reports.analyze import layers_figure
+
+    return layers_figure(layers, _settings(args), _figure_options(args), matrix, where)
+
+
+def _sharpness_figure(args, report, done, threshold, unit, step_source):
+    """The figure ``spectra sharpness`` draws of the ``done`` entries of a sharpness.json
+    record ``report`` with the options of ``args`` and ``threshold``."""
+    from spectra.cli.sharpness import _figure_options, _settings
+    from spectra.reports.sharpness import sharpness_figures
+
+    settings = _settings(args)
+    record = {
+        **report,
+        "settings": settings.record(),
+        "warm_start": settings.warm_start,
+        "checkpoints": done,
+        "threshold": None if threshold is None else threshold.to_dict(),
+        "step_unit": unit,
+        "step_source": step_source,
+    }
+    (drawn,) = sharpness_figures(record, _figure_options(args))
+    return drawn.figure
+
+
 def _sharpness_record(threshold):
     entry = {
         "status": "done",
@@ -653,15 +693,15 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
     run dropped Adam's threshold (this version) or recorded it (an earlier one); with
     --preconditioned, Adam's threshold is drawn."""
     from spectra.analysis.stability import stability_threshold_of
-    from spectra.cli import sharpness
     from spectra.cli._parser import build_parser
+    from spectra.reports import sharpness
 
     monkeypatch.setattr(sharpness, "describe_data", lambda data: data["name"])
     adam = stability_threshold_of({"class_name": "Adam", "config": {"learning_rate": 0.01}})
     report, done = _sharpness_record(adam if recorded else None)
     args = build_parser().parse_args(["sharpness", "run", "--data", "d.npz", "--out", "o"])
     args.command_line = "spectra sharpness run"
-    figure = sharpness.sharpness_figure(
+    figure = _sharpness_figure(
         args, report, done, None if not recorded else adam, "step", "file names"
     )
     dashed = [
@@ -679,7 +719,7 @@ def test_cli_sharpness_of_raw_h_under_adam_draws_no_threshold(recorded, monkeypa
 
     args.preconditioned = True
     report, done = _sharpness_record(adam)
-    figure = sharpness.sharpness_figure(args, report, done, adam, "step", "file names")
+    figure = _sharpness_figure(args, report, done, adam, "step", "file names")
     texts = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
     assert any("(2+2β₁)" in text for text in texts)
     plt.close(figure)
@@ -704,7 +744,6 @@ def test_layers_figure_keeps_title_and_caption_clear_of_the_axes(results, style,
     # caption centred on the figure made the constrained layout collapse ("constrained_layout
     # not applied"): the title was drawn over the axes and the caption off the figure.
     from spectra.cli._parser import build_parser
-    from spectra.cli.analyze import _layers_figure
 
     words = ["analyze", "m.keras", "--data", "d.npz", "--out", "o", "--layers", "--trace"]
     args = build_parser().parse_args([*words, "--style", style, "--caption", caption])
@@ -854,7 +893,7 @@ def test_negative_side_hidden_on_request(results):
 
 
 def _analysis_report(results, density):
-    from spectra.cli.analyze import AnalysisReport
+    from spectra.reports.analyze import AnalysisReport
 
     return AnalysisReport(
         command="spectra analyze m.keras",
@@ -885,7 +924,6 @@ def test_cli_figures_in_serif_without_legend_and_labels(results, style):
     on λ >= 0 (its caption says so), every figure fitting its print size."""
     from spectra.cli._common import figure_record
     from spectra.cli._parser import build_parser
-    from spectra.cli.analyze import _figures
 
     words = ["analyze", "m.keras", "--data", "d.npz", "--out", "o", "--density", "--layers"]
     words += ["--font", "serif", "--no-legend", "--no-labels", "--style", style]
@@ -893,7 +931,7 @@ def test_cli_figures_in_serif_without_legend_and_labels(results, style):
     args = build_parser().parse_args(words)
     args.command_line = "spectra " + " ".join(words)
     report = _analysis_report(results, results["density"])
-    figures = _figures(args, report)
+    figures = _analysis_figures(args, report)
     assert [stem for _, stem, _ in figures] == ["eigenvalues", "density", "layers"]
     for _, stem, figure in figures:
         figure.draw_without_rendering()
@@ -939,9 +977,9 @@ def test_compact_sharpness_figure(style, monkeypatch):
     record): its axes take a larger share of the height than with the short caption drawn
     (measured: 0.46 of it instead of 0.41 at column size, where the title and caption took
     26 % of the height and the title alone takes 15 %; 0.62 instead of 0.58 on a page)."""
-    from spectra.cli import sharpness
     from spectra.cli._common import figure_record
     from spectra.plotting import figure_metadata
+    from spectra.reports import sharpness
 
     monkeypatch.setattr(sharpness, "describe_data", lambda data: data["name"])
     report, done = _sharpness_record(None)
@@ -949,7 +987,7 @@ def test_compact_sharpness_figure(style, monkeypatch):
     for caption in ("default", "short"):
         extra = ["--style", style] + ([] if caption == "default" else ["--caption", caption])
         args = _sharpness_args(*extra)
-        figure = sharpness.sharpness_figure(args, report, done, None, "step", "file names")
+        figure = _sharpness_figure(args, report, done, None, "step", "file names")
         figure.draw_without_rendering()
         ax = figure.axes[0]
         shares[caption] = ax.get_window_extent().height / figure.bbox.height

@@ -9,9 +9,7 @@ prints and saves.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
-from typing import Any
 
 import numpy as np
 
@@ -48,10 +46,9 @@ from spectra.reports.analyze import (
     AnalysisSettings,
     analysis_figures,
     compute_analysis,
-    layers_figure,
 )
 from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY, bound_holds
-from spectra.reports.figures import DrawnFigure, FigureOptions, figure_record
+from spectra.reports.figures import FigureOptions, figure_record
 
 _RESULTS = "results.json"
 _FIGURES = ("eigenvalues", "density", "layers")
@@ -396,23 +393,6 @@ def _print_layers(layers: LayerwiseResult, console: Console) -> None:
         if note:
             line += f"  {note}"
         console.info(line.rstrip())
-
-
-# Kept for tests/test_figures_print.py, which draws the figures from parsed arguments.
-
-
-def _figures(args: argparse.Namespace, report: AnalysisReport) -> list[DrawnFigure]:
-    """:func:`spectra.reports.analyze.analysis_figures` with the settings of ``args``."""
-    recorded = _settings(args).record(report.settings["dtype"])
-    report = dataclasses.replace(report, settings={**report.settings, **recorded})
-    return analysis_figures(report, _figure_options(args))
-
-
-def _layers_figure(
-    args: argparse.Namespace, layers: LayerwiseResult, matrix: str, where: tuple[str, ...]
-) -> Any:
-    """:func:`spectra.reports.analyze.layers_figure` with the settings of ``args``."""
-    return layers_figure(layers, _settings(args), _figure_options(args), matrix, where)
 
 
 __all__ = ["AnalysisReport", "UserError", "run"]

@@ -68,7 +68,6 @@ from spectra.io.tensorboard import SharpnessEvents, sharpness_scalars
 from spectra.reports.base import DEFAULT_FAILURE_PROBABILITY
 from spectra.reports.figures import (
     FigureOptions,
-    describe_data,  # noqa: F401  (tests/test_figures_print.py patches it)
     figure_record,
 )
 from spectra.reports.sharpness import (
@@ -660,30 +659,3 @@ def _save_figure(
             f"not written: the figure {_FIGURE} ({reason}); {store.json_path} and "
             f"{store.csv_path} hold the {count} results."
         ) from err
-
-
-# Kept for tests/test_figures_print.py, which draws the figure from parsed arguments.
-
-
-def sharpness_figure(
-    args: argparse.Namespace,
-    report: dict[str, Any],
-    done: list[dict[str, Any]],
-    threshold: StabilityThreshold | None,
-    unit: str,
-    step_source: str,
-) -> Any:
-    """:func:`spectra.reports.sharpness.sharpness_figures` of the ``done`` entries of a
-    ``sharpness.json`` record ``report`` with the settings of ``args`` and ``threshold``."""
-    settings = _settings(args)
-    record = {
-        **report,
-        "settings": settings.record(),
-        "warm_start": settings.warm_start,
-        "checkpoints": done,
-        "threshold": None if threshold is None else threshold.to_dict(),
-        "step_unit": unit,
-        "step_source": step_source,
-    }
-    (drawn,) = sharpness_figures(record, _figure_options(args))
-    return drawn.figure
