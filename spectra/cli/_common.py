@@ -692,7 +692,7 @@ def figure_record(
     args: argparse.Namespace, figures: Sequence[tuple[str, str, Any]], compact: bool = False
 ) -> dict[str, Any]:
     """:func:`spectra.reports.figures.figure_record` of a command's figure options (kept
-    for tests/test_figures_print.py, which calls it with parsed arguments)."""
+    for tests/plotting/test_figures_print.py, which calls it with parsed arguments)."""
     options = drawing_options(args, labels=not getattr(args, "no_labels", False))
     return record_figures(options, figures, compact)
 

@@ -23,16 +23,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import keras
 import matplotlib
 import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from _events import event_files, expected_scalars, read_scalars
+from scipy.sparse.linalg import eigsh
 
 import spectra
 import spectra.cli.analyze
 import spectra.cli.sharpness
 from spectra import HessianOperator, eigenvalues
+from spectra.analysis.minibatch import draw_minibatches
 from spectra.analysis.trajectory import plan_checkpoints
 from spectra.cli import main
 from spectra.cli._common import UserError
@@ -831,3 +835,195 @@ def test_a_resumed_sharpness_run_equals_an_uninterrupted_one_bit_for_bit(tmp_pat
         del got["wall_time"], want["wall_time"], got["path"], want["path"]
         assert got == want
     assert resumed[1]["warm_start"] and resumed[1]["eigenvector_overlap"] is not None
+
+
+# ``spectra sharpness --per-batch M --per-batch-size B``: λ₁ on M mini-batches at every
+# checkpoint, against a direct loop over the same batches (each batch's Hessian built on its
+# own and its top eigenvalue found by SciPy's ARPACK, not spectra's eigensolver).
+
+CHECKPOINT = DATA / "gd_trajectory" / "step_0100.keras"
+MINIBATCH_ARGS = ["--data", str(DATA / "digits.npz"), "--loss", LOSS, "--max-examples", "200"]
+MINIBATCH_ARGS += ["--seed", "3", "--no-progress"]
+
+
+def _run_minibatch(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["sharpness", *args, *MINIBATCH_ARGS])
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("minibatch") / "out"
+    status, printed, err = _run_minibatch(
+        [str(CHECKPOINT), "--per-batch", "4", "--per-batch-size", "32", "--out", str(out)]
+    )
+    assert status == 0, err
+    return out, printed, json.loads((out / "sharpness.json").read_text())
+
+
+def test_each_batch_matches_a_direct_loop_over_the_same_batches(run):
+    out, printed, report = run
+    (entry,) = report["checkpoints"]
+    minibatch = entry["minibatch"]
+    assert (minibatch["num_batches"], minibatch["batch_size"], minibatch["seed"]) == (4, 32, 3)
+    data = load_data(DATA / "digits.npz", max_examples=200, seed=3)
+    model = keras.models.load_model(CHECKPOINT)
+    truth = []
+    for rows in draw_minibatches(200, 32, 4, seed=3):
+        op = HessianOperator.from_keras(model, LOSS, (data.x[rows], data.y[rows]))
+        truth.append(eigsh(op, k=1, which="LA", tol=1e-8, return_eigenvectors=False)[0])
+    for value, bound, expected in zip(
+        minibatch["sharpness"], minibatch["error_bounds"], truth, strict=True
+    ):
+        assert abs(value - expected) <= bound + 2e-6 * expected
+    summary = minibatch["summary"]
+    np.testing.assert_allclose(summary["q50"], np.median(truth), rtol=1e-5)
+    np.testing.assert_allclose(summary["mean"], np.mean(truth), rtol=1e-5)
+    assert minibatch["full_batch"] == entry["eigenvalues"][0]
+    assert minibatch["threshold"] == report["threshold"]["value"] == pytest.approx(10.0)
+    assert report["settings"]["per_batch"] == 4 and report["settings"]["per_batch_size"] == 32
+    # Printed with the checkpoint's line, and in the CSV's last columns.
+    assert f"mini-batch λ1 median {summary['q50']:.4g}" in printed
+    (row,) = list(csv.DictReader((out / "sharpness.csv").open()))
+    assert float(row["minibatch_lambda_1_q95"]) == summary["q95"]
+
+
+def test_the_figure_draws_the_band_and_names_it(run):
+    from spectra.reports.sharpness import minibatch_quantiles
+
+    _, _, report = run
+    quantiles, label = minibatch_quantiles(report["checkpoints"])
+    summary = report["checkpoints"][0]["minibatch"]["summary"]
+    assert quantiles.tolist() == [[summary["q05"], summary["q50"], summary["q95"]]]
+    assert label.startswith("λ₁ of 4 mini-batches of 32 examples")
+
+
+def test_resuming_with_other_batches_is_refused_and_a_size_is_required(run, tmp_path):
+    out, _, _ = run
+    status, _, err = _run_minibatch(
+        [str(CHECKPOINT), "--per-batch", "5", "--per-batch-size", "32", "--out", str(out)]
+    )
+    assert status != 0 and "per_batch: 4 -> 5" in err
+    status, _, err = _run_minibatch(
+        [str(CHECKPOINT), "--per-batch", "4", "--out", str(tmp_path / "o")]
+    )
+    assert status != 0 and "per_batch_size is required" in err
+
+
+# ``spectra sharpness --tensorboard DIR``: each checkpoint's values as TensorBoard scalars at
+# its step, read back with TensorFlow's event reader and compared with sharpness.json; a resumed
+# run leaves one value per step.
+
+TENSORBOARD_ARGS = [
+    "--data",
+    str(DATA / "digits.npz"),
+    "--loss",
+    "sparse_categorical_crossentropy",
+    "--max-examples",
+    "200",
+    "--trace",
+    "--trace-products",
+    "4",
+    "--no-progress",
+]
+
+
+def _run_tensorboard(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["sharpness", *args, *TENSORBOARD_ARGS])
+    return status, out.getvalue(), err.getvalue()
+
+
+def _expected(report: dict) -> dict:
+    done = [entry for entry in report["checkpoints"] if entry["status"] == "done"]
+    threshold = report["threshold"]["value"]  # SGD's 2/η: it bounds H, which is measured
+    return expected_scalars(done, [entry["step"] for entry in done], threshold=lambda _: threshold)
+
+
+@pytest.fixture(scope="module")
+def tensorboard_checkpoints(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tb")
+    status, printed, err = _run_tensorboard(
+        [
+            str(TRAJECTORY / "step_00[02]0.keras"),
+            "--out",
+            str(base / "out"),
+            "--tensorboard",
+            str(base / "logs"),
+            "--per-batch",
+            "2",
+            "--per-batch-size",
+            "50",
+        ]
+    )
+    assert status == 0, err
+    # The console says where the events went.
+    (written,) = event_files(base / "logs" / "spectra")
+    assert (
+        f"TensorBoard: 2 steps in {written} (view with: tensorboard --logdir {base / 'logs'})"
+        in printed
+    )
+    return base, json.loads((base / "out" / "sharpness.json").read_text())
+
+
+def test_each_checkpoint_is_written_at_its_step(tensorboard_checkpoints):
+    base, report = tensorboard_checkpoints
+    run = base / "logs" / "spectra"
+    assert len(event_files(run)) == 1
+    expected = _expected(report)
+    assert [step for step, _ in expected["sharpness/lambda_1"]] == [0, 20]
+    assert expected["sharpness/threshold"] == [(0, np.float32(10.0)), (20, np.float32(10.0))]
+    assert [step for step, _ in expected["sharpness/eigenvector_overlap"]] == [20]
+    assert [step for step, _ in expected["sharpness/minibatch_lambda_1_q50"]] == [0, 20]
+    assert read_scalars(run) == expected
+
+
+def test_a_resumed_run_holds_each_step_once(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    shutil.copy(TRAJECTORY / "step_0000.keras", checkpoints)
+    shutil.copy(TRAJECTORY / "trajectory.json", checkpoints)
+    (checkpoints / "step_0020.keras").write_bytes(b"not a keras file")
+    args = [str(checkpoints), "--out", str(tmp_path / "out"), "--tensorboard", str(tmp_path)]
+    # First run: step 0 measured, step 20 recorded as failed.
+    status, _, _ = _run_tensorboard([*args, "--skip-bad"])
+    assert status == 1
+    run = tmp_path / "spectra"
+    first = json.loads((tmp_path / "out" / "sharpness.json").read_text())
+    assert read_scalars(run) == _expected(first)
+    assert [step for step, _ in read_scalars(run)["sharpness/lambda_1"]] == [0]
+    # A file a killed run left (the same values again) is replaced too.
+    shutil.copy(event_files(run)[0], run / (event_files(run)[0].name + "x.spectra-sharpness"))
+    # Resumed with the checkpoint repaired: step 20 is measured, step 0 kept.
+    shutil.copy(TRAJECTORY / "step_0020.keras", checkpoints)
+    status, printed, err = _run_tensorboard(args)
+    assert status == 0, err
+    assert "resuming: 1 of 2 checkpoints already done" in printed
+    report = json.loads((tmp_path / "out" / "sharpness.json").read_text())
+    assert len(event_files(run)) == 1
+    written = read_scalars(run)
+    assert written == _expected(report)
+    assert [step for step, _ in written["sharpness/lambda_1"]] == [0, 20]
+    # The value at step 0 is the first run's.
+    assert written["sharpness/lambda_1"][0] == (
+        0,
+        np.float32(first["checkpoints"][0]["eigenvalues"][0]),
+    )
+
+
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_a_tensorboard_path_that_is_not_a_directory_is_refused(tmp_path, capsys, where):
+    (tmp_path / "FILE").write_text("not a directory")
+    target = tmp_path / "FILE" if where == "file" else tmp_path / "FILE" / "logs"
+    args = ["sharpness", str(TRAJECTORY), "--out", str(tmp_path / "out")]
+    status = main([*args, *TENSORBOARD_ARGS, "--tensorboard", str(target)])
+    assert status == 2
+    message = capsys.readouterr().err.strip()
+    assert message == (
+        f"spectra: error: --tensorboard: log_dir '{target}': '{tmp_path / 'FILE'}' is a file, "
+        "not a directory: give the TensorBoard log directory (it is created if missing)."
+    )
+    assert not (tmp_path / "out").exists()  # refused before anything was written

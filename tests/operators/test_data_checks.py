@@ -4,6 +4,8 @@ TensorFlow errors are regression tests."""
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 import keras
@@ -11,8 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from spectra.operators import HessianOperator
+from spectra import FisherOperator, GGNOperator, HessianOperator
+from spectra.analysis.landscape import loss_landscape
+from spectra.cli import main
 from spectra.operators import data_checks as D
+from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -532,3 +537,388 @@ def test_root_cause_parsing():
     assert "Class labels must be indices" in cause
     long = "Graph execution error:\n\n" + "x" * 2000
     assert len(D.root_cause(long)) == 500
+
+
+# Errors of the operator API name their cause in one line (regression tests of the
+# reported inputs): data that do not fit the model, variables that are not the model's,
+# datasets that fail while producing a batch, and a landscape whose graph raises.
+
+N = 30
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error)
+    assert "Graph execution error" not in text
+    assert "function_node" not in text
+    assert "numpy=" not in text
+    return text.splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)]
+    )
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(N, 4)).astype("float32")
+    y = rng.normal(size=(N, 1)).astype("float32")
+    return model, x, y
+
+
+def test_a_feature_count_that_does_not_fit_the_model(mlp):
+    model, _, y = mlp
+    x5 = np.ones((N, 5), "float32")
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(model, "mse", (x5, y))
+    assert _one_line(info.value).startswith(
+        "x has examples of shape (5,) but the model's input expects (4,)"
+    )
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_a_feature_count_that_does_not_fit_a_subclassed_model(mlp):
+    _, _, y = mlp
+
+    class Regressor(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Regressor()
+    model(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(model, "mse", (np.ones((N, 5), "float32"), y))
+    first = _one_line(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert first.startswith("calling model 'regressor' on a batch of x failed: Input 0")
+    assert "expected axis -1 of input shape to have value 4" in first
+    assert "\x1b" not in first
+
+
+def test_a_variable_that_is_not_the_models(mlp):
+    model, x, y = mlp
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(
+            model, "mse", (x, y), variables=[tf.Variable(np.ones(3, "float32"))]
+        )
+    first = _one_line(info.value)
+    assert first.startswith("variables[0] ('Variable:0', a ResourceVariable, shape (3,))")
+    assert "is not a weight of model" in first
+
+
+def test_a_weight_given_twice_through_its_tf_variable(mlp):
+    model, x, y = mlp
+    k = model.layers[0].kernel
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(model, "mse", (x, y), variables=[k, k.value])
+    first = _one_line(info.value)
+    assert "variables[1]" in first and "already given as variables[0]" in first
+    # k.value alone is k: the same block of the Hessian.
+    by_value = HessianOperator.from_keras(model, "mse", (x, y), variables=[k.value])
+    by_weight = HessianOperator.from_keras(model, "mse", (x, y), variables=[k])
+    np.testing.assert_array_equal(by_value @ np.eye(12), by_weight @ np.eye(12))
+
+
+def test_a_dataset_of_x_only(mlp):
+    model, x, _ = mlp
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(10)
+    with pytest.raises(ValueError) as info:
+        HessianOperator.from_keras(model, "mse", dataset)
+    assert _one_line(info.value).startswith(
+        "data is a tf.data.Dataset whose elements are a single tensor of shape (None, 4); "
+        "for a Keras model it must be (x, y) or (x, y, sample_weight) (a dataset must "
+        "yield such tuples)."
+    )
+
+
+def test_a_failing_assertion_in_a_dataset_map(mlp):
+    model, x, y = mlp
+    x = x.copy()
+    x[:20, 0] = np.minimum(x[:20, 0], 0.5)
+    x[25, 0] = 3.0  # batch 2
+
+    def checked(features, labels):
+        tf.debugging.assert_less(features[:, 0], 1.0)
+        return features, labels
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(10).map(checked)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        HessianOperator.from_keras(model, "mse", dataset).loss()
+    first = _one_line(info.value)
+    assert first.startswith("batch 2 of the dataset: ")
+    assert "assertion failed: [Condition x < y did not hold element-wise:]" in first
+
+
+def test_a_raising_generator(mlp):
+    model, x, y = mlp
+
+    def generate():
+        yield x[:10], y[:10]
+        raise RuntimeError("the source file is truncated")
+
+    spec = (tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((None, 1), tf.float32))
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    with pytest.raises(tf.errors.OpError) as info:
+        HessianOperator.from_keras(model, "mse", dataset).loss()
+    assert (
+        _one_line(info.value)
+        == "batch 1 of the dataset: RuntimeError: the source file is truncated"
+    )
+
+
+def test_loss_landscape_on_a_model_whose_graph_raises(mlp):
+    _, x, y = mlp
+
+    class NonNegative(keras.layers.Layer):
+        def call(self, t):
+            tf.debugging.assert_non_negative(t)
+            return t
+
+    model = keras.Sequential([keras.Input((4,)), NonNegative(), keras.layers.Dense(1)])
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        loss_landscape(model, "mse", (x, y), {"d": np.ones(5)}, [0.0, 1.0], batch_size=10)
+    first = _one_line(info.value)
+    assert first.startswith("batch 0: assertion failed: [] [Condition x >= 0 did not hold")
+    assert len(str(info.value).splitlines()) <= 2
+
+
+# NaN, infinite or huge inputs are named as the cause, never blamed on the weights.
+#
+# The review's case: NaN (or huge) values in x, with finite weights, reached the user as
+# "Load finite weights (e.g. an earlier checkpoint)" or as a non-finite batch whose cause
+# was left to guess. Now the operators built by ``from_keras`` refuse them before any graph
+# runs, naming the array, the first bad entry and the count; a loss computed from finite
+# weights that is not finite names the data (``check_finite(..., inputs=x)``).
+
+SCE_NAME = "sparse_categorical_crossentropy"
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(5, activation="relu"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(20, 4)).astype(np.float32), rng.integers(0, 3, 20)
+
+
+NAN_MESSAGE = (
+    "x holds 1 NaN or infinite values, first x[5, 2] = nan: the model's outputs, the loss "
+    "and its derivatives are undefined there. Remove or repair those examples."
+)
+
+
+@pytest.mark.parametrize("operator", [HessianOperator, GGNOperator, FisherOperator])
+def test_nan_in_x_is_named_with_its_index(operator):
+    x, y = _data()
+    x[5, 2] = np.nan
+    with pytest.raises(ValueError) as raised:
+        operator.from_keras(_model(), SCE_NAME, (x, y))
+    assert str(raised.value) == NAN_MESSAGE
+
+
+def test_a_value_that_overflows_the_compute_dtype_is_named():
+    x, y = _data()
+    x = x.astype(np.float64)
+    x[7, 1] = 1e300
+    with pytest.raises(ValueError) as raised:
+        HessianOperator.from_keras(_model(), SCE_NAME, (x, y))
+    assert str(raised.value) == (
+        "x holds 1 NaN or infinite values, first x[7, 1] = inf (or a value beyond "
+        "±3.4e+38, which the float32 the operator computes in cannot hold: rescale x, or "
+        "compute in float64): the model's outputs, the loss and its derivatives are "
+        "undefined there. Remove or repair those examples."
+    )
+
+
+def test_a_dataset_names_the_batch_and_a_dict_input_its_key():
+    x, y = _data()
+    x[13, 0] = -np.inf
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(ValueError, match=r"^x holds 1 NaN or infinite values in batch 1 "):
+        # A dataset is checked during its counting pass, before the first batch is used.
+        HessianOperator.from_keras(_model(), SCE_NAME, dataset).loss()
+    inputs = {"a": keras.Input((2,), name="a"), "b": keras.Input((2,), name="b")}
+    joined = keras.layers.Concatenate()([inputs["a"], inputs["b"]])
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(joined))
+    with pytest.raises(
+        ValueError, match=r"^x\['a'\] holds 1 NaN .* first x\['a'\]\[13, 0\] = -inf"
+    ):
+        HessianOperator.from_keras(model, SCE_NAME, ({"a": x[:, :2], "b": x[:, 2:]}, y))
+
+
+def test_a_non_finite_loss_from_finite_weights_blames_the_data():
+    x, _ = _data()
+    x[7, 1] = 3e38
+    with pytest.raises(ValueError) as raised:
+        keras_models.check_finite(
+            tf.constant(np.inf, tf.float32), "the batch loss", inputs=x, where="batch 0"
+        )
+    assert str(raised.value) == (
+        "the batch loss of batch 0 has 1 non-finite entries (0 NaN, 1 Inf) out of 1 although "
+        "the weights are finite: the data are the cause (x[7, 1] = 3e+38 is the input of "
+        "largest magnitude). Remove or rescale those examples."
+    )
+    x[2, 3] = np.nan
+    assert D.describe_inputs(x) == "x[2, 3] = nan (1 NaN or infinite values in x)"
+    # A weight is still a weight.
+    with pytest.raises(ValueError, match="^variable 'dense/kernel' has 1 non-finite.*Load finite"):
+        keras_models.check_finite(tf.constant([np.nan, 1.0]), "dense/kernel")
+
+
+# A probabilistic loss given logits is said, and a compiled ``from_logits`` is recorded.
+#
+# The review's case: the string ``"sparse_categorical_crossentropy"`` (probabilities) on a
+# model that ends without a softmax gave a λ1 thousands of times too large with no warning,
+# and ``results.json`` recorded ``"compiled_loss": "sparse_categorical_crossentropy"`` for a
+# model compiled with ``SparseCategoricalCrossentropy(from_logits=True)``.
+
+
+def _logits_data(n=20, classes=3):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, classes, n)
+
+
+def _logits_model(activation=None, units=3):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(units, activation=activation)])
+
+
+def _warnings_of(build):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build()
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+LOGITS_SPARSE = (
+    "the loss sparse_categorical_crossentropy takes probabilities (from_logits=False), but "
+    "the model's output has negative values (the smallest {smallest}) on the first 20 "
+    "examples: if the model outputs logits, pass "
+    "keras.losses.SparseCategoricalCrossentropy(from_logits=True) (or end the model with a "
+    "softmax); as it is, the curvature is that of clipped, renormalized logits."
+)
+
+
+def test_a_probabilistic_loss_on_logits_warns_once_in_one_line():
+    x, y = _logits_data()
+    model = _logits_model()
+    smallest = float(np.min(model(x)))
+    found = _warnings_of(
+        lambda: HessianOperator.from_keras(model, "sparse_categorical_crossentropy", (x, y))
+    )
+    assert found == [LOGITS_SPARSE.format(smallest=f"{smallest:.3g}")]
+    assert "\n" not in found[0]
+
+
+@pytest.mark.parametrize(
+    ("activation", "loss", "units", "labels", "warned"),
+    [
+        (None, keras.losses.SparseCategoricalCrossentropy(from_logits=True), 3, "sparse", None),
+        ("softmax", "sparse_categorical_crossentropy", 3, "sparse", None),
+        ("softmax", "categorical_crossentropy", 3, "onehot", None),
+        ("sigmoid", "binary_crossentropy", 1, "binary", None),
+        (None, "mse", 3, "onehot", None),
+        # Positive scores that are not a distribution: rows do not sum to 1.
+        ("relu", "categorical_crossentropy", 3, "onehot", "rows summing to 1.8, not 1"),
+        (None, "binary_crossentropy", 1, "binary", "BinaryCrossentropy(from_logits=True)"),
+        (None, keras.losses.CategoricalCrossentropy(), 3, "onehot", "negative values"),
+    ],
+)
+def test_only_outputs_that_are_not_probabilities_warn(activation, loss, units, labels, warned):
+    x, y = _logits_data()
+    if activation == "relu":  # scores in [0, 1] whose rows sum to 1.8
+        model = _logits_model("relu", units)
+        model.layers[-1].kernel.assign(np.zeros((4, units), np.float32))
+        model.layers[-1].bias.assign(np.full(units, 0.6, np.float32))
+    else:
+        model = _logits_model(activation, units)
+    target = {
+        "sparse": y,
+        "onehot": np.eye(3, dtype=np.float32)[y],
+        "binary": (y[:, None] > 0).astype(np.float32),
+    }[labels]
+    found = _warnings_of(lambda: HessianOperator.from_keras(model, loss, (x, target)))
+    if warned is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and warned in found[0] and "from_logits=True" in found[0]
+
+
+def test_not_probabilities_per_output_of_a_dict_model():
+    inputs = keras.Input((4,))
+    model = keras.Model(
+        inputs,
+        {
+            "probs": keras.layers.Dense(3, activation="softmax", name="probs")(inputs),
+            "scores": keras.layers.Dense(3, name="scores")(inputs),
+        },
+    )
+    x, _ = _logits_data()
+    with pytest.warns(UserWarning, match=r"the model's output 'scores' has negative values"):
+        D.warn_if_not_probabilities(model, "sparse_categorical_crossentropy", x)
+    found = _warnings_of(
+        lambda: D.warn_if_not_probabilities(
+            model, {"probs": "sparse_categorical_crossentropy", "scores": "mse"}, x
+        )
+    )
+    assert found == []
+
+
+def _analyze(tmp_path, model, loss_option):
+    x, y = _logits_data()
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    arguments = [
+        "analyze",
+        str(tmp_path / "model.keras"),
+        "--data",
+        str(tmp_path / "data.npz"),
+        "--out",
+        str(tmp_path / "out"),
+        "--top-k",
+        "1",
+        "--no-progress",
+        "--quiet",
+        *loss_option,
+    ]
+    try:
+        return main(arguments)
+    except SystemExit as exit_info:
+        return int(exit_info.code)
+
+
+def test_the_command_line_warns_in_one_line(tmp_path, capsys):
+    status = _analyze(tmp_path, _logits_model(), ["--loss", "sparse_categorical_crossentropy"])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    lines = [line for line in err.splitlines() if "from_logits" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(
+        "spectra: warning: the loss sparse_categorical_crossentropy takes probabilities"
+    )
+
+
+def test_results_record_the_compiled_from_logits(tmp_path, capsys):
+    model = _logits_model()
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    status = _analyze(tmp_path, model, [])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "from_logits" not in err  # logits with from_logits=True: nothing to say
+    recorded = json.loads((tmp_path / "out" / "results.json").read_text())["model"]
+    assert recorded["compiled_loss"] == "sparse_categorical_crossentropy(from_logits=True)"
+    config = recorded["compiled_loss_config"]
+    assert config["class_name"] == "SparseCategoricalCrossentropy"
+    assert config["config"]["from_logits"] is True

@@ -772,7 +772,7 @@ def test_non_finite_weights_are_refused_naming_the_variable(rng):
 def test_non_finite_batch_is_named(rng):
     # A ReLU network: oneDNN's fused matmul+ReLU can turn a NaN into a finite loss, so
     # the gradient is checked too. NaN/Inf inputs are refused with the operator
-    # (tests/operators/test_nonfinite_inputs.py); a finite input that overflows inside
+    # (tests/operators/test_data_checks.py); a finite input that overflows inside
     # the model is found with the batch.
     model = mlp(activation="relu")
     x, y = classification_data(rng)

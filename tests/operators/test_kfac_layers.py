@@ -1,6 +1,6 @@
 """K-FAC and EKFAC of layers that share their weights over positions: Dense on sequences,
 EinsumDense (attention's projections) and ReversibleEmbedding (a tiny GPT-2 end to end is in
-test_kfac_sequences.py).
+test_kfac_pass.py).
 
 The references do not use the operator's capture: each model is run again by a plain
 NumPy forward pass (z = a W + b per position, tanh, flatten, a softmax head) and the output
