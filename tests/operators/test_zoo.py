@@ -38,8 +38,20 @@ _SLOW = {"lstm-masked", "gru", "simple-rnn", "bidirectional-lstm", "keras-scan"}
 # but the SimpleRNN, which keeps a recurrent model's truth in every run (the JAX job checks
 # the LSTM, GRU and bidirectional LSTM against the same truths on its engine), and the
 # attention block, whose MultiHeadAttention the transformer block holds (and the layer
-# catalogue checks MultiHeadAttention, GroupQueryAttention and Attention one by one).
-_LONG = {"lstm-masked", "gru", "bidirectional-lstm", "keras-scan", "attention"}
+# catalogue checks MultiHeadAttention, GroupQueryAttention and Attention one by one); the
+# tf.while_loop (the SimpleRNN's While loop stays), keras.ops.cond (on TensorFlow the same
+# If op as the tf.cond entry, which stays) and training-mode BatchNormalization on one
+# batch (the entry with several batches stays).
+_LONG = {
+    "lstm-masked",
+    "gru",
+    "bidirectional-lstm",
+    "keras-scan",
+    "attention",
+    "tf-while-loop",
+    "keras-cond",
+    "batchnorm-training",
+}
 # The entries whose case several tests use: built once per module (see ``shared``).
 _SHARED = ("mlp", "lstm-masked")
 
