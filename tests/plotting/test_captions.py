@@ -1,28 +1,17 @@
 """Figure titles and captions (spectra.plotting.captions)."""
 
 import matplotlib
-import numpy as np
-import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
+
+from _figure_helpers import SHARPNESS, STEPS
 
 from spectra.plotting import (
     add_title,
     figure_caption,
     plot_sharpness,
 )
-
-STEPS = np.arange(0, 201, 20)
-
-SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def test_title_and_caption():

@@ -7,47 +7,13 @@ import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
+from _figure_helpers import _legend_texts, _series_lines
 from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 
-from spectra.estimators.density import spectral_density
 from spectra.plotting import (
     plot_spectral_density,
 )
-
-
-@pytest.fixture(scope="module")
-def matrix() -> np.ndarray:
-    """Diagonal: a bulk near zero (a few negative values) and 3 outliers."""
-    rng = np.random.default_rng(0)
-    bulk = rng.normal(0.05, 0.05, 197)
-    return np.diag(np.concatenate([[12.0, 7.0, 4.0], bulk]))
-
-
-@pytest.fixture(scope="module")
-def density(matrix):
-    # Gaussian probes: with Rademacher probes every probe of a diagonal matrix
-    # sees the same spectral measure, and the band would have zero width.
-    return spectral_density(matrix, num_steps=30, num_probes=6, seed=0, distribution="gaussian")
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-def _series_lines(ax: Axes):
-    return [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
-
-
-def _legend_texts(ax: Axes) -> list[str]:
-    """The texts of the axes' legend, or of the figure legend drawn for it."""
-    legends = [ax.get_legend(), *ax.figure.legends]
-    return [
-        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
-    ]
 
 
 def test_density_log_scale_band_and_zero_line(density):

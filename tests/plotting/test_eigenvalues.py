@@ -9,48 +9,12 @@ import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
 
-from spectra.estimators.density import spectral_density
-from spectra.estimators.eigensolvers import eigenvalues
+from _figure_helpers import _legend_texts
+
 from spectra.plotting import (
     plot_eigenvalues,
 )
-
-
-@pytest.fixture(scope="module")
-def matrix() -> np.ndarray:
-    """Diagonal: a bulk near zero (a few negative values) and 3 outliers."""
-    rng = np.random.default_rng(0)
-    bulk = rng.normal(0.05, 0.05, 197)
-    return np.diag(np.concatenate([[12.0, 7.0, 4.0], bulk]))
-
-
-@pytest.fixture(scope="module")
-def density(matrix):
-    # Gaussian probes: with Rademacher probes every probe of a diagonal matrix
-    # sees the same spectral measure, and the band would have zero width.
-    return spectral_density(matrix, num_steps=30, num_probes=6, seed=0, distribution="gaussian")
-
-
-@pytest.fixture(scope="module")
-def eigen(matrix):
-    return eigenvalues(matrix, k=3)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-def _legend_texts(ax: Axes) -> list[str]:
-    """The texts of the axes' legend, or of the figure legend drawn for it."""
-    legends = [ax.get_legend(), *ax.figure.legends]
-    return [
-        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
-    ]
 
 
 def test_eigenvalues_against_index(eigen):

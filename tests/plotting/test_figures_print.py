@@ -14,6 +14,7 @@ import pytest
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from _figure_helpers import SHARPNESS, STEPS
 from matplotlib.text import Text
 
 from spectra.analysis.per_layer import layerwise
@@ -52,8 +53,6 @@ def _every_glyph_drawn(caplog):
     assert not missing, missing
 
 
-STEPS = np.arange(0, 201, 20)
-SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
 LOSSES = np.linspace(2.3, 0.4, STEPS.size)
 CAPTION = "mlp, 3,466 parameters · digits, 1,797 examples · Hessian · Lanczos, k = 5, seed 0"
 

@@ -7,32 +7,13 @@ import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
+from _figure_helpers import _legend_texts, _series_lines
 from matplotlib.contour import ContourSet
 
 from spectra.plotting import (
     plot_loss_landscape_1d,
     plot_loss_landscape_2d,
 )
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-def _series_lines(ax: Axes):
-    return [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
-
-
-def _legend_texts(ax: Axes) -> list[str]:
-    """The texts of the axes' legend, or of the figure legend drawn for it."""
-    legends = [ax.get_legend(), *ax.figure.legends]
-    return [
-        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
-    ]
 
 
 def test_landscape_1d_lines_and_origin_markers():

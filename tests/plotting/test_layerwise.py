@@ -9,42 +9,14 @@ import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
+from _figure_helpers import _legend_texts
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 
 from spectra.analysis.per_layer import layerwise
-from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     plot_layerwise,
 )
-
-
-@pytest.fixture(scope="module")
-def matrix() -> np.ndarray:
-    """Diagonal: a bulk near zero (a few negative values) and 3 outliers."""
-    rng = np.random.default_rng(0)
-    bulk = rng.normal(0.05, 0.05, 197)
-    return np.diag(np.concatenate([[12.0, 7.0, 4.0], bulk]))
-
-
-@pytest.fixture(scope="module")
-def eigen(matrix):
-    return eigenvalues(matrix, k=3)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-def _legend_texts(ax: Axes) -> list[str]:
-    """The texts of the axes' legend, or of the figure legend drawn for it."""
-    legends = [ax.get_legend(), *ax.figure.legends]
-    return [
-        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
-    ]
 
 
 @pytest.fixture(scope="module")

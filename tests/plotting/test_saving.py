@@ -4,15 +4,12 @@ bad targets."""
 import os
 
 import matplotlib
-import numpy as np
 import pytest
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from spectra.estimators.density import spectral_density
-from spectra.estimators.eigensolvers import eigenvalues
 from spectra.plotting import (
     plot_eigenvalues,
     plot_spectral_density,
@@ -20,32 +17,6 @@ from spectra.plotting import (
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def matrix() -> np.ndarray:
-    """Diagonal: a bulk near zero (a few negative values) and 3 outliers."""
-    rng = np.random.default_rng(0)
-    bulk = rng.normal(0.05, 0.05, 197)
-    return np.diag(np.concatenate([[12.0, 7.0, 4.0], bulk]))
-
-
-@pytest.fixture(scope="module")
-def density(matrix):
-    # Gaussian probes: with Rademacher probes every probe of a diagonal matrix
-    # sees the same spectral measure, and the band would have zero width.
-    return spectral_density(matrix, num_steps=30, num_probes=6, seed=0, distribution="gaussian")
-
-
-@pytest.fixture(scope="module")
-def eigen(matrix):
-    return eigenvalues(matrix, k=3)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def test_save_figure_png_atomic_and_creates_directories(tmp_path, density):

@@ -8,7 +8,7 @@ import pytest
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
+from _figure_helpers import SHARPNESS, STEPS, TRACES, _legend_texts, _series_lines
 from matplotlib.collections import LineCollection
 
 from spectra.analysis.stability import stability_threshold_of
@@ -16,30 +16,6 @@ from spectra.plotting import (
     plot_sharpness,
     threshold_text,
 )
-
-STEPS = np.arange(0, 201, 20)
-
-SHARPNESS = np.array([1.18, 1.64, 5.82, 9.24, 10.21, 10.47, 10.69, 9.51, 9.36, 9.26, 9.11])
-
-TRACES = np.array([30.0, 42, 88, 130, 150, 158, 163, 150, 147, 145, 143])
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-def _series_lines(ax: Axes):
-    return [line for line in ax.get_lines() if line.get_gid() == "spectra-series"]
-
-
-def _legend_texts(ax: Axes) -> list[str]:
-    """The texts of the axes' legend, or of the figure legend drawn for it."""
-    legends = [ax.get_legend(), *ax.figure.legends]
-    return [
-        text.get_text() for legend in legends if legend is not None for text in legend.get_texts()
-    ]
 
 
 def test_sharpness_with_threshold_trace_and_loss():
