@@ -13,17 +13,15 @@ dense Hessian of the same model and data (float64, ``numpy.linalg.eigh``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import io
 import json
 import sys
 import textwrap
 from pathlib import Path
 
-import matplotlib.image
 import numpy as np
 import pytest
+from _cli_helpers import DATA, DIGITS, LOSS, MLP, _assert_png, _run
 
 import spectra
 from spectra import HessianOperator, eigenvalues
@@ -32,37 +30,6 @@ from spectra.analysis.repeats import SUBSET_RULE, subsample_indices
 from spectra.cli import main
 from spectra.io.checkpoints import load_model
 from spectra.io.datasets import load_data
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-DATA = ROOT / "data"
-
-
-MLP = str(DATA / "digits_mlp.keras")
-
-
-DIGITS = str(DATA / "digits.npz")
-
-
-LOSS = "sparse_categorical_crossentropy"
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _run(args: list[str]) -> tuple[int, str]:
-    """``main(args)`` in this process; returns the exit status and what it printed."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(args)
-    return status, out.getvalue()
-
-
-def _assert_png(path: Path) -> None:
-    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
-    image = matplotlib.image.imread(path)
-    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
 @pytest.fixture(scope="module")

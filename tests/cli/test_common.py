@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _cli_helpers import DATA, DIGITS, LOSS, ROOT
 from _dense import central_difference_hessian
 
 import spectra
@@ -106,19 +107,7 @@ def test_entries_recorded_without_a_failure_probability():
     assert not entry_certified({"converged": [False], "failure_probability": 0.0}, "lanczos")
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-DATA = ROOT / "data"
-
-
 TRAJECTORY = DATA / "gd_trajectory"
-
-
-DIGITS = str(DATA / "digits.npz")
-
-
-LOSS = "sparse_categorical_crossentropy"
 
 
 SECRET = "the runner's own file\n"

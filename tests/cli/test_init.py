@@ -12,22 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli_helpers import DATA, DIGITS, LOSS, MLP, ROOT
 
 from spectra.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-DATA = ROOT / "data"
-
-
-MLP = str(DATA / "digits_mlp.keras")
-
-
-DIGITS = str(DATA / "digits.npz")
-
-
-LOSS = "sparse_categorical_crossentropy"
 
 
 def _spectra_process(args: list[str], **kwargs) -> subprocess.Popen:

@@ -14,21 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli_helpers import DATA, LOSS, PNG_SIGNATURE, ROOT
 
 from spectra.cli import main
 from spectra.estimators.results import EigenResult, SpectralDensity, SpectralMass, TraceResult
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-DATA = ROOT / "data"
-
-
-LOSS = "sparse_categorical_crossentropy"
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
 
 # Runs `spectra plot` in a fresh interpreter and says whether TensorFlow got imported.
 _PLOT_WITHOUT_TF = (

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli_helpers import LOSS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-LOSS = "sparse_categorical_crossentropy"
 BATCH = 16
 
 

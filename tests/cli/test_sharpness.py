@@ -29,6 +29,7 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from _cli_helpers import DATA, DIGITS, LOSS, ROOT, _assert_png, _run
 from _events import event_files, expected_scalars, read_scalars
 from scipy.sparse.linalg import eigsh
 
@@ -46,18 +47,6 @@ from spectra.reports.base import InputError
 from spectra.reports.sharpness_axes import x_axes
 
 matplotlib.use("Agg")
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-DATA = ROOT / "data"
-
-
-DIGITS = str(DATA / "digits.npz")
-
-
-LOSS = "sparse_categorical_crossentropy"
 
 
 # Four checkpoints of the GD trajectory: steps 0, 20, 40, 60.
@@ -81,17 +70,6 @@ SHARPNESS_ARGS = [
 ]
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _run(args: list[str]) -> tuple[int, str]:
-    """``main(args)`` in this process; returns the exit status and what it printed."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(args)
-    return status, out.getvalue()
-
-
 def _spectra_process(args: list[str], **kwargs) -> subprocess.Popen:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": "Agg"}
     return subprocess.Popen(
@@ -103,12 +81,6 @@ def _spectra_process(args: list[str], **kwargs) -> subprocess.Popen:
         text=True,
         **kwargs,
     )
-
-
-def _assert_png(path: Path) -> None:
-    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
-    image = matplotlib.image.imread(path)
-    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
 @pytest.fixture(scope="module")
