@@ -168,6 +168,19 @@ def input_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def estimate_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`spectra.reports.base.EstimateSettings` of a command's options
+    (``--top-k``, the eigensolver's and the trace's), as keywords for its settings class."""
+    return {
+        "top_k": args.top_k,
+        "method": args.method,
+        "tol": args.tol,
+        "trace": args.trace,
+        "trace_method": args.trace_method,
+        "trace_products": args.trace_products,
+    }
+
+
 def drawing_options(args: argparse.Namespace, **specific: Any) -> FigureOptions:
     """The :class:`spectra.reports.figures.FigureOptions` of the figure options every
     command has (``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``),

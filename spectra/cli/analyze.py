@@ -23,6 +23,7 @@ from spectra.cli._common import (
     check_builder_use,
     data_description,
     drawing_options,
+    estimate_settings,
     examples_note,
     figure_font,
     figure_names,
@@ -194,12 +195,7 @@ def _settings(args: argparse.Namespace) -> AnalysisSettings:
     """The settings of the analysis the options ask for."""
     return AnalysisSettings(
         **input_settings(args),
-        top_k=args.top_k,
-        method=args.method,
-        tol=args.tol,
-        trace=args.trace,
-        trace_method=args.trace_method,
-        trace_products=args.trace_products,
+        **estimate_settings(args),
         density=args.density,
         density_steps=args.density_steps,
         density_probes=args.density_probes,

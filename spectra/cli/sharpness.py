@@ -43,6 +43,7 @@ from spectra.cli._common import (
     data_description,
     data_fingerprint,
     drawing_options,
+    estimate_settings,
     figure_font,
     figure_names,
     input_settings,
@@ -249,12 +250,7 @@ def _settings(args: argparse.Namespace) -> SharpnessRunSettings:
     """The settings of the run the options ask for."""
     return SharpnessRunSettings(
         **input_settings(args),
-        top_k=args.top_k,
-        method=args.method,
-        tol=args.tol,
-        trace=args.trace,
-        trace_method=args.trace_method,
-        trace_products=args.trace_products,
+        **estimate_settings(args),
         warm_start=not args.cold_start,
         per_batch=args.per_batch,
         per_batch_size=args.per_batch_size,

@@ -3,7 +3,9 @@ sharpness`` and ``spectra landscape`` compute, record and draw, with typed setti
 of command-line options.
 
 * :mod:`spectra.reports.base` — :class:`CommandReport`, the inputs' settings
-  (:class:`InputSettings`), the inputs' errors (:class:`InputError`);
+  (:class:`InputSettings`) and the estimates' shared by the commands
+  (:class:`EigensolverSettings`, :class:`EstimateSettings`), the inputs' errors
+  (:class:`InputError`);
 * :mod:`spectra.reports.figures` — :class:`FigureOptions`, titles, captions and the record
   of a report's figures;
 * :mod:`spectra.reports.analyze` — :class:`AnalysisSettings`, :func:`compute_analysis`,
@@ -31,7 +33,14 @@ from spectra.reports.analyze import (
     analysis_figures,
     compute_analysis,
 )
-from spectra.reports.base import CommandReport, InputError, InputSettings, SettingConflict
+from spectra.reports.base import (
+    CommandReport,
+    EigensolverSettings,
+    EstimateSettings,
+    InputError,
+    InputSettings,
+    SettingConflict,
+)
 from spectra.reports.figures import DrawnFigure, FigureOptions, figure_record
 from spectra.reports.landscape import (
     LandscapeReport,
@@ -47,6 +56,8 @@ __all__ = [
     "AnalysisSettings",
     "CommandReport",
     "DrawnFigure",
+    "EigensolverSettings",
+    "EstimateSettings",
     "FigureOptions",
     "InputError",
     "InputSettings",

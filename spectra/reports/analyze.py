@@ -15,7 +15,6 @@ import numpy as np
 from spectra._format import plus_minus
 from spectra.analysis.per_layer import LayerwiseResult, layerwise
 from spectra.analysis.repeats import RepeatResult, repeat_estimate, subsample_indices
-from spectra.analysis.trajectory import SharpnessSettings
 from spectra.estimators.density import spectral_density, spectral_mass_below
 from spectra.estimators.eigensolvers import eigenvalue_ratio, eigenvalues
 from spectra.estimators.results import (
@@ -27,7 +26,7 @@ from spectra.estimators.results import (
 )
 from spectra.estimators.stochastic_trace import trace
 from spectra.operators.registry import CURVATURES, DEFAULT_CURVATURE
-from spectra.reports.base import CommandReport, InputSettings, input_problems
+from spectra.reports.base import CommandReport, EstimateSettings, input_problems
 from spectra.reports.figures import (
     DrawnFigure,
     FigureOptions,
@@ -53,23 +52,17 @@ _NEGATIVE_MASS_TAU = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
-class AnalysisSettings(InputSettings):
+class AnalysisSettings(EstimateSettings):
     """What ``spectra analyze`` computes, as its options of the same names (defaults as
-    there): the ``top_k`` eigenvalues by ``method`` to relative tolerance ``tol``; with
-    ``trace`` a ``trace_method`` estimate from ``trace_products`` products; with
+    there): the estimates of :class:`EstimateSettings` (``top_k`` 5 here); with
     ``density`` the spectral density from ``density_probes`` probes of ``density_steps``
     Lanczos steps; with ``layers`` each layer's diagonal block; with ``repeats`` (at least
     2) every requested estimate rerun that many times, each on a random ``subsample``
     fraction of the data when given. ``curvature``: the registered matrix
-    (:data:`spectra.operators.registry.CURVATURES`). The inputs are :class:`InputSettings`'.
+    (:data:`spectra.operators.registry.CURVATURES`).
     """
 
     top_k: int = 5
-    method: str = "lanczos"
-    tol: float = 1e-8
-    trace: bool = False
-    trace_method: str = "hutchinson"
-    trace_products: int = 100
     density: bool = False
     density_steps: int = 80
     density_probes: int = 10
@@ -83,31 +76,11 @@ class AnalysisSettings(InputSettings):
         """The title of the ``curvature`` matrix ("Hessian")."""
         return CURVATURES[self.curvature or DEFAULT_CURVATURE].title
 
-    def measurement(self) -> SharpnessSettings:
-        """The eigenvalue and trace settings, checked (``ValueError`` naming the setting)."""
-        return SharpnessSettings(
-            top_k=self.top_k,
-            method=self.method,
-            tol=self.tol,
-            trace=bool(self.trace),
-            trace_method=self.trace_method,
-            trace_products=self.trace_products,
-            seed=self.seed,
-        )
-
     def record(self, dtype: str) -> dict[str, Any]:
         """The settings as ``results.json`` records them, with the products' ``dtype``:
         every option that decides the numbers."""
         return {
-            "loss": self.loss,
-            "loss_weights": self.loss_weights,
-            "max_examples": self.max_examples,
-            **self.measurement().numbers(),
-            "batch_size": self.batch_size,
-            "float64": self.float64,
-            "training": self.training,
-            "builder": self.builder,
-            "matrix": self.matrix,
+            **self.estimate_record(),
             "density": self.density,
             "density_steps": self.density_steps if self.density else None,
             "density_probes": self.density_probes if self.density else None,

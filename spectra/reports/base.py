@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from spectra.analysis.trajectory import SharpnessSettings
 from spectra.estimators.results import Result
 from spectra.operators.registry import CURVATURES, DEFAULT_CURVATURE
 
@@ -24,6 +25,8 @@ __all__ = [
     "SEED_STATE_STRIDE",
     "UNNAMED_OUTPUT",
     "CommandReport",
+    "EigensolverSettings",
+    "EstimateSettings",
     "InputError",
     "InputSettings",
     "SettingConflict",
@@ -144,6 +147,58 @@ class InputSettings:
             if _fits(annotation, record[spec.name]):
                 found[spec.name] = record[spec.name]
         return cls(**found, **values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EigensolverSettings(InputSettings):
+    """The eigensolver's settings, as the options ``--method`` and ``--tol`` (defaults as
+    there): eigenvalues by ``method`` to relative tolerance ``tol``. The inputs are
+    :class:`InputSettings`'."""
+
+    method: str = "lanczos"
+    tol: float = 1e-8
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateSettings(EigensolverSettings):
+    """The estimates a command measures the matrix by, as the options of the same names:
+    the ``top_k`` eigenvalues (each command has its own default; 1 here) by ``method`` to
+    relative tolerance ``tol``; with ``trace`` a ``trace_method`` estimate from
+    ``trace_products`` products. The inputs are :class:`InputSettings`'."""
+
+    top_k: int = 1
+    trace: bool = False
+    trace_method: str = "hutchinson"
+    trace_products: int = 100
+
+    def measurement(self) -> SharpnessSettings:
+        """The eigenvalue and trace settings, with ``seed``, checked (``ValueError`` naming
+        the setting)."""
+        return SharpnessSettings(
+            top_k=self.top_k,
+            method=self.method,
+            tol=self.tol,
+            trace=bool(self.trace),
+            trace_method=self.trace_method,
+            trace_products=self.trace_products,
+            seed=self.seed,
+        )
+
+    def estimate_record(self) -> dict[str, Any]:
+        """The inputs and the :meth:`measurement`'s numbers as a report records them, in
+        its order, with the ``matrix`` measured: every such setting that decides the
+        numbers."""
+        return {
+            "loss": self.loss,
+            "loss_weights": self.loss_weights,
+            "max_examples": self.max_examples,
+            **self.measurement().numbers(),
+            "batch_size": self.batch_size,
+            "float64": self.float64,
+            "training": self.training,
+            "builder": self.builder,
+            "matrix": self.matrix,
+        }
 
 
 # --------------------------------------------------------------------------- bounds

@@ -16,8 +16,8 @@ from spectra.estimators.eigensolvers import eigenvalues
 from spectra.estimators.results import EigenResult
 from spectra.reports.base import (
     CommandReport,
+    EigensolverSettings,
     InputError,
-    InputSettings,
     compile_with_loss_weights,
     input_problems,
     seed_generator_states,
@@ -57,19 +57,18 @@ _FALLBACK_RADIUS = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
-class LandscapeSettings(InputSettings):
+class LandscapeSettings(EigensolverSettings):
     """What ``spectra landscape`` computes, as its options of the same names (defaults as
     there): the loss along the top ``directions`` eigenvectors (1 or 2, with the surface of
     the plane of two) found by ``method`` to relative tolerance ``tol``, and along a random
     direction, at ``points`` steps over [-``radius``, ``radius``] (None: scaled to the
-    curvature, :func:`default_radius`). The inputs are :class:`InputSettings`'.
+    curvature, :func:`default_radius`). The inputs are :class:`InputSettings`', the
+    eigensolver's :class:`EigensolverSettings`'.
     """
 
     directions: int = 1
     radius: float | None = None
     points: int = LANDSCAPE_POINTS
-    method: str = "lanczos"
-    tol: float = 1e-8
 
     def record(self, radius: float, points: int, dtype: str) -> dict[str, Any]:
         """The settings as ``landscape.json`` records them, with the ``radius`` and the

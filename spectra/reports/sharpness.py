@@ -27,7 +27,7 @@ from spectra.operators.registry import CURVATURES, DEFAULT_CURVATURE
 from spectra.reports.base import (
     DEFAULT_FAILURE_PROBABILITY,
     CommandReport,
-    InputSettings,
+    EstimateSettings,
     bound_holds,
 )
 from spectra.reports.figures import (
@@ -52,25 +52,18 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True)
-class SharpnessRunSettings(InputSettings):
+class SharpnessRunSettings(EstimateSettings):
     """What ``spectra sharpness`` measures at each checkpoint, as its options of the same
-    names (defaults as there): the ``top_k`` eigenvalues by ``method`` to relative tolerance
-    ``tol`` (each eigensolve started from the previous checkpoint's eigenvectors with
-    ``warm_start``); with ``trace`` a ``trace_method`` estimate from ``trace_products``
-    products; with ``per_batch`` also λ₁ on that many mini-batches of ``per_batch_size``
+    names (defaults as there): the estimates of :class:`EstimateSettings` (``top_k`` 1), each
+    eigensolve started from the previous checkpoint's eigenvectors with ``warm_start``;
+    with ``per_batch`` also λ₁ on that many mini-batches of ``per_batch_size``
     examples; with ``preconditioned`` the matrix P⁻¹H of each checkpoint's optimizer state.
     ``lr`` overrides the recorded learning rate of the threshold; ``steps`` are the
     checkpoints' training steps (None: the numbers in their names); ``x_axis`` and
     ``steps_per_epoch`` choose the figure's x axis
-    (:func:`spectra.reports.sharpness_axes.x_axes`). The inputs are :class:`InputSettings`'.
+    (:func:`spectra.reports.sharpness_axes.x_axes`).
     """
 
-    top_k: int = 1
-    method: str = "lanczos"
-    tol: float = 1e-8
-    trace: bool = False
-    trace_method: str = "hutchinson"
-    trace_products: int = 100
     warm_start: bool = True
     per_batch: int | None = None
     per_batch_size: int | None = None
@@ -87,16 +80,11 @@ class SharpnessRunSettings(InputSettings):
         return f"preconditioned {title} P⁻¹H" if self.preconditioned else title
 
     def measurement(self) -> SharpnessSettings:
-        """The settings of each checkpoint's measurement, checked (``ValueError`` naming
-        the setting)."""
-        return SharpnessSettings(
-            top_k=self.top_k,
-            method=self.method,
-            tol=self.tol,
-            trace=bool(self.trace),
-            trace_method=self.trace_method,
-            trace_products=self.trace_products,
-            seed=self.seed,
+        """The settings of each checkpoint's measurement (the estimates', with
+        ``warm_start`` and the mini-batches'), checked (``ValueError`` naming the
+        setting)."""
+        return dataclasses.replace(
+            super().measurement(),
             warm_start=self.warm_start,
             per_batch=self.per_batch or 0,
             per_batch_size=self.per_batch_size,
@@ -105,17 +93,7 @@ class SharpnessRunSettings(InputSettings):
     def record(self) -> dict[str, Any]:
         """Every setting that decides the numbers, as ``sharpness.json`` records them (a
         resumed run must match them)."""
-        return {
-            "loss": self.loss,
-            "loss_weights": self.loss_weights,
-            "max_examples": self.max_examples,
-            **self.measurement().numbers(),
-            "batch_size": self.batch_size,
-            "float64": self.float64,
-            "training": self.training,
-            "builder": self.builder,
-            "matrix": self.matrix,
-        }
+        return self.estimate_record()
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any]) -> SharpnessRunSettings:
