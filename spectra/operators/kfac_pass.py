@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -618,30 +619,35 @@ class CompiledPass:
         # products run several times faster than float64 ones on a CPU; a float32 GEMM's
         # rounding is a few units of float32, below that of its float32 inputs) and summed
         # in float64: over the columns, the batches and the passes.
-        # (n, T, d_a): T = 1 for a layer applied once per example, its positions otherwise.
-        abars = []
-        for (_, kernel, bias), record, (d_in, _) in zip(self.layout, records, self._sizes):
-            a = tf.reshape(tf.cast(record[0], dtype), [n, -1, d_in])  # type: ignore[index]
-            abars.append(_augmented(a, kernel is not None, bias is not None))
+        # (n, T, d_in): T = 1 for a layer applied once per example, its positions otherwise.
+        inputs = [
+            tf.reshape(tf.cast(record[0], dtype), [n, -1, d_in])  # type: ignore[index]
+            for record, (d_in, _) in zip(records, self._sizes)
+        ]
         zs = [record[1] for record in records]  # type: ignore[index]
         d_outs = [d for _, d in self._sizes]
         new: dict[str, list[tf.Tensor]] = {}
         if bases is None:
             A = list(state["A"])
-            for index, abar in enumerate(abars):
-                positions = int(abar.shape[1])
+            for index, ((_, kernel, bias), a) in enumerate(zip(self.layout, inputs)):
+                positions = int(a.shape[1])
                 # A in float64 products: it is computed once per batch (not per column),
                 # and its entries then do not depend on the batching beyond float64
                 # rounding.
-                abar = tf.cast(abar, f64)
+                a = tf.cast(a, f64)
                 if positions == 1 or conv == "expand":
-                    rows = tf.reshape(abar, [-1, abar.shape[-1]])
-                    A[index] += _gram(rows) / positions
+                    rows, share = tf.reshape(a, [-1, a.shape[-1]]), 1.0 / positions
                 else:
-                    A[index] += _gram(tf.reduce_mean(abar, axis=1))
+                    rows, share = tf.reduce_mean(a, axis=1), 1.0
+                gram = _augmented_gram(rows, kernel is not None, bias is not None)
+                A[index] += _symmetric(gram) * share
             new["A"] = A
-            carried = list(state["G"])
+            carried = [tf.zeros_like(G) for G in state["G"]]
         else:
+            abars = [
+                _augmented(a, kernel is not None, bias is not None)
+                for (_, kernel, bias), a in zip(self.layout, inputs)
+            ]
             # Per layer applied once per example: (Q_Aᵀ ā_i)², and Σ_c (Q_Gᵀ g_ic)² summed
             # over the columns in the loop.
             bases = [(tf.cast(QA, dtype), tf.cast(QG, dtype)) for QA, QG in bases]
@@ -654,7 +660,7 @@ class CompiledPass:
                 tf.zeros((n, d_outs[index]), dtype)
                 if index in projected_inputs
                 else state["S"][index]
-                for index in range(len(abars))
+                for index in range(len(inputs))
             ]
         jacobians: list[tf.Tensor] = []
         if other_tf:
@@ -721,7 +727,9 @@ class CompiledPass:
             lambda c, *_: c < count, body, (tf.constant(0), carried, diagonal)
         )
         if bases is None:
-            new["G"] = list(carried)
+            # The batch's Σ_c g gᵀ made exactly symmetric once (the GEMMs sum entries (i, j)
+            # and (j, i) in different orders), then added to the running sums.
+            new["G"] = [G + _symmetric(batch) for G, batch in zip(state["G"], carried)]
             if "diagonal" in state:  # empty when every variable is factored
                 new["diagonal"] = list(diagonal)
         else:
@@ -730,7 +738,7 @@ class CompiledPass:
                 + tf.cast(tf.matmul(projected_inputs[index], carried[index], transpose_a=True), f64)
                 if index in projected_inputs
                 else carried[index]
-                for index in range(len(abars))
+                for index in range(len(inputs))
             ]
         return new, report
 
@@ -779,17 +787,73 @@ class _Step:
 #: softmax output layer's G) stay at float64 rounding, not a float32 GEMM's (measured:
 #: 1e-7 against 0.2 units of float32 on the unit-diagonal factor).
 _FLOAT64_GRAM_WIDTH = 64
+#: Grams of width at least twice this are computed by blocks of about this many columns.
+_GRAM_BLOCK = 128
 
 
 def _gram(rows: tf.Tensor) -> tf.Tensor:
     """rowsᵀ rows (rows: (m, d) in the model's dtype) as float64: in float64 products for
-    float64 rows or d ≤ ``_FLOAT64_GRAM_WIDTH``, else in the rows' dtype and made exactly
-    symmetric (a GEMM sums entries (i, j) and (j, i) in different orders)."""
+    float64 rows or d ≤ ``_FLOAT64_GRAM_WIDTH``, else in the rows' dtype. Symmetric up to
+    the rounding of the diagonal blocks (:func:`_blocked_gram`; :func:`_symmetric` makes it
+    exactly so)."""
     if rows.dtype == tf.float64 or int(rows.shape[-1]) <= _FLOAT64_GRAM_WIDTH:
-        rows = tf.cast(rows, tf.float64)
+        return _blocked_gram(tf.cast(rows, tf.float64))
+    return tf.cast(_blocked_gram(rows), tf.float64)
+
+
+def _blocked_gram(rows: tf.Tensor) -> tf.Tensor:
+    """rowsᵀ rows for rows (m, d), in their dtype. For d ≥ 2·``_GRAM_BLOCK``, from the
+    column blocks R_1..R_k of about ``_GRAM_BLOCK`` columns: the k(k+1)/2 products
+    R_iᵀ R_j with i ≤ j, the blocks below the diagonal their transposes. That is
+    m·d²·(1 + 1/k) flops against a GEMM's 2·m·d² (the symmetric rank-k update TensorFlow
+    does not offer); measured on one CPU thread, (2048 × 512) float32 rows in 24 ms
+    against 46 ms, (2048 × 785) float64 in 105 ms against 150 ms. Each entry is the same
+    dot product over the m rows as in one GEMM, summed in the order of a smaller one."""
+    d = int(rows.shape[-1])
+    k = d // _GRAM_BLOCK
+    if k < 2:
         return tf.matmul(rows, rows, transpose_a=True)
-    product = tf.cast(tf.matmul(rows, rows, transpose_a=True), tf.float64)
-    return 0.5 * (product + tf.transpose(product))
+    edges = [d * i // k for i in range(k + 1)]
+    columns = [rows[:, start:stop] for start, stop in itertools.pairwise(edges)]
+    upper = {
+        (i, j): tf.matmul(columns[i], columns[j], transpose_a=True)
+        for i in range(k)
+        for j in range(i, k)
+    }
+    return tf.concat(
+        [
+            tf.concat(
+                [upper[i, j] if i <= j else tf.transpose(upper[j, i]) for j in range(k)], axis=1
+            )
+            for i in range(k)
+        ],
+        axis=0,
+    )
+
+
+def _symmetric(matrix: tf.Tensor) -> tf.Tensor:
+    """(M + Mᵀ)/2: a sum of Grams made exactly symmetric."""
+    return 0.5 * (matrix + tf.transpose(matrix))
+
+
+def _augmented_gram(rows: tf.Tensor, kernel: bool, bias: bool) -> tf.Tensor:
+    """Σ ā āᵀ over the m float64 rows a of ``rows`` (m, d_in), ā = [a; 1] (a alone when
+    the bias is not a variable, the 1 alone when the kernel is not): the blocks
+    [[Σ a aᵀ, Σ a], [Σ aᵀ, m]], without forming the (m, d_in + 1) rows [a, 1]."""
+    count = tf.reshape(tf.cast(tf.shape(rows)[0], tf.float64), [1, 1])
+    if not kernel:
+        return count
+    gram = _gram(rows)
+    if not bias:
+        return gram
+    sums = tf.reduce_sum(rows, axis=0)
+    return tf.concat(
+        [
+            tf.concat([gram, sums[:, None]], axis=1),
+            tf.concat([sums[None, :], count], axis=1),
+        ],
+        axis=0,
+    )
 
 
 #: Compiled passes kept for models built on again with the same settings (a training
