@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from spectra.estimators.eigensolvers import DEFAULT_FAILURE_PROBABILITY, unresol
 from spectra.estimators.krylov_schur import KrylovSchur
 from spectra.estimators.results import Result
 from spectra.operators.block_diagonal import layer_groups
+
+if TYPE_CHECKING:
+    from scipy.sparse.linalg import LinearOperator
 
 __all__ = ["LayerwiseResult", "layerwise"]
 
@@ -230,7 +233,9 @@ def _check_partition(
         )
 
 
-def _resolve_groups(op: Any, groups: Any, n: int) -> tuple[list[str], list[np.ndarray], str]:
+def _resolve_groups(
+    op: LinearOperator, groups: Any, n: int
+) -> tuple[list[str], list[np.ndarray], str]:
     """Group names and the parameter indices of each group (a partition of range(n))."""
     if isinstance(groups, (str, bytes)):
         raise TypeError(
@@ -297,7 +302,7 @@ def _resolve_groups(op: Any, groups: Any, n: int) -> tuple[list[str], list[np.nd
 
 # -- the driver -----------------------------------------------------------------------------
 def layerwise(
-    op: Any,
+    op: LinearOperator,
     k: int = 1,
     trace: bool = False,
     *,

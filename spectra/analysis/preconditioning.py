@@ -139,7 +139,7 @@ class PreconditionedOperator(SymmetricProducts, LinearOperator):
     Hessian).
     """
 
-    def __init__(self, base: Any, preconditioner: np.ndarray):
+    def __init__(self, base: LinearOperator | np.ndarray, preconditioner: np.ndarray):
         operator = aslinearoperator(base)
         self.base = base
         self._operator = operator
@@ -217,7 +217,7 @@ def _is_keras_optimizer(value: Any) -> bool:
 
 
 def preconditioned(
-    op: Any, optimizer_or_diagonal: Any, *, epsilon: float | None = None
+    op: LinearOperator | np.ndarray, optimizer_or_diagonal: Any, *, epsilon: float | None = None
 ) -> PreconditionedOperator:
     """The symmetric ``P^{-1/2} H P^{-1/2}`` (same eigenvalues as P⁻¹H) as a LinearOperator.
 

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from spectra.estimators.eigensolvers import eigenvalues
 from spectra.estimators.results import Result
 
+if TYPE_CHECKING:
+    from scipy.sparse.linalg import LinearOperator
+
 __all__ = ["GradientOverlapResult", "gradient_overlap", "orthonormal_basis", "subspace_overlap"]
 
 
-def _as_columns(name: str, array: Any) -> np.ndarray:
+def _as_columns(name: str, array: ArrayLike) -> np.ndarray:
     try:
         values = np.asarray(array, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -39,7 +43,7 @@ def _as_columns(name: str, array: Any) -> np.ndarray:
     return values
 
 
-def orthonormal_basis(basis: Any) -> np.ndarray:
+def orthonormal_basis(basis: ArrayLike) -> np.ndarray:
     """Orthonormal columns spanning the columns of ``basis`` (n,) or (n, r), by SVD.
 
     Singular values below ``max(n, r)·eps·σ_max`` count as zero (numpy's ``matrix_rank``
@@ -54,7 +58,7 @@ def orthonormal_basis(basis: Any) -> np.ndarray:
     return left[:, singular > cutoff]
 
 
-def subspace_overlap(vectors: Any, basis: Any) -> np.ndarray:
+def subspace_overlap(vectors: ArrayLike, basis: ArrayLike) -> np.ndarray:
     """Fraction ``‖Qᵀv‖²/‖v‖²`` of each vector in span(basis), in [0, 1].
 
     ``vectors`` has shape (n,) or (n, m) (one vector per column), ``basis`` (n,) or
@@ -102,7 +106,7 @@ class GradientOverlapResult(Result):
 
 
 def gradient_overlap(
-    op: Any,
+    op: LinearOperator,
     k: int = 10,
     *,
     tol: float = 1e-6,

@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -78,6 +78,11 @@ from spectra.io.files import (
     strictly_jsonable,
     text_writer,
 )
+
+if TYPE_CHECKING:
+    from scipy.sparse.linalg import LinearOperator
+
+    from spectra.io.checkpoints import CheckpointRef
 
 __all__ = [
     "CSV_NAME",
@@ -241,7 +246,7 @@ class SharpnessMeasurement:
 
 
 def measure_sharpness(
-    operator: Any,
+    operator: LinearOperator,
     settings: SharpnessSettings,
     *,
     seed: int | None = None,
@@ -343,7 +348,7 @@ def measure_sharpness(
     )
 
 
-def _finite_loss(operator: Any) -> float | None:
+def _finite_loss(operator: LinearOperator) -> float | None:
     """The operator's loss (None for an operator without ``loss()``); a loss that is not
     finite is refused, since there is then no Hessian to measure."""
     if not callable(getattr(operator, "loss", None)):
@@ -370,7 +375,7 @@ def _warm_start(v0: np.ndarray | None, size: int) -> np.ndarray | None:
     return start
 
 
-def _data_passes(operator: Any) -> int | None:
+def _data_passes(operator: LinearOperator) -> int | None:
     """The operator's data-pass counter, or that of the operator it wraps (a preconditioned
     Hessian), or None."""
     for candidate in (operator, getattr(operator, "base", None)):
@@ -392,7 +397,7 @@ def _eigenspace_overlap(previous: np.ndarray | None, vectors: np.ndarray) -> flo
     return float(np.mean(subspace_overlap(vectors, previous)))
 
 
-def _gradient_overlap(operator: Any, vectors: np.ndarray) -> float | None:
+def _gradient_overlap(operator: LinearOperator, vectors: np.ndarray) -> float | None:
     """‖Vᵀg‖²/‖g‖² for the operator's gradient g (None for a zero gradient)."""
     method = getattr(operator, "gradient", None)
     if not callable(method):
@@ -433,7 +438,7 @@ class PlannedCheckpoint:
         return {"file": self.file, "step": self.step, "sha256": self.sha256}
 
 
-def plan_checkpoints(refs: Sequence[Any]) -> list[PlannedCheckpoint]:
+def plan_checkpoints(refs: Sequence[CheckpointRef]) -> list[PlannedCheckpoint]:
     """Hash the checkpoints (``CheckpointRef``\\ s, in step order) of a run.
 
     Files are named relative to their common directory: the bare name when they share one.

@@ -20,7 +20,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import numpy as np
 
@@ -50,6 +50,15 @@ from spectra.reports.base import (
 from spectra.reports.figures import FigureOptions
 from spectra.reports.figures import figure_record as record_figures
 from spectra.reports.thresholds import PRECONDITIONED_OPTIMIZERS, check_preconditionable
+
+if TYPE_CHECKING:
+    import keras
+    from matplotlib.figure import Figure
+    from scipy.sparse.linalg import LinearOperator
+    from tqdm import tqdm
+
+    from spectra.io.datasets import Data
+    from spectra.plotting.style import FigureFont
 
 
 class UserError(Exception):
@@ -119,13 +128,13 @@ class Console:
         self._write(f"spectra: warning: {one_line(text)}", sys.stderr)
 
     @staticmethod
-    def _write(text: str, stream: Any) -> None:
+    def _write(text: str, stream: TextIO) -> None:
         from tqdm import tqdm
 
         tqdm.write(text, file=stream)
         stream.flush()
 
-    def bar(self, total: int, desc: str, unit: str) -> Any:
+    def bar(self, total: int, desc: str, unit: str) -> tqdm:
         """A tqdm bar over ``total`` planned items on stderr: by default shown on a terminal once
         the run has lasted about 2 s, never with ``--quiet`` or ``--no-progress`` (the
         estimators' rule, :func:`spectra.estimators._products.make_progress_bar`)."""
@@ -229,11 +238,19 @@ def locked_output(args: argparse.Namespace, outputs: Sequence[str]) -> Iterator[
         lock.release()
 
 
+class WrittenReport(Protocol):
+    """A report :func:`write_outputs` writes: its JSON and the files it lists."""
+
+    files: dict[str, Any]
+
+    def to_dict(self, include_vectors: bool = True) -> dict[str, Any]: ...
+
+
 def write_outputs(
     out: OutputClaim,
-    report: Any,
+    report: WrittenReport,
     results: str,
-    figures: Sequence[tuple[str, str, Any]],
+    figures: Sequence[tuple[str, str, Figure]],
     formats: list[str],
 ) -> None:
     """Write the results JSON first, then the figures (``(key, stem, figure)``), so that a
@@ -241,7 +258,7 @@ def write_outputs(
     not, ``not_written`` with the reason (the JSON is then written again to say so). What
     could not be written is recorded in ``out`` (see :func:`finish_outputs`)."""
 
-    def write_json(path: Any) -> None:
+    def write_json(path: Path) -> None:
         atomic_write_json(path, report.to_dict(include_vectors=False), explain_null)
 
     report.files = {"results": str(out / results)}
@@ -279,7 +296,7 @@ def check_builder_use(args: argparse.Namespace, paths: Sequence[str | os.PathLik
         )
 
 
-def load_data(args: argparse.Namespace) -> Any:
+def load_data(args: argparse.Namespace) -> Data:
     from spectra.io.datasets import load_data as load
 
     with user_errors("--data"):
@@ -298,7 +315,7 @@ def examples_note(num_examples: int, max_examples: int | None) -> str:
     return f"{num_examples:,} examples"
 
 
-def check_data_values(data: Any, spec: str) -> None:
+def check_data_values(data: Data, spec: str) -> None:
     """Refuse data the loss cannot use, naming the array and what to do: arrays that are
     not numbers (string labels), and NaN or infinite values in x, y or sample_weight.
 
@@ -361,7 +378,7 @@ def operator_loss(args: argparse.Namespace) -> Any:
     return args.loss
 
 
-def check_output_names(model: Any, args: argparse.Namespace, source: str) -> None:
+def check_output_names(model: keras.Model, args: argparse.Namespace, source: str) -> None:
     """The outputs ``--loss OUTPUT=NAME`` and ``--loss-weight OUTPUT=W`` name must be the
     model's, and ``--loss OUTPUT=NAME`` must name every output (a :class:`SettingError`
     saying which outputs the model has)."""
@@ -391,7 +408,9 @@ def check_output_names(model: Any, args: argparse.Namespace, source: str) -> Non
             )
 
 
-def apply_loss_weights(model: Any, args: argparse.Namespace, like: Any = None) -> None:
+def apply_loss_weights(
+    model: keras.Model, args: argparse.Namespace, like: keras.Model | None = None
+) -> None:
     """With ``--loss-weight``: compile ``model`` with the run's loss and those weights
     (:func:`spectra.reports.base.compile_with_loss_weights`); nothing without it."""
     with report_errors():
@@ -404,7 +423,7 @@ def compiles_model(args: argparse.Namespace) -> bool:
     return args.loss is None or bool(getattr(args, "preconditioned", False))
 
 
-def check_model(model: Any, args: argparse.Namespace, data: Any, source: str) -> int:
+def check_model(model: keras.Model, args: argparse.Namespace, data: Data, source: str) -> int:
     """Check that the model has a loss (``--loss`` or a compiled one), that the data and
     the loss fit ``model`` (2 examples) and that ``--top-k`` is not more than its
     parameters; returns the number of parameters."""
@@ -438,7 +457,7 @@ def check_curvature(args: argparse.Namespace) -> None:
         curvature_operator(getattr(args, "curvature", None))
 
 
-def make_operator(model: Any, args: argparse.Namespace, data: Any) -> Any:
+def make_operator(model: keras.Model, args: argparse.Namespace, data: Data) -> LinearOperator:
     """The operator of the run's matrix at ``model``'s weights: ``--curvature`` (default
     the Hessian), with ``--preconditioned`` seen through the optimizer's preconditioner
     (:func:`spectra.preconditioned`)."""
@@ -485,7 +504,7 @@ def _show_warnings(args: argparse.Namespace, caught: Sequence[warnings.WarningMe
             Console(args).warn(text)
 
 
-def _preconditioned(op: Any, model: Any) -> Any:
+def _preconditioned(op: LinearOperator, model: keras.Model) -> LinearOperator:
     """``op`` seen through the preconditioner of ``model``'s restored optimizer state.
 
     Raises ValueError for a checkpoint without optimizer state (one checkpoint's problem)
@@ -525,7 +544,7 @@ def _preconditioned(op: Any, model: Any) -> Any:
         raise SettingError(f"--preconditioned: {err}") from err
 
 
-def load_operator(args: argparse.Namespace, data: Any) -> tuple[Any, int, Any]:
+def load_operator(args: argparse.Namespace, data: Data) -> tuple[keras.Model, int, LinearOperator]:
     """The model of ``args.model`` (checked against the data, the loss and ``--top-k``), its
     number of parameters, and the operator of the run's matrix. Imports TensorFlow."""
     require_backend(args)
@@ -587,7 +606,7 @@ def ignored_optimizer_weights(path: str | os.PathLike) -> int | None:
         return stored_weight_counts(path)["optimizer"]
 
 
-def data_fingerprint(data: Any) -> str:
+def data_fingerprint(data: Data) -> str:
     """SHA-256 of the arrays (values, dtypes and shapes)."""
     digest = hashlib.sha256()
     labels = data.label_arrays()
@@ -600,7 +619,9 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()
 
 
-def data_description(args: argparse.Namespace, data: Any, model: Any = None) -> dict[str, Any]:
+def data_description(
+    args: argparse.Namespace, data: Data, model: keras.Model | None = None
+) -> dict[str, Any]:
     """What ``results.json`` records of the data; with ``model``, ``labels``: which label
     array went to which of its outputs (``{output name: "y_<name>" | "y0" | "y"}``, in
     Keras' output order)."""
@@ -631,7 +652,9 @@ def _label_shapes(y: Any) -> Any:
     return list(y.shape)
 
 
-def model_description(path: str | os.PathLike, model: Any, num_parameters: int) -> dict[str, Any]:
+def model_description(
+    path: str | os.PathLike, model: keras.Model, num_parameters: int
+) -> dict[str, Any]:
     """The model's path, name, size, dtype and the loss it was compiled with (None if not
     compiled or not loaded compiled); for a ``.weights.h5`` file also
     ``ignored_optimizer_weights``, the arrays of optimizer state it held that were not
@@ -692,7 +715,7 @@ def versions() -> dict[str, str]:
 # --------------------------------------------------------------------------- figures
 
 
-def figure_font(args: argparse.Namespace) -> Any:
+def figure_font(args: argparse.Namespace) -> FigureFont | None:
     """The :class:`spectra.plotting.FigureFont` of ``--font`` (None without the option):
     a family matplotlib does not find is a :class:`UserError` listing some it does."""
     from spectra.plotting import resolve_font
@@ -702,7 +725,7 @@ def figure_font(args: argparse.Namespace) -> Any:
 
 
 def figure_record(
-    args: argparse.Namespace, figures: Sequence[tuple[str, str, Any]], compact: bool = False
+    args: argparse.Namespace, figures: Sequence[tuple[str, str, Figure]], compact: bool = False
 ) -> dict[str, Any]:
     """:func:`spectra.reports.figures.figure_record` of a command's figure options (kept
     for tests/plotting/test_figures_print.py, which calls it with parsed arguments)."""
@@ -711,7 +734,7 @@ def figure_record(
 
 
 def save_figure_formats(
-    figure: Any, out: Path | OutputClaim, stem: str, formats: Sequence[str]
+    figure: Figure, out: Path | OutputClaim, stem: str, formats: Sequence[str]
 ) -> list[str]:
     """Save ``figure`` as ``out/stem.FMT`` for each format, close it; returns the paths
     written. With a claim (:func:`locked_output`) a file that cannot be written is recorded

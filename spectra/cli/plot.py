@@ -152,7 +152,7 @@ def _read(path: Path) -> Any:
     return report
 
 
-def _recorded_drawing(path: Path, command: Any) -> dict[str, Any]:
+def _recorded_drawing(path: Path, command: object) -> dict[str, Any]:
     """The drawing options of the run that only its recorded command line holds
     (:data:`_RECORDED_DRAWING`): the command line parsed again, refused when it is not
     one this spectra reads."""
@@ -171,7 +171,7 @@ def _recorded_drawing(path: Path, command: Any) -> dict[str, Any]:
     return {name: recorded[name] for name in names}
 
 
-def _options(path: Path, command: Any, options: argparse.Namespace) -> FigureOptions:
+def _options(path: Path, command: object, options: argparse.Namespace) -> FigureOptions:
     """The figure options of the replot: those of ``options`` (``spectra plot``'s own:
     ``--style``, ``--font``, ``--no-title``, ``--caption``, ``--no-legend``,
     ``--no-labels``, ``--x``), with the run's drawing options its command line records."""
@@ -189,7 +189,7 @@ def _options(path: Path, command: Any, options: argparse.Namespace) -> FigureOpt
 
 
 def _drawing(
-    path: Path, report: Any, options: argparse.Namespace
+    path: Path, report: object, options: argparse.Namespace
 ) -> tuple[Callable[[], list[DrawnFigure]], tuple[str, ...]]:
     """A function drawing the report's figures (``(files key, stem, figure)``) and the
     stems, with ``spectra plot``'s arguments ``options``."""

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectra._format import plus_minus
 from spectra.analysis.minibatch import summary_scalars
@@ -82,6 +82,11 @@ from spectra.reports.sharpness import (
 )
 from spectra.reports.sharpness_axes import X_AXES, x_axes
 from spectra.reports.thresholds import recorded_learning_rate, recover_threshold
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from spectra.io.datasets import Data
 
 __all__ = ["SharpnessReport", "add_arguments", "run"]
 
@@ -270,7 +275,7 @@ def _run_locked(
     args: argparse.Namespace,
     console: Console,
     settings: SharpnessRunSettings,
-    store: Any,
+    store: SharpnessRun,
     events: SharpnessEvents | None = None,
 ) -> int:
     from spectra.io.checkpoints import find_checkpoints, step_unit
@@ -390,7 +395,7 @@ def _run_locked(
     return _conclude(args, console, store, threshold, unit, figure)
 
 
-def _prepared_figure(args: argparse.Namespace, store: SharpnessRun) -> Any:
+def _prepared_figure(args: argparse.Namespace, store: SharpnessRun) -> Figure | None:
     """The figure of the checkpoints measured so far (None before the first), not yet
     saved; its settings, title and full caption go into the record's ``figures``."""
     options = _figure_options(args)
@@ -435,7 +440,7 @@ def _measure_all(
     store: SharpnessRun,
     plan: list[PlannedCheckpoint],
     pending: list[PlannedCheckpoint],
-    data: Any,
+    data: Data,
     threshold: StabilityThreshold | None,
     unit: str,
     events: SharpnessEvents | None = None,
@@ -594,13 +599,13 @@ def _conclude(
     store: SharpnessRun,
     threshold: StabilityThreshold | None,
     unit: str,
-    figure: Any,
+    figure: Figure | None,
 ) -> int:
     entries = store.entries
     done = [entry for entry in entries if entry["status"] == "done"]
     failed = [entry for entry in entries if entry["status"] == "failed"]
     figures: list[str] = []
-    if done:
+    if done and figure is not None:  # a figure is drawn once a checkpoint is done
         figures = _save_figure(args, store, figure, len(done))
         top = max(done, key=lambda entry: entry["eigenvalues"][0])
         largest = plus_minus(top["eigenvalues"][0], top["error_bounds"][0])
@@ -644,7 +649,7 @@ def _conclude(
 
 
 def _save_figure(
-    args: argparse.Namespace, store: SharpnessRun, figure: Any, count: int
+    args: argparse.Namespace, store: SharpnessRun, figure: Figure, count: int
 ) -> list[str]:
     """Save the run's figure in every ``--format``; the paths written."""
     try:

@@ -23,6 +23,7 @@ from spectra.plotting.style import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
     from spectra.analysis.repeats import RepeatResult
 
@@ -64,7 +65,7 @@ def threshold_text(text: str) -> str:
     return text if "threshold" in text else f"{text} (stability threshold)"
 
 
-def figure_caption(*parts: Any) -> str:
+def figure_caption(*parts: object) -> str:
     """One caption line from its parts, joined by " · " (empty and None parts left out).
 
     E.g. ``figure_caption("digits_mlp, 85,002 parameters", "digits, 1,797 examples",
@@ -118,7 +119,7 @@ def _describe(figure: Figure, title: str | None, description: str | None) -> Non
 
 
 def add_title(
-    fig_or_ax: Any,
+    fig_or_ax: Figure | Axes,
     title: str | None,
     caption: str | None = None,
     *,
@@ -150,8 +151,12 @@ def add_title(
     return figure
 
 
-def _draw_title(figure: Figure, fig_or_ax: Any, title: str | None, caption: str | None) -> None:
+def _draw_title(
+    figure: Figure, fig_or_ax: Figure | Axes, title: str | None, caption: str | None
+) -> None:
     """The title and caption of :func:`add_title`, in the figure's font."""
+    import matplotlib.axes
+
     font = _font_keywords(figure_font(figure))
     styled = getattr(figure, STYLE_ATTRIBUTE, None) is not None
     title_size = STYLES["column"].rc["figure.titlesize"] if styled else 12
@@ -170,7 +175,7 @@ def _draw_title(figure: Figure, fig_or_ax: Any, title: str | None, caption: str 
         setattr(figure, _TITLE_ATTRIBUTE, drawn)
         added_points += 1.3 * title_size * (shown.count("\n") + 1) + 0.2 * title_size
     if caption:
-        axes = fig_or_ax if not isinstance(fig_or_ax, type(figure)) else None
+        axes = fig_or_ax if isinstance(fig_or_ax, matplotlib.axes.Axes) else None
         if axes is None and figure.axes:
             axes = figure.axes[0]
         # Characters per line: about 0.52 em each; in a print style the caption is centred
@@ -232,7 +237,7 @@ def _caption_across(figure: Figure, axes: Axes, text: str, fontsize: float, pad:
     setattr(figure, _CAPTION_ATTRIBUTE, caption)
 
 
-def caption_artist(figure: Figure) -> Any:
+def caption_artist(figure: Figure) -> Text | None:
     """The matplotlib ``Text`` of the caption :func:`add_title` drew on ``figure`` (the
     first panel's title, or a figure text over side-by-side panels), None without one."""
     drawn = getattr(figure, _CAPTION_ATTRIBUTE, None)
@@ -255,7 +260,7 @@ def _centre_title_on(figure: Figure, axes: Axes) -> None:
         title.set_x(0.5)
 
 
-def _figure_title(figure: Figure) -> Any:
+def _figure_title(figure: Figure) -> Text | None:
     """The matplotlib ``Text`` of the figure's title: the one :func:`add_title` drew, else
     one set by ``figure.suptitle`` (found among the figure's texts by the text that
     ``figure.get_suptitle`` returns, matplotlib >= 3.8); None without a title."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from spectra.plotting.style import FigureFont, active_style, new_axes, scaled_si
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
 
 # Lower end of the log-scale density axis, relative to the highest density; its upper
 # end leaves a factor 2 (a third of a decade) above the band's peak; values under the
@@ -38,7 +39,7 @@ def plot_spectral_density(
     log_scale: bool = True,
     band: bool = True,
     label: str | None = None,
-    color: Any = None,
+    color: ColorType | None = None,
     negative: bool = True,
     legend: bool = True,
     style: str | None = None,

@@ -4,7 +4,7 @@ with error bars, value labels, and the spread of repeated estimates beside them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from spectra.plotting.style import (
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
 
     from spectra.analysis.repeats import RepeatResult
 
@@ -67,7 +68,7 @@ def _draw_eigenvalue_markers(
     values: np.ndarray,
     errors: np.ndarray,
     converged: np.ndarray,
-    color: Any,
+    color: ColorType,
     name: str,
     note: str,
 ) -> None:
@@ -106,7 +107,7 @@ def _draw_eigenvalue_markers(
             hollow.lines[0].set_gid(SERIES_GID)
 
 
-def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: Any) -> None:
+def _draw_repeats(ax: Axes, repeats: RepeatResult, count: int, color: ColorType) -> None:
     """Eigenvalue i of each repeat as a small dot at i - ``_REPEAT_OFFSET``, and the repeats'
     mean ± sd there as a diamond with bars (only the eigenvalues the repeats hold)."""
     from spectra.analysis.repeats import RepeatResult
@@ -270,7 +271,7 @@ def plot_eigenvalues(
     ax: Axes | None = None,
     *,
     label: str | None = None,
-    color: Any = None,
+    color: ColorType | None = None,
     log_scale: bool = False,
     annotate: bool | None = None,
     repeats: RepeatResult | None = None,

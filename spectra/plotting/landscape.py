@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from spectra.plotting.layout import (
     SERIES_GID,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 _MAX_SQUARE_SIDE = 3.6
 
 
-def _checked_curve(name: str, values: Any, alphas: np.ndarray) -> np.ndarray:
+def _checked_curve(name: str, values: ArrayLike, alphas: np.ndarray) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.shape != alphas.shape:
         raise ValueError(
@@ -44,12 +45,12 @@ def _checked_curve(name: str, values: Any, alphas: np.ndarray) -> np.ndarray:
 
 @with_figure_style
 def plot_loss_landscape_1d(
-    alphas: Any,
-    losses: Mapping[str, Any] | Any,
+    alphas: ArrayLike,
+    losses: Mapping[str, ArrayLike] | ArrayLike,
     ax: Axes | None = None,
     *,
     xlabel: str = "Step size α along direction",
-    references: Mapping[str, tuple[str, Any]] | None = None,
+    references: Mapping[str, tuple[str, ArrayLike]] | None = None,
     legend: bool = True,
     style: str | None = None,
     font: str | FigureFont | None = None,
@@ -132,9 +133,9 @@ def plot_loss_landscape_1d(
 
 @with_figure_style
 def plot_loss_landscape_2d(
-    alphas: Any,
-    betas: Any,
-    losses: Any,
+    alphas: ArrayLike,
+    betas: ArrayLike,
+    losses: ArrayLike,
     ax: Axes | None = None,
     *,
     labels: tuple[str, str] = ("v₁", "v₂"),

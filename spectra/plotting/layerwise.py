@@ -4,7 +4,7 @@ eigenvalue or trace of its diagonal block), and :func:`block_symbol`."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -29,7 +29,12 @@ from spectra.plotting.style import (
 )
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
+    from matplotlib.container import BarContainer
+    from matplotlib.typing import ColorType
+
+    from spectra.analysis.per_layer import LayerwiseResult
 
 # Up to this many groups get their value written at their bar (plot_layerwise), whose
 # x range then grows by these fractions of its width to hold the text.
@@ -85,7 +90,7 @@ def _with_math(text: str) -> str:
     )
 
 
-def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
+def _group_bars(result: LayerwiseResult, quantity: str, symbol: str) -> _GroupBars:
     """The top eigenvalue of each group with its bound, or its trace ± standard error."""
     names = list(result.groups)
     if quantity == "trace":
@@ -106,7 +111,9 @@ def _group_bars(result: Any, quantity: str, symbol: str) -> _GroupBars:
     return _GroupBars(values, errors, unconverged, legend, xlabel)
 
 
-def _hatch_unconverged(bars: Any, unconverged: np.ndarray, color: Any) -> list[Any]:
+def _hatch_unconverged(
+    bars: BarContainer, unconverged: np.ndarray, color: ColorType
+) -> list[Artist]:
     """Hatch the bars of unconverged groups; returns the legend patch naming them (or
     nothing when all converged)."""
     if not unconverged.any():
@@ -121,7 +128,9 @@ def _hatch_unconverged(bars: Any, unconverged: np.ndarray, color: Any) -> list[A
     return [Patch(facecolor="white", edgecolor=color, hatch="//", label="not converged")]
 
 
-def _draw_further_eigenvalues(ax: Axes, result: Any, rows: np.ndarray, symbol: str) -> None:
+def _draw_further_eigenvalues(
+    ax: Axes, result: LayerwiseResult, rows: np.ndarray, symbol: str
+) -> None:
     """λ₂ … λₖ of each group as dots on its row."""
     xs = [float(x) for v in result.eigenvalues for x in np.asarray(v)[1:]]
     ys = [row for row, v in zip(rows, result.eigenvalues) for _ in np.asarray(v)[1:]]
@@ -158,7 +167,7 @@ def _annotate_bars(ax: Axes, rows: np.ndarray, values: np.ndarray, errors: np.nd
     )
 
 
-def _legend_under_bars(ax: Axes, extra: list[Any], shown: bool = True) -> None:
+def _legend_under_bars(ax: Axes, extra: list[Artist], shown: bool = True) -> None:
     """The legend under the axes, bars first (matplotlib lists lines before containers),
     then ``extra`` handles, with labels wrapped to the axes' width in a print style; none
     without ``shown``."""
@@ -192,12 +201,12 @@ def _legend_under_bars(ax: Axes, extra: list[Any], shown: bool = True) -> None:
 
 @with_figure_style
 def plot_layerwise(
-    result: Any,
+    result: LayerwiseResult,
     ax: Axes | None = None,
     *,
     quantity: str = "eigenvalue",
     symbol: str = "H",
-    color: Any = None,
+    color: ColorType | None = None,
     annotate: bool | None = None,
     legend: bool = True,
     style: str | None = None,

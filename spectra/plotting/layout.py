@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ParamSpec, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from spectra.plotting.captions import print_text
 from spectra.plotting.style import (
@@ -26,7 +28,11 @@ from spectra.plotting.style import (
 )
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
+
+_Params = ParamSpec("_Params")
 
 # Okabe & Ito (2008) colors without the yellow, which is too light on white.
 _PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
@@ -70,14 +76,14 @@ def _fix_tick_fonts(ax: Axes, sized: bool = True, font: FigureFont | None = None
                 text.set_math_fontfamily(font.math)
 
 
-def with_figure_style(function: Any) -> Any:
+def with_figure_style(function: Callable[_Params, Axes]) -> Callable[_Params, Axes]:
     """Run a plotting function inside :func:`figure_style` of its ``style`` and ``font``
     keywords."""
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _Params.args, **kwargs: _Params.kwargs) -> Axes:
         style = check_style(kwargs.get("style"))
-        font = resolve_font(kwargs.get("font"))
+        font = resolve_font(cast("str | FigureFont | None", kwargs.get("font")))
         if font is not None:
             kwargs["font"] = font
         with figure_style(style, font=font):
@@ -119,7 +125,7 @@ def _fit_y_labels(ax: Axes) -> None:
         figure.set_figheight(figure.get_figheight() + missing)
 
 
-def series_color(ax: Axes, color: Any = None) -> Any:
+def series_color(ax: Axes, color: ColorType | None = None) -> ColorType:
     """``color`` if given, else the next palette color not yet used on ``ax``."""
     if color is not None:
         return color
@@ -145,7 +151,7 @@ def refresh_legend(
     axes instead, where it covers no data. Labels starting with "_" are
     matplotlib's hidden ones.
     """
-    handles: list[Any] = []
+    handles: list[Artist] = []
     labels: list[str] = []
     for holder in axes:
         more_handles, more_labels = holder.get_legend_handles_labels()
@@ -216,7 +222,7 @@ def _drawn_length(label: str) -> int:
     return len(_MATH.sub(symbols, label))
 
 
-def one_dimensional(name: str, values: Any) -> np.ndarray:
+def one_dimensional(name: str, values: ArrayLike) -> np.ndarray:
     """``values`` as a 1-D float array (a ``ValueError`` naming ``name`` for another shape)."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1:
@@ -245,6 +251,6 @@ def hidden_bars_note(values: np.ndarray, errors: np.ndarray | None, log_scale: b
     return f"; bars smaller than the markers, at most ±{print_text(f'{largest:.1e}')}"
 
 
-def palette_color_after(color: Any) -> Any:
+def palette_color_after(color: ColorType) -> str:
     """The palette color after ``color``."""
     return _PALETTE[(_PALETTE.index(color) + 1) % len(_PALETTE)]

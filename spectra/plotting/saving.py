@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectra.io.files import atomic_write
 from spectra.plotting.style import (
@@ -17,12 +17,16 @@ from spectra.plotting.style import (
     root_figure,
 )
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 # Fonts kept as fonts in every file: TrueType (Type 42) in PDF and PostScript, which
 # journals accept (Type 3 bitmaps they often reject), and <text> elements in SVG.
 _FONT_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
 
 
-def figure_metadata(fig_or_ax: Any) -> dict[str, str]:
+def figure_metadata(fig_or_ax: Figure | Axes) -> dict[str, str]:
     """What :func:`save_figure` writes into a figure's file metadata: ``"Title"`` and
     ``"Description"`` (recorded by :func:`add_title`: the title, drawn or not, and the full
     caption) and ``"Keywords"``, the figure's print settings (``"style column; font serif
@@ -61,7 +65,7 @@ def _file_metadata(file_format: str, recorded: Mapping[str, str]) -> dict[str, A
 
 
 def save_figure(
-    fig_or_ax: Any,
+    fig_or_ax: Figure | Axes,
     path: str | os.PathLike,
     *,
     dpi: float | None = None,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from spectra.plotting.captions import threshold_text
 from spectra.plotting.layout import (
@@ -31,6 +32,8 @@ from spectra.plotting.style import (
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+    from matplotlib.typing import ColorType
 
 _REFERENCE_COLOR = "0.35"
 # The loss's color when the trace is drawn too (then both are grey, the loss lighter).
@@ -56,11 +59,28 @@ _LOG_LOSS_SPAN = 100.0
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
+@runtime_checkable
+class LabelledThreshold(Protocol):
+    """A threshold with its legend text, such as
+    :class:`spectra.analysis.stability.StabilityThreshold`."""
+
+    @property
+    def value(self) -> float: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+# What plot_sharpness's ``threshold`` takes: a labelled threshold, (value, legend text),
+# or a value.
+Threshold: TypeAlias = LabelledThreshold | tuple[float, str] | float
+
+
 def _subscript_digits(index: int) -> str:
     return str(index).translate(_SUBSCRIPTS)
 
 
-def _check_errors(name: str, errors: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _check_errors(name: str, errors: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
     array = np.asarray(errors, dtype=np.float64)
     if array.shape != shape:
         raise ValueError(f"{name} must have shape {shape} like the values, got {array.shape}")
@@ -75,11 +95,11 @@ def _line_with_errors(
     y: np.ndarray,
     errors: np.ndarray | None,
     *,
-    color: Any,
+    color: ColorType,
     marker: str | None,
     label: str,
     linestyle: str = "-",
-) -> Any:
+) -> Line2D:
     """A labelled line with optional unlabelled error bars; returns the line.
 
     Drawn as a line plus a separate error-bar artist so that the legend lists
@@ -162,13 +182,13 @@ def _lower_panel(ax: Axes) -> Axes:
     return lower
 
 
-def _color_y_axis(ax: Axes, color: Any) -> None:
+def _color_y_axis(ax: Axes, color: ColorType) -> None:
     """The y label and ticks of ``ax`` in the color of its series."""
     ax.yaxis.label.set_color(color)
     ax.tick_params(axis="y", which="both", colors=color)
 
 
-def _per_step(name: str, values: Any, size: int) -> np.ndarray:
+def _per_step(name: str, values: ArrayLike, size: int) -> np.ndarray:
     """``values`` as a 1-D array of one value per step."""
     array = one_dimensional(name, values)
     if array.size != size:
@@ -178,7 +198,7 @@ def _per_step(name: str, values: Any, size: int) -> np.ndarray:
     return array
 
 
-def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
+def _threshold_of(lr: float | None, threshold: Threshold | None) -> tuple[float, str] | None:
     """(value, legend text) of the stability threshold, from ``lr`` or ``threshold``."""
     if lr is not None and threshold is not None:
         raise ValueError("give lr (gradient descent's 2/η) or threshold, not both")
@@ -188,7 +208,7 @@ def _threshold_of(lr: float | None, threshold: Any) -> tuple[float, str] | None:
         return 2.0 / lr, f"2/η = {2.0 / lr:.4g} (GD stability threshold)"
     if threshold is None:
         return None
-    if hasattr(threshold, "value") and hasattr(threshold, "label"):
+    if isinstance(threshold, LabelledThreshold):
         value, text = float(threshold.value), str(threshold.label)
     elif isinstance(threshold, tuple) and len(threshold) == 2:
         value, text = float(threshold[0]), str(threshold[1])
@@ -216,15 +236,15 @@ class _SharpnessSeries:
 
 
 def _sharpness_series(
-    steps: Any,
-    values: Any,
+    steps: ArrayLike,
+    values: ArrayLike,
     lr: float | None,
-    threshold: Any,
-    errors: Any,
-    traces: Any,
-    trace_errors: Any,
-    losses: Any,
-    overlaps: Any,
+    threshold: Threshold | None,
+    errors: ArrayLike | None,
+    traces: ArrayLike | None,
+    trace_errors: ArrayLike | None,
+    losses: ArrayLike | None,
+    overlaps: ArrayLike | None,
 ) -> _SharpnessSeries:
     """Check :func:`plot_sharpness`'s arguments (a ``ValueError`` naming the first bad one)."""
     step_array = one_dimensional("steps", steps)
@@ -276,7 +296,7 @@ def _draw_eigenvalue_lines(
     label: str | None,
     log_scale: bool,
     marker: str | None,
-) -> list[Any]:
+) -> list[ColorType]:
     """One line per column (λ₁, or λ₁ … λₖ), the first named with its error bars; returns
     their colors."""
     columns, column_errors = series.columns, series.errors
@@ -305,7 +325,7 @@ def _draw_eigenvalue_lines(
 
 
 def _draw_minibatch_band(
-    ax: Axes, steps: np.ndarray, minibatch: Any, color: Any, label: str | None
+    ax: Axes, steps: np.ndarray, minibatch: ArrayLike, color: ColorType, label: str | None
 ) -> None:
     """Mini-batch λ₁ per step: the median (thin dashed) in a band between two quantiles."""
     quantiles = np.asarray(minibatch, dtype=np.float64)
@@ -416,7 +436,11 @@ def _panel_axis(lower: Axes, ylabel: str) -> Axes:
 
 
 def _draw_traces(
-    lower: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+    lower: Axes,
+    series: _SharpnessSeries,
+    color: ColorType,
+    marker: str | None,
+    label: str | None,
 ) -> Axes:
     """The trace (± its standard errors) in the lower panel; returns its axis."""
     assert series.traces is not None
@@ -437,7 +461,11 @@ def _draw_traces(
 
 
 def _draw_overlaps(
-    lower: Axes, series: _SharpnessSeries, color: Any, marker: str | None, label: str | None
+    lower: Axes,
+    series: _SharpnessSeries,
+    color: ColorType,
+    marker: str | None,
+    label: str | None,
 ) -> Axes:
     """The overlaps of consecutive top eigenvectors in the lower panel, from 0 to 1."""
     assert series.overlaps is not None
@@ -465,17 +493,17 @@ def _draw_overlaps(
 
 @with_figure_style
 def plot_sharpness(
-    steps: Any,
-    values: Any,
+    steps: ArrayLike,
+    values: ArrayLike,
     *,
     lr: float | None = None,
-    threshold: Any = None,
-    errors: Any = None,
-    traces: Any = None,
-    trace_errors: Any = None,
-    losses: Any = None,
-    overlaps: Any = None,
-    minibatch: Any = None,
+    threshold: Threshold | None = None,
+    errors: ArrayLike | None = None,
+    traces: ArrayLike | None = None,
+    trace_errors: ArrayLike | None = None,
+    losses: ArrayLike | None = None,
+    overlaps: ArrayLike | None = None,
+    minibatch: ArrayLike | None = None,
     minibatch_label: str | None = None,
     xlabel: str = "Training step",
     ylabel: str | None = None,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -158,7 +159,7 @@ def resolve_font(font: str | FigureFont | None) -> FigureFont | None:
     return FigureFont(family, tuple(dict.fromkeys([family, _SANS])), "dejavusans")
 
 
-def check_style(style: Any) -> str | None:
+def check_style(style: object) -> str | None:
     if style is None:
         return None
     if not isinstance(style, str):
@@ -257,14 +258,14 @@ def scaled_size(width: float) -> float:
     return width if name is None else width * STYLES[name].scale
 
 
-def annotation_fontsize() -> Any:
+def annotation_fontsize() -> float | str:
     """The font size of legends and annotations: "small", at least 7 pt in a style."""
     if active_style() is None:
         return "small"
     return STYLES[active_style() or "column"].rc["legend.fontsize"]
 
 
-def root_figure(fig_or_ax: Any) -> Figure:
+def root_figure(fig_or_ax: Artist) -> Figure:
     """The top-level figure of a figure, subfigure or axes (a ``TypeError`` for anything
     else)."""
     from matplotlib.artist import Artist

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,12 @@ from spectra.reports.figures import (
     describe_model,
     finish_figure,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from scipy.sparse.linalg import LinearOperator
+
+    from spectra.io.datasets import Data
 
 __all__ = [
     "AnalysisReport",
@@ -131,13 +137,13 @@ class AnalysisReport(CommandReport):
 
 
 def compute_analysis(
-    op: Any,
+    op: LinearOperator,
     settings: AnalysisSettings,
     *,
     command: str = "",
     loss: float | None = None,
-    data: Any = None,
-    build: Callable[[Any], Any] | None = None,
+    data: Data | None = None,
+    build: Callable[[Data], LinearOperator] | None = None,
     progress: bool | None = None,
 ) -> AnalysisReport:
     """The analysis ``settings`` ask for of the operator ``op`` (its matrix at the model's
@@ -231,9 +237,9 @@ def compute_analysis(
 
 def _repeat_estimates(
     settings: AnalysisSettings,
-    op: Any,
-    data: Any,
-    build: Callable[[Any], Any] | None,
+    op: LinearOperator,
+    data: Data | None,
+    build: Callable[[Data], LinearOperator] | None,
     full: dict[str, Any],
     progress: bool | None,
 ) -> RepeatResult:
@@ -282,7 +288,7 @@ def _repeat_estimates(
     if data is None or build is None:
         raise ValueError("a subsample needs the data and a build function for its operators")
 
-    def subset_operator(arrays: tuple[Any, ...]) -> Any:
+    def subset_operator(arrays: tuple[np.ndarray, ...]) -> LinearOperator:
         subset = Data(
             x=arrays[0],
             y=arrays[1],
@@ -428,7 +434,7 @@ def layers_figure(
     options: FigureOptions,
     matrix: str,
     where: Sequence[str],
-) -> Any:
+) -> Figure:
     """Per-layer top eigenvalues (and traces) as bar charts, one row per layer, side by side
     on one figure of the style's width whose height grows with the number of layers;
     ``where`` describes the model, the data and the matrix (the captions' first phrases)."""

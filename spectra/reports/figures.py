@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from spectra.reports.base import InputSettings
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from spectra.plotting.style import FigureFont
 
 __all__ = [
     "DrawnFigure",
@@ -34,7 +40,7 @@ class DrawnFigure(NamedTuple):
 
     key: str
     stem: str
-    figure: Any
+    figure: Figure
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +71,7 @@ class FigureOptions:
     plot_overlap: bool = False
     x_axis: str | None = None
 
-    def resolved_font(self) -> Any:
+    def resolved_font(self) -> FigureFont | None:
         """The :class:`spectra.plotting.FigureFont` of ``font`` (None for None); a family
         matplotlib does not find is a ``ValueError`` listing some it does."""
         from spectra.plotting import resolve_font
@@ -136,16 +142,16 @@ def describe_eigensolver(method: str, tol: float, k: int, dtype: str) -> str:
 
 
 def finish_figure(
-    fig_or_ax: Any,
+    fig_or_ax: Figure | Axes,
     options: FigureOptions,
     title: str,
-    short: Sequence[Any],
-    full: Sequence[Any] = (),
+    short: Sequence[object],
+    full: Sequence[object] = (),
     *,
     matrix: str | None = None,
     seed: int | None = None,
     compact: bool = False,
-) -> Any:
+) -> Figure:
     """Title and caption of a report's figure as ``options`` ask: the short caption is
     ``short`` (model, data, estimator; the title names the matrix), the full one adds the
     ``matrix`` description (loss, mode), ``full`` and the ``seed``; the full one goes into
@@ -163,7 +169,7 @@ def finish_figure(
 
 
 def figure_record(
-    options: FigureOptions, figures: Sequence[tuple[str, str, Any]], compact: bool = False
+    options: FigureOptions, figures: Sequence[tuple[str, str, Figure]], compact: bool = False
 ) -> dict[str, Any]:
     """What a report records of its figures (its ``figures``): the options they were drawn
     with (``settings``: style, font with the families found, title, caption, legend, value

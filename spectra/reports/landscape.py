@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,12 @@ from spectra.reports.figures import (
     describe_model,
     finish_figure,
 )
+
+if TYPE_CHECKING:
+    from scipy.sparse.linalg import LinearOperator
+
+    from spectra.analysis.landscape_result import LandscapeResult
+    from spectra.io.datasets import Data
 
 __all__ = [
     "LANDSCAPE_MAX_EVALUATIONS",
@@ -152,8 +158,8 @@ def planned_evaluations(directions: int, points: int) -> int:
 
 def compute_landscape(
     model: Any,
-    op: Any,
-    data: Any,
+    op: LinearOperator,
+    data: Data,
     settings: LandscapeSettings,
     *,
     command: str = "",
@@ -256,7 +262,7 @@ def _seeded_float64_copy(model: Any, seed: int) -> Any:
     return copy
 
 
-def _check_radius(model: Any, op: Any, radius: float, rule: str) -> None:
+def _check_radius(model: Any, op: LinearOperator, radius: float, rule: str) -> None:
     """Refuse a radius that takes some weight beyond the largest number of the products'
     dtype: at θ + α d with |α| ≤ R and a unit d, no weight exceeds max|θ| + R."""
     largest = max(float(np.max(np.abs(v.numpy()), initial=0.0)) for v in model.trainable_weights)
@@ -270,7 +276,12 @@ def _check_radius(model: Any, op: Any, radius: float, rule: str) -> None:
 
 
 def _check_finite(
-    curves: Any, surface: Any, radius: float, rule: str, base_loss: float, top: float
+    curves: LandscapeResult,
+    surface: LandscapeResult | None,
+    radius: float,
+    rule: str,
+    base_loss: float,
+    top: float,
 ) -> None:
     """Refuse a landscape with a NaN or infinite loss, naming the point nearest the weights
     where it is (before anything is written): such a radius leaves where the model's
@@ -283,11 +294,12 @@ def _check_finite(
         for alpha, value in zip(curves.alphas, curves.losses[label])
         if not math.isfinite(value)
     ]
-    if surface is not None and not found:
-        bad = np.argwhere(~np.isfinite(surface.losses_2d))
+    plane = None if surface is None else surface.losses_2d
+    if surface is not None and plane is not None and not found:
+        bad = np.argwhere(~np.isfinite(plane))
         if bad.size:
             i, j = bad[0]
-            found = [("the v₁-v₂ plane", float(surface.alphas[i]), float(surface.losses_2d[i, j]))]
+            found = [("the v₁-v₂ plane", float(surface.alphas[i]), float(plane[i, j]))]
     if found:
         label, alpha, value = max(found, key=lambda item: -abs(item[1]))
         suggested, _ = default_radius(base_loss, top)
@@ -304,7 +316,7 @@ def _announce_cost(
     announce: Callable[[str], None] | None,
     model: Any,
     loss: Any,
-    data: Any,
+    data: Data,
     common: dict[str, Any],
 ) -> None:
     """Say the planned loss evaluations and an estimate of their time.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,13 @@ from spectra.reports.figures import (
     finish_figure,
 )
 from spectra.reports.sharpness_axes import x_positions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from scipy.sparse.linalg import LinearOperator
+
+    from spectra.analysis.trajectory import SharpnessMeasurement
+    from spectra.io.datasets import Data
 
 __all__ = [
     "SharpnessReport",
@@ -190,11 +197,11 @@ class SharpnessReport(CommandReport):
 
 def minibatch_record(
     model: Any,
-    data: Any,
+    data: Data,
     settings: SharpnessRunSettings,
-    measurement: Any,
+    measurement: SharpnessMeasurement,
     threshold: StabilityThreshold | None,
-    build: Callable[[Any], Any],
+    build: Callable[[Data], LinearOperator],
 ) -> dict[str, Any]:
     """λ₁ (and with ``settings.trace`` the trace) of the run's matrix on each of
     ``settings.per_batch`` mini-batches of ``model`` at the checkpoint's weights, with the
@@ -202,22 +209,25 @@ def minibatch_record(
     ``sharpness.json`` records it; ``build`` gives the matrix's operator on a mini-batch (a
     :class:`spectra.io.datasets.Data`). A ``ValueError`` of the measurement passes."""
     measured = settings.measurement()
+    batch_size = measured.per_batch_size
+    if batch_size is None:
+        raise ValueError("per_batch_size is required: the examples in each mini-batch")
 
-    def batch_operator(batch: tuple[Any, ...]) -> Any:
+    def batch_operator(batch: tuple[np.ndarray, ...]) -> LinearOperator:
         x, y, *weight = batch
         subset = dataclasses.replace(
             data,
             x=x,
             y=y,
             sample_weight=weight[0] if weight else None,
-            num_examples=measured.per_batch_size,
+            num_examples=batch_size,
         )
         return build(subset)
 
     result = minibatch_sharpness(
         model,
         data.as_tuple(),
-        batch_size=measured.per_batch_size,
+        batch_size=batch_size,
         num_batches=measured.per_batch,
         seed=measured.seed,
         tol=measured.tol,
@@ -282,7 +292,7 @@ def minibatch_quantiles(
     return np.array(rows, dtype=np.float64), label
 
 
-def _stability_threshold(recorded: Any) -> StabilityThreshold | None:
+def _stability_threshold(recorded: Mapping[str, Any] | None) -> StabilityThreshold | None:
     """The :class:`StabilityThreshold` a record holds (its ``to_dict``), or None."""
     if recorded is None:
         return None
@@ -325,7 +335,7 @@ def _sharpness_figure(
     x_axis: str | None,
     unit: str,
     step_source: str,
-) -> Any:
+) -> Figure:
     from spectra.plotting import plot_sharpness, threshold_text
 
     threshold, missing = _plotted_threshold(settings.preconditioned, report, threshold)

@@ -6,9 +6,12 @@ each checkpoint or the numbers in the file names (:func:`x_axes`, recorded in
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectra.reports.base import InputError
+
+if TYPE_CHECKING:
+    from spectra.analysis.trajectory import PlannedCheckpoint
 
 __all__ = ["X_AXES", "x_axes", "x_positions"]
 
@@ -35,7 +38,7 @@ _STEPS_PER_EPOCH_LABELS = {
 
 
 def x_axes(
-    plan: Sequence[Any],
+    plan: Sequence[PlannedCheckpoint],
     *,
     x_axis: str | None = None,
     steps_per_epoch: int | None = None,
@@ -110,7 +113,7 @@ def _axis(source: str, values: dict[str, Any], unit: str = "Training step") -> d
 
 
 def _missing_steps(
-    plan: Sequence[Any], named: str, without: list[str], counters: dict[str, Any]
+    plan: Sequence[PlannedCheckpoint], named: str, without: list[str], counters: dict[str, Any]
 ) -> str:
     """Why the training steps of ``plan`` are not known, and what to pass."""
     names = f"the file names count {named}s, not steps ({plan[0].file}, …)"

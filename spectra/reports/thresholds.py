@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from spectra.analysis.stability import (
 )
 from spectra.io.files import read_json
 from spectra.reports.base import InputError, SettingConflict
+
+if TYPE_CHECKING:
+    from spectra.io.checkpoints import CheckpointRef
 
 __all__ = [
     "PRECONDITIONED_OPTIMIZERS",
@@ -97,7 +100,7 @@ def _trajectory_notes(refs: Sequence[Any]) -> tuple[dict[str, Any] | None, str |
 
 
 def recover_threshold(
-    refs: Sequence[Any], *, lr: float | None = None, preconditioned: bool = False
+    refs: Sequence[CheckpointRef], *, lr: float | None = None, preconditioned: bool = False
 ) -> RecoveredThreshold:
     """The stability threshold of the run whose checkpoints are ``refs``
     (:class:`spectra.io.checkpoints.CheckpointRef`), its η and where they came from,
@@ -157,7 +160,7 @@ def recover_threshold(
 
 
 def _recorded_threshold(
-    refs: Sequence[Any], lr: float | None
+    refs: Sequence[CheckpointRef], lr: float | None
 ) -> tuple[StabilityThreshold | None, float | None, str | None, list[str]]:
     from spectra.io.checkpoints import recorded_optimizer
 
@@ -227,7 +230,7 @@ def float32_decimal(value: Any) -> Any:
     return float(np.format_float_positional(single, unique=True, trim="-"))
 
 
-def recorded_learning_rate(refs: Sequence[Any]) -> float | None:
+def recorded_learning_rate(refs: Sequence[CheckpointRef]) -> float | None:
     """The learning rate as stored in the first checkpoint's optimizer (before
     :func:`float32_decimal`), or None when it records none or stores no float."""
     from spectra.io.checkpoints import recorded_optimizer
