@@ -476,20 +476,21 @@ def test_lanczos_progress_plan_extrapolates_the_bound_decay(history, spent, budg
 # of the algorithms' cost (subspace sizes, restarts, locking, budgets), to be made only with
 # a benchmark that shows it is not a regression (benchmarks/). Deterministic under the seed.
 _PINNED_PRODUCTS = {
-    # (method, which, k, warm): (products, runs or rounds, failure probability)
-    ("lanczos", "largest", 1, False): (83, 1, 5e-05),
-    ("lanczos", "largest", 1, True): (86, 1, 5e-05),
+    # (method, which, k, warm): (products, runs or rounds, failure probability). A single
+    # run draws 15/16 of the requested 1e-4 for k = 1, 1/2 for k > 1 (two runs: 3/4).
+    ("lanczos", "largest", 1, False): (81, 1, 9.375e-05),
+    ("lanczos", "largest", 1, True): (84, 1, 9.375e-05),
     ("lanczos", "largest", 4, False): (132, 2, 7.5e-05),
     ("lanczos", "largest", 4, True): (128, 2, 7.5e-05),
-    ("lanczos", "smallest", 1, False): (69, 1, 5e-05),
+    ("lanczos", "smallest", 1, False): (68, 1, 9.375e-05),
     ("lanczos", "smallest", 4, True): (144, 2, 7.5e-05),
-    ("lanczos", "magnitude", 1, False): (74, 1, 5e-05),
+    ("lanczos", "magnitude", 1, False): (73, 1, 9.375e-05),
     ("lanczos", "magnitude", 4, False): (144, 2, 7.5e-05),
     ("lanczos", "magnitude", 4, True): (133, 2, 7.5e-05),
     ("lanczos", "largest", 12, False): (185, 2, 7.5e-05),  # a subspace of 2k + 1 = 25
     # LOBPCG then a Lanczos run verifying its pairs (the rest of the spectrum)
     ("lobpcg", "largest", 4, False): (425, 2, 5e-05),
-    ("lobpcg", "magnitude", 1, True): (417, 2, 5e-05),
+    ("lobpcg", "magnitude", 1, True): (416, 2, 9.375e-05),
 }
 
 

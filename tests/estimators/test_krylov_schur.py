@@ -136,3 +136,23 @@ def test_certified_bounds_follow_the_interval_rule(seed):
             rtol=1e-12,
             atol=0.0,
         )
+
+
+@pytest.mark.parametrize("k, ratio", [(1, 1 / 16), (2, 1 / 2)])
+def test_runs_draw_their_shares_of_the_failure_probability(k, ratio):
+    # Rank 3 with a double top: a run breaks down once its space is invariant. For k = 1
+    # that ends it (its exact pairs bound the rest), so its one run draws 15/16 of the
+    # 1e-4; for k = 2 the top is seen once per run, so further runs start orthogonal to
+    # what is locked, and run j draws (1 − r)·r^(j−1) with r = 1/2.
+    matrix = with_spectrum(np.concatenate([[2.0, 2.0, 1.0], np.zeros(37)]), seed=7)
+    state = _state(matrix, k=k)
+    while not state.finished:
+        state.absorb(matrix @ state.next_vector())
+    shares = [segment.probability for segment in state.segments]
+    assert len(shares) == k
+    expected = 1e-4 * (1.0 - ratio) * ratio ** np.arange(len(shares))
+    np.testing.assert_allclose(shares, expected, rtol=1e-12)
+    assert sum(shares) <= 1e-4
+    values, _, bounds, _, converged = state.result()
+    assert converged.all()
+    assert np.all(np.abs(values - [2.0, 2.0][:k]) <= bounds + 1e-12)
