@@ -38,7 +38,8 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An option's positive integer (argparse ``type=``): a one-line usage error else."""
     try:
         value = int(text)
     except ValueError:
@@ -48,7 +49,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
+    """An option's positive finite number (argparse ``type=``): a one-line usage error else."""
     try:
         value = float(text)
     except ValueError:
@@ -72,7 +74,9 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--seed ")) from None
 
 
-def _formats(text: str) -> list[str]:
+def format_list(text: str) -> list[str]:
+    """``--format``'s comma-separated figure formats (``"png,PDF"``: png and pdf), each one
+    of :data:`FIGURE_FORMATS`."""
     formats = [part.strip().lower().lstrip(".") for part in text.split(",") if part.strip()]
     unknown = [name for name in formats if name not in FIGURE_FORMATS]
     if not formats or unknown:
@@ -187,13 +191,13 @@ def common_options(*, value_labels: bool = False) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--max-examples",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="use a random subset of N examples (drawn with --seed; default: all)",
     )
     group.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="examples per batch; in inference mode the loss is the exact dataset mean either "
         "way (default: all examples in one batch)",
@@ -240,7 +244,7 @@ def common_options(*, value_labels: bool = False) -> argparse.ArgumentParser:
     group.add_argument("--out", required=True, metavar="DIR", help="output directory")
     group.add_argument(
         "--format",
-        type=_formats,
+        type=format_list,
         default=["png"],
         metavar="FMT[,FMT]",
         help="figure formats, e.g. png,pdf,svg (default png)",
@@ -277,7 +281,7 @@ def eigen_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--tol",
-        type=_positive_float,
+        type=positive_float,
         default=1e-8,
         metavar="T",
         help="relative eigenvalue tolerance (default 1e-8; float32 products limit the "
@@ -301,7 +305,7 @@ def trace_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--trace-products",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         metavar="M",
         help="Hessian-vector products for the trace (default 100; hutch++ and xtrace need >= 4)",

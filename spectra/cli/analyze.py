@@ -39,7 +39,7 @@ from spectra.cli._common import (
     versions,
     write_outputs,
 )
-from spectra.cli._parser import _positive_int, common_options, eigen_options, trace_options
+from spectra.cli._parser import common_options, eigen_options, positive_int, trace_options
 from spectra.estimators.eigenvalue_bounds import FLOOR_FACTOR
 from spectra.operators.registry import CURVATURES, DEFAULT_CURVATURE
 from spectra.reports.analyze import (
@@ -74,7 +74,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         help="a .keras file, or a .weights.h5 file or tf.train.Checkpoint with --builder",
     )
     analyze.add_argument(
-        "--top-k", type=_positive_int, default=5, metavar="K", help="eigenvalues (default 5)"
+        "--top-k", type=positive_int, default=5, metavar="K", help="eigenvalues (default 5)"
     )
     analyze.add_argument(
         "--log-scale", action="store_true", help="eigenvalue figure on a logarithmic axis"
@@ -98,14 +98,14 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--density", action="store_true", help="estimate the spectral density")
     group.add_argument(
         "--density-steps",
-        type=_positive_int,
+        type=positive_int,
         default=80,
         metavar="M",
         help="Lanczos steps per probe (default 80)",
     )
     group.add_argument(
         "--density-probes",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         metavar="P",
         help="random probes (default 10; one probe gives no standard error)",

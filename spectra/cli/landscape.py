@@ -30,7 +30,7 @@ from spectra.cli._common import (
     versions,
     write_outputs,
 )
-from spectra.cli._parser import _positive_float, _positive_int, common_options, eigen_options
+from spectra.cli._parser import common_options, eigen_options, positive_float, positive_int
 from spectra.reports.figures import DrawnFigure, FigureOptions, figure_record
 from spectra.reports.landscape import (
     LANDSCAPE_MAX_EVALUATIONS,
@@ -89,14 +89,14 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     )
     landscape.add_argument(
         "--radius",
-        type=_positive_float,
+        type=positive_float,
         metavar="R",
         help="α runs over [-R, R], a distance in parameter space (default: scaled to the "
         "curvature, R = 2·√(2L/λ₁), where the quadratic model along v₁ raises the loss L by 4L)",
     )
     landscape.add_argument(
         "--points",
-        type=_positive_int,
+        type=positive_int,
         default=LANDSCAPE_POINTS,
         metavar="N",
         help=f"points per direction; an even N is raised by one so that α = 0 is included, "

@@ -36,7 +36,7 @@ from spectra.cli._common import (
     save_figure_formats,
     user_errors,
 )
-from spectra.cli._parser import _formats, figure_options
+from spectra.cli._parser import figure_options, format_list
 from spectra.io.result_validation import FieldError, check_figure_fields, damaged_file
 from spectra.reports import (
     AnalysisReport,
@@ -87,7 +87,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     )
     plot.add_argument(
         "--format",
-        type=_formats,
+        type=format_list,
         default=["png"],
         metavar="FMT[,FMT]",
         help="figure formats, e.g. png,pdf,svg (default png)",

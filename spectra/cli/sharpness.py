@@ -58,10 +58,10 @@ from spectra.cli._common import (
     versions,
 )
 from spectra.cli._parser import (
-    _positive_float,
-    _positive_int,
     common_options,
     eigen_options,
+    positive_float,
+    positive_int,
     trace_options,
 )
 from spectra.io.files import read_json
@@ -116,11 +116,11 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
         help="a directory of checkpoints or a glob pattern (quote it), e.g. 'run/ckpt-*.keras'",
     )
     sharpness.add_argument(
-        "--top-k", type=_positive_int, default=1, metavar="K", help="eigenvalues (default 1)"
+        "--top-k", type=positive_int, default=1, metavar="K", help="eigenvalues (default 1)"
     )
     sharpness.add_argument(
         "--lr",
-        type=_positive_float,
+        type=positive_float,
         help="learning rate η of the run, for the threshold line (default: the optimizer "
         "recorded in a compiled .keras checkpoint, else 'learning_rate' of a trajectory.json "
         "beside the checkpoints); alone, it draws gradient descent's 2/η",
@@ -145,7 +145,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     )
     sharpness.add_argument(
         "--steps-per-epoch",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="optimizer steps in one epoch: with --x epochs, each checkpoint at its training "
         "step / N",
@@ -184,7 +184,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     )
     sharpness.add_argument(
         "--per-batch",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="also measure λ1 on M mini-batches of --per-batch-size examples at every "
         "checkpoint (the same batches, drawn with --seed as SGD draws them, each a seeded "
@@ -195,7 +195,7 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     )
     sharpness.add_argument(
         "--per-batch-size",
-        type=_positive_int,
+        type=positive_int,
         metavar="B",
         help="examples in each mini-batch of --per-batch (the batch size of training; "
         "required with --per-batch)",

@@ -686,7 +686,7 @@ def find_checkpoints(
     """
     paths = _checkpoint_paths(spec)
     if steps is None:
-        refs = [CheckpointRef(path, _step_from_name(path)) for path in paths]
+        refs = [CheckpointRef(path, step_from_name(path)) for path in paths]
         unnamed = [path.name for path, ref in zip(paths, refs, strict=True) if ref.step < 0]
         if unnamed:
             raise ValueError(
@@ -771,7 +771,7 @@ def _is_tf_prefix(path: Path) -> bool:
     return Path(str(path) + _CHECKPOINT_INDEX_SUFFIX).exists()
 
 
-def _step_from_name(path: Path) -> int:
+def step_from_name(path: Path) -> int:
     """The last integer in the file name without its model suffix, or -1 when there is none."""
     suffix = _model_suffix(path.name)
     stem = path.name[: -len(suffix)] if suffix else path.name

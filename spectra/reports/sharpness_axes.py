@@ -57,7 +57,7 @@ def x_axes(
     ``"epochs"``: the training steps / ``steps_per_epoch``; else the file names' numbers
     when they count epochs. Cost: reading each checkpoint's weights index once.
     """
-    from spectra.io.checkpoints import _step_from_name, step_unit, stored_iterations
+    from spectra.io.checkpoints import step_from_name, step_unit, stored_iterations
 
     choice = x_axis
     per_epoch = steps_per_epoch
@@ -67,7 +67,7 @@ def x_axes(
             f"{per_epoch} on an epoch axis: add --x epochs (or leave it out)."
         )
     named = step_unit([item.path for item in plan])
-    from_names = {item.file: _step_from_name(item.path) for item in plan}
+    from_names = {item.file: step_from_name(item.path) for item in plan}
     axes: dict[str, Any] = {}
     missing = ""
     if steps:
