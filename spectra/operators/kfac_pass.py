@@ -178,9 +178,10 @@ def _sequence_columns(
     weight: tf.Tensor,
     report: _Report,
 ) -> tuple[int, _Column]:
-    """Type-2 columns at a split point (n, T_1, ..., C) with positions: column c holds, at
-    every output position t, column c of a square root R_t of that position's block of
-    the example's output Hessian (R_t R_tᵀ = H_t; ``KFACOperator``):
+    """Type-2 columns at a split point (n, T_1, ..., C) with positions (or (n, C) for a loss
+    with a closed form, one position): column c holds, at every output position t, column
+    c of a square root R_t of that position's block of the example's output Hessian
+    (R_t R_tᵀ = H_t; ``KFACOperator``):
 
     * ``closed="softmax"`` (Keras' categorical cross-entropies at the logits):
       H_t = w (diag p_t − p_t p_tᵀ) = Σ_c w p_tc (e_c − p_t)(e_c − p_t)ᵀ, column c
@@ -583,14 +584,17 @@ class CompiledPass:
         # conv="expand": from each position's ā_t g_tᵀ (Eschenhagen et al.'s expand setting).
         per_position = point.shape.rank > 2 and conv == "expand"
         kappa = s.distribution.scale(_last_axis(output)) / output_positions if kind == "mc" else 1.0
-        if output_positions == 1 and point.shape.rank == 2:
+        closed = s.closed if kind == "type-2" else None
+        if closed == "softmax" and point is output and reads_logits:
+            closed = None  # probabilities without the logits behind them
+        if output_positions == 1 and point.shape.rank == 2 and closed is None:
             count, column = _columns(
                 outer, inner_gradient, point, sampled, true_value, kind, kappa, report
             )
         elif kind == "type-2":
-            closed = s.closed
-            if closed == "softmax" and point is output and reads_logits:
-                closed = None  # probabilities without the logits behind them
+            # Outputs with positions, or a Keras loss whose output Hessian's square root
+            # has a closed form (no per-example Jacobian and eigendecomposition: measured
+            # 30 ms of the 1,797 digits' 145 ms type-2 CNN pass).
             weight = (
                 tf.cast(num_examples, tf.float64)
                 if s.reduction == "sum"
