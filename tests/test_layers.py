@@ -134,12 +134,13 @@ RULES = {
     "io imports no other spectra package": dict(
         importers="spectra.io", allowed=["spectra.io", "spectra._validation"]
     ),
-    "estimators import only estimators, _validation, io.files and io.result_validation, "
-    "never TensorFlow": dict(
+    "estimators import only estimators, _validation, _symmetric, io.files and "
+    "io.result_validation, never TensorFlow": dict(
         importers="spectra.estimators",
         allowed=[
             "spectra.estimators",
             "spectra._validation",
+            "spectra._symmetric",
             "spectra.io.files",
             "spectra.io.result_validation",
         ],

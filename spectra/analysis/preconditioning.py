@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
 
-from spectra.operators.layout import SymmetricProducts
+from spectra._symmetric import SymmetricProducts
 
 __all__ = ["PreconditionedOperator", "preconditioned", "preconditioner_diagonal"]
 

@@ -21,6 +21,7 @@ from scipy.sparse.linalg import LinearOperator, aslinearoperator
 from threadpoolctl import ThreadpoolController
 from tqdm import tqdm  # the console bar: no ipywidgets needed in notebooks
 
+from spectra._symmetric import SymmetricProducts
 from spectra._validation import check_bool, check_seed, is_bool
 
 SeedLike = int | np.random.Generator | None
@@ -91,7 +92,7 @@ def rademacher_vectors(rng: np.random.Generator, shape: tuple[int, ...]) -> np.n
 
 
 # -- the product counter ------------------------------------------------------------------
-class ProductCounter(LinearOperator):
+class ProductCounter(SymmetricProducts, LinearOperator):
     """float64 view of an operator that counts products, refuses non-finite values and
     tests symmetry on the products the estimator makes anyway.
 
@@ -341,16 +342,6 @@ class ProductCounter(LinearOperator):
         if block.shape[1] == 0:
             return np.zeros((self.n, 0))
         return self._multiply(block)
-
-    def _matvec(self, vector: np.ndarray) -> np.ndarray:
-        vector = np.asarray(vector, dtype=np.float64).reshape(self.n, 1)
-        return self._multiply(vector)[:, 0]
-
-    def _rmatvec(self, vector: np.ndarray) -> np.ndarray:
-        return self._matvec(vector)
-
-    def _rmatmat(self, block: np.ndarray) -> np.ndarray:
-        return self._matmat(block)
 
     def _test_symmetry(self, inputs: np.ndarray, images: np.ndarray) -> None:
         """The symmetry test on the columns of ``inputs`` (in the operator's dtype, each

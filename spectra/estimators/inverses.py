@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
+from spectra._symmetric import SymmetricProducts
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.estimators._preamble import check_damping
 from spectra.estimators._products import (
@@ -449,7 +450,7 @@ def _neumann(
     return x, iterations, reasons
 
 
-class InverseOperator(LinearOperator):
+class InverseOperator(SymmetricProducts, LinearOperator):
     """``(C + λI)⁻¹`` as a symmetric ``LinearOperator`` whose products are iterative solves
     (see :func:`inverse`, which builds it, and the module docstring).
 
@@ -717,20 +718,8 @@ class InverseOperator(LinearOperator):
             "neumann": "about κ·ln(1/tol) iterations with scale = 1/λ_max",
         }[self.method]
 
-    def _matvec(self, vector: np.ndarray) -> np.ndarray:
-        return self._solve(np.asarray(vector).reshape(-1, 1))[:, 0]
-
     def _matmat(self, block: np.ndarray) -> np.ndarray:
         return self._solve(np.asarray(block))
-
-    def _rmatvec(self, vector: np.ndarray) -> np.ndarray:
-        return self._matvec(vector)
-
-    def _rmatmat(self, block: np.ndarray) -> np.ndarray:
-        return self._matmat(block)
-
-    def _adjoint(self) -> InverseOperator:
-        return self
 
 
 def inverse(

@@ -1,4 +1,4 @@
-"""The flat parameter vector and symmetric products: what every operator shares, any backend.
+"""The flat parameter vector: what every operator shares, any backend.
 
 NumPy only (no TensorFlow, no JAX), so that every engine and every operator over model
 parameters uses one definition:
@@ -7,18 +7,20 @@ parameters uses one definition:
   variables in the given order, each flattened in row-major order; ``flatten`` and
   ``unflatten`` are inverse maps between per-variable arrays and θ-shaped vectors;
 * :func:`validated_block` — the check every ``matvec``/``matmat`` input passes (shape,
-  real and finite, representable in the operator's dtype);
-* :class:`SymmetricProducts` — the ``LinearOperator`` plumbing of a symmetric matrix
-  (Cᵀ = C: ``rmatvec``/``rmatmat``/``adjoint``/``transpose`` are the products).
+  real and finite, representable in the operator's dtype).
+
+The ``LinearOperator`` plumbing of a symmetric matrix, which operators and estimators
+share, is :class:`spectra._symmetric.SymmetricProducts` (re-exported here).
 """
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from spectra._symmetric import SymmetricProducts
 
 __all__ = ["ParameterLayout", "SymmetricProducts", "validated_block"]
 
@@ -146,29 +148,3 @@ def validated_matrix(x: Any, size: int, dtype: Any, name: str) -> np.ndarray:
     if a.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array of shape ({size}, k).")
     return a
-
-
-class SymmetricProducts(abc.ABC):
-    """``LinearOperator`` plumbing of a symmetric matrix C = Cᵀ, mixed in before
-    ``LinearOperator``: products with Cᵀ are products with C, the adjoint and transpose are
-    the operator itself, and ``matvec`` is a one-column ``matmat`` (so that a subclass
-    implements ``_matmat`` only; a class that does not cannot be instantiated)."""
-
-    @abc.abstractmethod
-    def _matmat(self, X: np.ndarray) -> np.ndarray:
-        """C X for a checked block X of shape (n, k)."""
-
-    def _matvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matmat(np.reshape(x, (-1, 1))).reshape(-1)
-
-    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
-        return self._matvec(x)
-
-    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
-        return self._matmat(X)
-
-    def _adjoint(self) -> Any:
-        return self
-
-    def _transpose(self) -> Any:
-        return self

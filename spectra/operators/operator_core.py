@@ -34,13 +34,9 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
+from spectra._symmetric import SymmetricProducts
 from spectra._validation import check_int
-from spectra.operators.layout import (
-    ParameterLayout,
-    SymmetricProducts,
-    validated_block,
-    validated_matrix,
-)
+from spectra.operators.layout import ParameterLayout, validated_block, validated_matrix
 from spectra.operators.memory import TANGENT_FACTOR, MemoryPlan, format_bytes, sub_block_size
 
 __all__ = ["OperatorCore"]
