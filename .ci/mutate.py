@@ -112,6 +112,7 @@ MODULES: list[tuple[str, str, list[str]]] = [
         "spectra/operators/layout.py",
         ["spectra.operators.layout.*"],
     ),
+    ("symmetric", "spectra/_symmetric.py", ["spectra._symmetric.*"]),
     (
         "eigenvalue_bounds",
         "spectra/estimators/eigenvalue_bounds.py",

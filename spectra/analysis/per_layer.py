@@ -46,7 +46,7 @@ import numpy as np
 
 from spectra._validation import check_float, check_int, is_bool
 from spectra.estimators._products import (
-    _SYMMETRY_SEED,
+    SYMMETRY_SEED,
     ProductProgress,
     SeedLike,
     as_symmetric_operator,
@@ -498,7 +498,7 @@ class _LockstepPasses:
         if counter.symmetry_pending:
             # The counter tests symmetry on the first two vectors it multiplies: two random
             # unit vectors over all parameters, in the first pass.
-            self.symmetry_probes = np.random.default_rng(_SYMMETRY_SEED).standard_normal((n, 2))
+            self.symmetry_probes = np.random.default_rng(SYMMETRY_SEED).standard_normal((n, 2))
             self.symmetry_probes /= np.linalg.norm(self.symmetry_probes, axis=0)
 
     def run(self, bar: Any = None) -> tuple[list[Pairs], list[np.ndarray]]:

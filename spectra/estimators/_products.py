@@ -56,7 +56,7 @@ _SYMMETRY_MAX_COSINE = 0.9
 _SAFE_EXPONENT = 64
 # A fixed generator for the rare extra symmetry probe (see ProductCounter.finish), so
 # that estimator results do not depend on whether it runs.
-_SYMMETRY_SEED = 0x5EED
+SYMMETRY_SEED = 0x5EED
 
 
 # -- arguments ---------------------------------------------------------------------------
@@ -412,7 +412,7 @@ class ProductCounter(SymmetricProducts, LinearOperator):
         if not self.symmetry_pending or self._first_pair is None:
             return
         first = self._first_pair[0]
-        probe = np.random.default_rng(_SYMMETRY_SEED).standard_normal(self.n)
+        probe = np.random.default_rng(SYMMETRY_SEED).standard_normal(self.n)
         probe -= first * (first @ probe) / (first @ first)
         if np.linalg.norm(probe) > 0:
             self._matvec(probe)
@@ -500,7 +500,7 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
-def _check_progress(progress: Any) -> bool | None:
+def check_progress(progress: Any) -> bool | None:
     """``progress`` if it is None, True or False, else a ``TypeError``."""
     if progress is not None and not is_bool(progress):
         raise TypeError(f"progress must be None, True or False, got {progress!r}")
@@ -515,7 +515,7 @@ def make_progress_bar(total: int | None, desc: str, unit: str, progress: Any) ->
     or not; ``False``: never. The bar is removed when it closes (``leave=False``). Anything
     else for ``progress`` is a ``TypeError``.
     """
-    if _check_progress(progress) is None:
+    if check_progress(progress) is None:
         enabled, delay = _stderr_is_terminal(), _PROGRESS_DELAY_S
     else:
         enabled, delay = bool(progress), 0.0

@@ -84,7 +84,7 @@ def spectral_density(
     num_probes = check_int("num_probes", num_probes)
     distribution = check_choice("distribution", distribution, SLQ_DISTRIBUTIONS)
     run = start_estimator(op, "spectral_density", seed, check_symmetry, progress, started)
-    slq = _probe_recurrences(run, "spectral density", num_steps, num_probes, distribution)
+    slq = probe_recurrences(run, "spectral density", num_steps, num_probes, distribution)
     steps_taken = slq.steps_taken
     width = int(steps_taken.max())
     nodes = np.zeros((num_probes, width))
@@ -311,7 +311,7 @@ class _ProbeRecurrences(NamedTuple):
         return rules
 
 
-def _probe_recurrences(
+def probe_recurrences(
     run: EstimatorRun, description: str, num_steps: int, num_probes: int, distribution: str
 ) -> _ProbeRecurrences:
     """``num_probes`` Lanczos recurrences of at most ``num_steps`` steps (and n) from

@@ -67,8 +67,8 @@ from spectra.estimators._products import (
     ProductCounter,
     ProductProgress,
     SeedLike,
-    _check_progress,
     as_symmetric_operator,
+    check_progress,
     one_blas_thread,
     seed_setting,
 )
@@ -803,7 +803,7 @@ def inverse(
     on_failure = check_choice("on_failure", on_failure, ("raise", "warn"))
     scale = check_float("scale", scale, allow_none=True)
     check_seed("seed", seed)
-    progress = _check_progress(progress)
+    progress = check_progress(progress)
     if scale is not None and method != "neumann":
         raise ValueError(
             f"scale is the Neumann series' step, for method='neumann' only, got method={method!r}"

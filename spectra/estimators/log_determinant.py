@@ -26,7 +26,7 @@ import numpy as np
 from spectra._validation import check_choice, check_int
 from spectra.estimators._preamble import check_damping, start_estimator
 from spectra.estimators._products import SeedLike
-from spectra.estimators.density import SLQ_DISTRIBUTIONS, _probe_recurrences
+from spectra.estimators.density import SLQ_DISTRIBUTIONS, probe_recurrences
 from spectra.estimators.results import LogDetResult
 
 __all__ = ["logdet"]
@@ -104,7 +104,7 @@ def logdet(
     num_steps = check_int("num_steps", num_steps)
     distribution = check_choice("distribution", distribution, SLQ_DISTRIBUTIONS)
     run = start_estimator(op, "logdet", seed, check_symmetry, progress, started)
-    slq = _probe_recurrences(run, "log-determinant", num_steps, num_probes, distribution)
+    slq = probe_recurrences(run, "log-determinant", num_steps, num_probes, distribution)
     counter = run.counter
     n = counter.n
     per_probe = np.empty(num_probes)

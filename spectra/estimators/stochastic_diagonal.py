@@ -40,11 +40,11 @@ from spectra.estimators._products import (
 )
 from spectra.estimators.results import DiagonalResult
 from spectra.estimators.stochastic_trace import (
-    _SPAN_TOL,
-    _adaptive_mean,
-    _exchangeable_estimates,
-    _numerical_rank,
-    _sketch_span,
+    SPAN_TOL,
+    adaptive_mean,
+    exchangeable_estimates,
+    numerical_rank,
+    sketch_span,
 )
 
 __all__ = ["diagonal", "xdiag"]
@@ -93,7 +93,7 @@ def diagonal(
         return (probes * counter.matmat(probes)).T
 
     with run.products(num_products, "diagonal") as bar:
-        moments, _ = _adaptive_mean(
+        moments, _ = adaptive_mean(
             draw, num_products, block_size, None, 0.0, bar, shape=(counter.n,)
         )
     # back from the counter's scaled products (a power of two: exact)
@@ -144,11 +144,11 @@ def _xdiag_rank_deficient(
     In every case the added direction u is orthogonal to what K = {i} removed, so
     Δ_ij = d_i − d_i⁽⁻ʲ⁾ = (Qu) ⊙ (Zu − (uᵀt_i) ω_i) (Z = AQ, t_i = Zᵀω_i) and the variance
     is that of :func:`xdiag` (:func:`_pair_sum` with u = (own·s_i + other·s_j)/‖·‖). Zero
-    and parallel rows are decided at ``_SPAN_TOL``. Costs one ``matmat`` (A Q, r
+    and parallel rows are decided at ``SPAN_TOL``. Costs one ``matmat`` (A Q, r
     products), one SVD of R and O(n s² + s³) host flops.
     """
     s = test.shape[1]
-    span = _sketch_span(basis, triangular, rank)
+    span = sketch_span(basis, triangular, rank)
     basis = span.basis
     needed = span.needed
     directions = span.S * needed  # u_i (columns), 0 where ω_i is not needed
@@ -164,7 +164,7 @@ def _xdiag_rank_deficient(
     parallel = np.zeros((s, s), dtype=bool)
     for i in np.flatnonzero(~needed):
         rejected = unit_rows - row_cosines[:, i : i + 1] * unit_rows[i]
-        parallel[i] = np.linalg.norm(rejected, axis=1) <= _SPAN_TOL
+        parallel[i] = np.linalg.norm(rejected, axis=1) <= SPAN_TOL
     parallel &= ~needed[:, None] & ~needed[None, :]
     both = needed[:, None] & needed[None, :]
     pairs = (both | parallel) & ~np.eye(s, dtype=bool)
@@ -224,7 +224,7 @@ def _xdiag_estimates(
     """
     s = test.shape[1]
     basis, triangular = tall_qr(image)
-    rank = _numerical_rank(triangular, counter.eps)
+    rank = numerical_rank(triangular, counter.eps)
     if rank < s:
         return _xdiag_rank_deficient(test, image, triangular, basis, rank, counter)
     projected_image = counter.matmat(basis)  # Z = AQ
@@ -468,9 +468,7 @@ def xdiag(
     n = counter.n
     s = min(num_products // 2, n)
     test = rademacher_vectors(run.rng, (n, s))
-    estimates, interaction = _exchangeable_estimates(
-        run, test, "diagonal (xdiag)", _xdiag_estimates
-    )
+    estimates, interaction = exchangeable_estimates(run, test, "diagonal (xdiag)", _xdiag_estimates)
     mean = estimates.mean(axis=1)
     if s > 1:
         spread = np.sum((estimates - mean[:, None]) ** 2, axis=1)

@@ -58,7 +58,7 @@ from spectra.estimators.results import FrobeniusResult, TraceResult
 __all__ = ["frobenius_norm", "hutchinson_trace", "hutchpp_trace", "trace", "xtrace"]
 
 _METHODS = ("hutchinson", "hutch++", "xtrace")
-# What XTrace's and XDiag's leave-one-out algebra returns (see _exchangeable_estimates).
+# What XTrace's and XDiag's leave-one-out algebra returns (see exchangeable_estimates).
 _Estimates = TypeVar("_Estimates")
 # With rtol, the stopping rule is checked only after this many blocks (and at
 # least this many samples), so that the sample standard error is not itself
@@ -71,7 +71,7 @@ def _check_rtol(rtol: Any) -> float | None:
     return None if rtol is None else check_float("rtol", rtol)
 
 
-def _adaptive_mean(
+def adaptive_mean(
     draw_block: Callable[[int], np.ndarray],
     budget: int,
     block_size: int,
@@ -158,7 +158,7 @@ def hutchinson_trace(
         return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
     with run.products(num_products, "trace (hutchinson)") as bar:
-        moments, stopped = _adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
+        moments, stopped = adaptive_mean(draw, num_products, block_size, rtol, 0.0, bar)
     return _trace_result(
         run,
         "hutchinson",
@@ -232,7 +232,7 @@ def hutchpp_trace(
             probes -= basis @ (basis.T @ probes)
             return np.einsum("ij,ij->j", probes, counter.matmat(probes))
 
-        moments, stopped = _adaptive_mean(draw, remaining, first_width, rtol, exact_part, bar)
+        moments, stopped = adaptive_mean(draw, remaining, first_width, rtol, exact_part, bar)
     return _trace_result(
         run,
         "hutch++",
@@ -286,7 +286,7 @@ class _XTraceSketch(NamedTuple):
         return matrix[indices, indices]
 
 
-def _numerical_rank(triangular: np.ndarray, eps: float) -> int:
+def numerical_rank(triangular: np.ndarray, eps: float) -> int:
     """Numerical rank of R (hence of Y = QR): singular values above
     10·max(s, 10)·eps·σ₁, with eps the products' precision."""
     columns = triangular.shape[1]
@@ -448,7 +448,7 @@ def _one_direction_out(
 # decide which columns of Y span directions no other column gives (exact integer
 # dependencies among Rademacher vectors leave rows ~1e-16·cond(R) from the decision,
 # genuine directions leave them O(1/sqrt(s)) away).
-_SPAN_TOL = 1e-8
+SPAN_TOL = 1e-8
 
 
 class _SketchSpan(NamedTuple):
@@ -464,7 +464,7 @@ class _SketchSpan(NamedTuple):
     needed: np.ndarray  # n_k = 0: leaving ω_k out removes the direction s_k from span(Y)
 
 
-def _sketch_span(basis: np.ndarray, triangular: np.ndarray, rank: int) -> _SketchSpan:
+def sketch_span(basis: np.ndarray, triangular: np.ndarray, rank: int) -> _SketchSpan:
     """:class:`_SketchSpan` of Y = QR with numerical rank ``rank``: one SVD of R (s × s)
     and O(n s r) flops for QU_r. Leaving ω_i alone out of Y removes s_i from span(Y) if
     ``needed[i]`` and nothing otherwise."""
@@ -480,7 +480,7 @@ def _sketch_span(basis: np.ndarray, triangular: np.ndarray, rank: int) -> _Sketc
         lengths=lengths,
         null=null,
         row_norms=row_norms,
-        needed=row_norms <= _SPAN_TOL,
+        needed=row_norms <= SPAN_TOL,
     )
 
 
@@ -525,10 +525,10 @@ def _xtrace_rank_deficient(
     :func:`_xtrace_estimates` with r for s in γ. The variance's Σ_{i≠j} Δ_ij Δ_ji is then
     as in :func:`xtrace`; a pair where only one of n_i, n_j is 0 contributes 0 (if n_i ≠ 0
     = n_j, leaving ω_i out of Y₋ⱼ changes nothing: t_j⁽⁻ⁱ⁾ = t_j). Zero and parallel are
-    decided at ``_SPAN_TOL`` (rows of N have norms in [0, 1]). Costs one ``matmat`` (A Q,
+    decided at ``SPAN_TOL`` (rows of N have norms in [0, 1]). Costs one ``matmat`` (A Q,
     r products), one SVD of R and O(n s r + s²(s − r) + s³) host flops.
     """
-    span = _sketch_span(basis, triangular, rank)
+    span = sketch_span(basis, triangular, rank)
     sketch = _sketch_products(test, image, span.basis, span.coordinates, span.S, rank, counter)
     null, row_norms, lengths, needed = span.null, span.row_norms, span.lengths, span.needed
 
@@ -544,7 +544,7 @@ def _xtrace_rank_deficient(
     parallel = np.zeros((test.shape[1],) * 2, dtype=bool)
     for i in np.flatnonzero(~needed):
         rejected = unit_rows - cosines[:, i : i + 1] * unit_rows[i]
-        parallel[i] = np.linalg.norm(rejected, axis=1) <= _SPAN_TOL
+        parallel[i] = np.linalg.norm(rejected, axis=1) <= SPAN_TOL
     parallel &= ~needed[:, None] & ~needed[None, :]
     sign = np.where(cosines < 0, -1.0, 1.0)
     own = np.where(parallel, row_norms[None, :] * lengths[:, None], 1.0)
@@ -601,7 +601,7 @@ def _xtrace_estimates(
     with the projectors onto the column spaces: :func:`_xtrace_rank_deficient`.
     """
     basis, triangular = tall_qr(image)
-    rank = _numerical_rank(triangular, counter.eps)
+    rank = numerical_rank(triangular, counter.eps)
     if rank < test.shape[1]:
         return _xtrace_rank_deficient(test, image, basis, triangular, rank, counter)
     sketch = _xtrace_sketch(test, image, basis, triangular, counter)
@@ -611,7 +611,7 @@ def _xtrace_estimates(
     return estimates, _interaction(estimates, leave_two)
 
 
-def _exchangeable_estimates(
+def exchangeable_estimates(
     run: EstimatorRun,
     test: np.ndarray,
     desc: str,
@@ -688,7 +688,7 @@ def xtrace(
         test *= math.sqrt(n) / np.linalg.norm(test, axis=0)
     else:
         test = rademacher_vectors(rng, (n, s))
-    estimates, interaction = _exchangeable_estimates(run, test, "trace (xtrace)", _xtrace_estimates)
+    estimates, interaction = exchangeable_estimates(run, test, "trace (xtrace)", _xtrace_estimates)
     if s > 1:
         spread = float(np.sum((estimates - estimates.mean()) ** 2))
         variance = (spread + interaction) / (s * (s - 1))
@@ -780,7 +780,7 @@ def frobenius_norm(
         return np.einsum("ij,ij->j", images, images)
 
     with run.products(num_products, "frobenius norm") as bar:
-        moments, _ = _adaptive_mean(draw, num_products, block_size, None, 0.0, bar)
+        moments, _ = adaptive_mean(draw, num_products, block_size, None, 0.0, bar)
     squared = max(float(moments.mean), 0.0)
     squared_stderr = float(moments.stderr())
     norm = math.sqrt(squared)

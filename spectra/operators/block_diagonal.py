@@ -31,7 +31,7 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
 from spectra._validation import check_int
-from spectra.operators.submatrix import _as_operator, _index_array
+from spectra.operators.submatrix import as_operator, index_array
 
 __all__ = ["BlockDiagonalOperator", "layer_groups"]
 
@@ -122,7 +122,7 @@ def _given_blocks(groups: Any, n: int) -> tuple[list[str], list[np.ndarray]]:
         names = [f"block_{b}" for b in range(len(groups))]
         values = list(groups)
     keys = list(groups) if isinstance(groups, Mapping) else list(range(len(values)))
-    blocks = [_index_array(f"groups[{key!r}]", value, n) for key, value in zip(keys, values)]
+    blocks = [index_array(f"groups[{key!r}]", value, n) for key, value in zip(keys, values)]
     owner = np.full(n, -1)
     for b, block in enumerate(blocks):
         taken = block[owner[block] >= 0]
@@ -204,7 +204,7 @@ class BlockDiagonalOperator(LinearOperator):
     """
 
     def __init__(self, op: Any, groups: Any = None, block_sizes: Any = None) -> None:
-        self.op = _as_operator(op, "BlockDiagonalOperator")
+        self.op = as_operator(op, "BlockDiagonalOperator")
         n, columns = self.op.shape
         if n != columns:
             raise ValueError(f"BlockDiagonalOperator: op must be square, got shape {self.op.shape}")

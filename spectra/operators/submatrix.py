@@ -24,7 +24,7 @@ from spectra._validation import is_bool
 __all__ = ["SubmatrixOperator"]
 
 
-def _as_operator(op: Any, owner: str) -> LinearOperator:
+def as_operator(op: Any, owner: str) -> LinearOperator:
     """``op`` as a SciPy ``LinearOperator`` (arrays and sparse matrices wrapped), 2-D with
     positive dimensions; a one-line ``TypeError`` naming ``owner`` otherwise."""
     if isinstance(op, LinearOperator):
@@ -43,7 +43,7 @@ def _as_operator(op: Any, owner: str) -> LinearOperator:
     return operator
 
 
-def _index_array(name: str, values: Any, size: int) -> np.ndarray:
+def index_array(name: str, values: Any, size: int) -> np.ndarray:
     """``values`` as a 1-D int64 array of distinct indices in [0, size).
 
     Raises ``TypeError`` for a string, a scalar, or entries that are not integers (bools and
@@ -107,13 +107,13 @@ class SubmatrixOperator(LinearOperator):
     """
 
     def __init__(self, op: Any, row_indices: Any, col_indices: Any = None) -> None:
-        self.op = _as_operator(op, "SubmatrixOperator")
+        self.op = as_operator(op, "SubmatrixOperator")
         rows, columns = self.op.shape
-        self.row_indices = _index_array("row_indices", row_indices, rows)
+        self.row_indices = index_array("row_indices", row_indices, rows)
         self.col_indices = (
             self.row_indices.copy()
             if col_indices is None
-            else _index_array("col_indices", col_indices, columns)
+            else index_array("col_indices", col_indices, columns)
         )
         super().__init__(
             dtype=np.dtype(self.op.dtype), shape=(self.row_indices.size, self.col_indices.size)

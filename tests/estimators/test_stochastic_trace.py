@@ -41,11 +41,11 @@ from spectra.estimators import stochastic_trace
 from spectra.estimators._products import as_symmetric_operator
 from spectra.estimators.stochastic_trace import (
     _interaction,
-    _numerical_rank,
     _xtrace_estimates,
     frobenius_norm,
     hutchinson_trace,
     hutchpp_trace,
+    numerical_rank,
     trace,
     xtrace,
 )
@@ -451,24 +451,24 @@ def _overflow(label: str, what: str, exponent: int) -> str:
     return f"{label}: {what} overflows float64 (it is about 2^{exponent}, above 1.8e308): {_TAIL}"
 
 
-# --- _numerical_rank: singular values above 10·max(s, 10)·eps·σ₁ count -----------------
+# --- numerical_rank: singular values above 10·max(s, 10)·eps·σ₁ count -----------------
 
 
 def test_numerical_rank_threshold_is_ten_times_max_columns_ten_eps_sigma_one():
     # s = 2 columns: the threshold is 10 · 10 · eps · σ₁ = 100 eps (σ₁ = 1)
-    assert _numerical_rank(np.diag([1.0, 0.99 * 100 * EPS]), EPS) == 1
-    assert _numerical_rank(np.diag([1.0, 1.01 * 100 * EPS]), EPS) == 2
+    assert numerical_rank(np.diag([1.0, 0.99 * 100 * EPS]), EPS) == 1
+    assert numerical_rank(np.diag([1.0, 1.01 * 100 * EPS]), EPS) == 2
     # s = 20 columns: 10 · 20 · eps = 200 eps; σ₁ = 4 scales it to 800 eps
     twenty = np.diag([4.0] * 19 + [0.99 * 800 * EPS])
-    assert _numerical_rank(twenty, EPS) == 19
+    assert numerical_rank(twenty, EPS) == 19
     twenty[-1, -1] = 1.01 * 800 * EPS
-    assert _numerical_rank(twenty, EPS) == 20
+    assert numerical_rank(twenty, EPS) == 20
 
 
 def test_numerical_rank_of_a_zero_or_empty_sketch_is_zero():
     # a zero σ is not above a zero threshold
-    assert _numerical_rank(np.zeros((3, 3)), EPS) == 0
-    assert _numerical_rank(np.zeros((0, 0)), EPS) == 0
+    assert numerical_rank(np.zeros((3, 3)), EPS) == 0
+    assert numerical_rank(np.zeros((0, 0)), EPS) == 0
 
 
 def test_xtrace_of_the_zero_operator_is_zero_with_zero_stderr():
@@ -629,7 +629,7 @@ def _check_against_definition(a: np.ndarray, test: np.ndarray) -> None:
 
 def _is_rank_deficient(a: np.ndarray, test: np.ndarray) -> bool:
     triangular = np.linalg.qr(a @ test, mode="r")
-    return _numerical_rank(triangular, np.finfo(float).eps) < test.shape[1]
+    return numerical_rank(triangular, np.finfo(float).eps) < test.shape[1]
 
 
 def test_rademacher_on_the_5x5_matrix_matches_the_definition_singular_or_not():
