@@ -490,8 +490,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
             raise ValueError("data is required: (x, y) arrays or a tf.data.Dataset of them.")
         variables, positions, target = keras_models.resolve_variables_and_dtype(model, None, dtype)
         loss = _one_loss(model, loss)
-        for weight, name in zip(variables, map(variable_name, variables)):
-            keras_models.check_finite(tf.convert_to_tensor(weight), name)
+        # The weights are checked finite in the pass's first step (FactorPasses._check).
         reading = _LossReading.of(loss, target, options.kind)
         parameters = _Parameters.of(
             variables, positions, keras_models.model_in_dtype(model, target), target
@@ -500,6 +499,7 @@ class KFACOperator(SymmetricProducts, LinearOperator):
         passes = _factor_passes(
             cls.__name__, model, data, batch_size, reading, parameters, layers, options
         )
+        passes.weights = list(variables)
         passes.run(want_diagonal=options.other_variables == "diagonal")
         if options.kind == "type-2" and not reading.convex:
             check_convex(passes.accumulators, target)
@@ -1180,6 +1180,9 @@ class FactorPasses:
     total: tf.Tensor
     reads_logits: bool
     traces_before: dict[str, int]
+    #: The operator's variables (of the model, not of a clone made for the dtype), named
+    #: in the refusal of a non-finite one.
+    weights: list[Any] = dataclasses.field(default_factory=list)
 
     def run(self, want_diagonal: bool, scalings: bool = False) -> None:
         """One pass over the data, its sums copied to ``accumulators`` at its end: A and
@@ -1218,12 +1221,26 @@ class FactorPasses:
         self, index: int, arguments: tuple[Any, ...], scalings: bool, want_diagonal: bool
     ) -> tuple[dict[str, list[tf.Tensor]], Any]:
         """Batch ``index``'s compiled step at the split known so far; at the logits, and
-        from then on, when its trace finds that the loss reads them."""
+        from then on, when its trace finds that the loss reads them. A step that fails
+        is first blamed on a non-finite weight, if there is one (the op that failed on
+        it, e.g. an eigendecomposition of NaNs, says less)."""
         try:
-            return self._call(index, arguments, scalings, want_diagonal)
-        except SplitAtLogits:
-            self.reads_logits = True  # nothing was accumulated: redo the batch
-            return self._call(index, arguments, scalings, want_diagonal)
+            try:
+                return self._call(index, arguments, scalings, want_diagonal)
+            except SplitAtLogits:
+                self.reads_logits = True  # nothing was accumulated: redo the batch
+                return self._call(index, arguments, scalings, want_diagonal)
+        except Exception:
+            try:
+                self._check_weights()
+            except ValueError as error:
+                raise error from None
+            raise
+
+    def _check_weights(self) -> None:
+        """Refuse (one line) the first non-finite weight, by name."""
+        for weight in self.weights:
+            keras_models.check_finite(tf.convert_to_tensor(weight), variable_name(weight))
 
     def _call(
         self, index: int, arguments: tuple[Any, ...], scalings: bool, want_diagonal: bool
@@ -1234,10 +1251,18 @@ class FactorPasses:
             return step(*arguments)
 
     def _check(self, report: Any, n: int, x: Any) -> None:
-        """Refuse (one line) a batch with a non-finite loss or output-Hessian blocks that
-        disagree with its product; keep type-2's output-Hessian extremes."""
-        keras_models.check_finite(report["loss"], "the batch loss", inputs=x)
-        values = {key: float(value) for key, value in report.items() if key != "loss"}
+        """Refuse (one line) non-finite weights, a batch with a non-finite loss or
+        output-Hessian blocks that disagree with its product; keep type-2's output-Hessian
+        extremes."""
+        if not bool(report["weights_finite"]):
+            self._check_weights()
+        if not math.isfinite(float(report["loss"])):
+            keras_models.check_finite(report["loss"], "the batch loss", inputs=x)
+        values = {
+            key: float(value)
+            for key, value in report.items()
+            if key not in ("loss", "weights_finite")
+        }
         self.compiled.check(values, n, self.dtype)
         if "most_negative" in values:
             accumulators = self.accumulators

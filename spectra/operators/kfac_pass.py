@@ -26,7 +26,7 @@ from spectra import _tf_compat
 from spectra.operators import keras_models
 from spectra.operators.engine import register_compiled_cache
 from spectra.operators.fisher import _last_axis
-from spectra.operators.kfac_layers import LayerCapture, factor_sizes
+from spectra.operators.kfac_layers import LayerCapture, factor_sizes, kernel_of
 
 __all__ = [
     "ROUNDING_UNITS",
@@ -396,6 +396,13 @@ class CompiledPass:
         self.layout = list(layout)
         self.transposed = list(transposed)
         self.others = [_tf_variable(v) for v in others]
+        #: Every variable of the operator, checked finite in each step (``weights_finite``).
+        self.weights = [
+            weight
+            for layer, kernel, bias in self.layout
+            for weight, index in ((kernel_of(layer), kernel), (getattr(layer, "bias", None), bias))
+            if index is not None
+        ] + self.others
         self.settings = settings
         #: How many times each pass kind was traced (a new batch shape or split point).
         self.traces = {"factors": 0, "scalings": 0}
@@ -575,6 +582,19 @@ class CompiledPass:
                 "is a differentiable function of (y_true, y_pred)."
             )
         report["loss"] = true_value
+        # The weights' check, in the step rather than one eager check per weight before it
+        # (measured 1.4 ms of a 17 ms build on the digits CNN); the host names the first
+        # non-finite weight when this is False.
+        report["weights_finite"] = tf.reduce_all(
+            tf.stack(
+                [
+                    tf.reduce_all(tf.math.is_finite(weight))
+                    for weight in map(tf.convert_to_tensor, self.weights)
+                    if weight.dtype.is_floating
+                ]
+                or [tf.constant(True)]
+            )
+        )
         # T output positions: Keras' losses average the per-position terms, so example i's
         # loss is (1/T) Σ_t ℓ_it (w = 1/T per position; N for reduction="sum", whose batch
         # loss is N Σ_it ℓ_it here), and its label distribution is a product over
