@@ -100,19 +100,33 @@ def factor_eigen(F: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, flo
         return values, vectors, 0.0
     scale = np.sqrt(diagonal[live])
     sub = F[np.ix_(live, live)]
-    scaled_values, scaled_vectors = np.linalg.eigh(sub / np.outer(scale, scale))
-    keep = scaled_values > ROUNDING_UNITS * eps
-    rank = int(keep.sum())
-    # The discarded part D Ṽₙ diag(w̃ₙ) Ṽₙᵀ D has norm at most τ ‖D Ṽₙ‖², τ the threshold.
-    null = scale[:, None] * scaled_vectors[:, ~keep]
-    bound = ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2) if rank < m else 0.0
+    scaled = sub / np.outer(scale, scale)
     w, V = np.linalg.eigh(sub)
-    w[: m - rank] = 0.0
     # eigh resolves the smallest kept eigenvalue to a relative eps64 ‖F‖ / λ; the data
     # determine it only to about eps / w̃ (w̃ the smallest kept of F̃). The Jacobi SVD (a
     # few times the cost) when eigh is the worse of the two and worse than 1e-8.
     f64 = float(np.finfo(np.float64).eps)
-    if rank and f64 * w[-1] > w[m - rank] * max(1e-8, eps / scaled_values[keep].min()):
+
+    def graded(values: np.ndarray, keep: np.ndarray, rank: int) -> bool:
+        return bool(rank) and f64 * w[-1] > w[m - rank] * max(1e-8, eps / values[keep].min())
+
+    # F̃'s eigenvalues first (a quarter of the cost with its eigenvectors: measured 49 against
+    # 191 ms at 785 × 785, one thread): its eigenvectors are needed only for zeroed eigenvalues'
+    # bound or the Jacobi SVD, and are then computed with the eigenvalues as before.
+    scaled_values = np.linalg.eigvalsh(scaled)
+    keep = scaled_values > ROUNDING_UNITS * eps
+    rank = int(keep.sum())
+    if rank < m or graded(scaled_values, keep, rank):
+        scaled_values, scaled_vectors = np.linalg.eigh(scaled)
+        keep = scaled_values > ROUNDING_UNITS * eps
+        rank = int(keep.sum())
+    # The discarded part D Ṽₙ diag(w̃ₙ) Ṽₙᵀ D has norm at most τ ‖D Ṽₙ‖², τ the threshold.
+    bound = 0.0
+    if rank < m:
+        null = scale[:, None] * scaled_vectors[:, ~keep]
+        bound = ROUNDING_UNITS * eps * float(np.linalg.norm(null, 2) ** 2)
+    w[: m - rank] = 0.0
+    if graded(scaled_values, keep, rank):
         # Bᵀ = diag(w̃)^½ Ṽᵀ D, padded with zero rows to m × m: a column-scaled matrix,
         # whose right singular vectors (the eigenvectors of F) Jacobi computes accurately
         # down to their smallest components.
