@@ -34,6 +34,7 @@ __all__ = [
     "image_patches",
     "is_tied",
     "kernel_of",
+    "pooling_layers",
     "static_rank",
     "uncovered_message",
 ]
@@ -73,8 +74,12 @@ class LayerCapture:
         layers: Sequence[Any],
         tapes: Sequence[tf.GradientTape],
         tied_embeddings: str = "error",
+        pools: Sequence[Any] = (),
     ) -> None:
         self._layers = list(layers)
+        #: MaxPooling2D layers whose backward uses the argmax of the forward pass
+        #: (:func:`pooling_layers`, :meth:`_pool_call_of`).
+        self._pools = list(pools)
         self._tapes = list(tapes)
         #: Which use of a tied ReversibleEmbedding's table is recorded (``from_keras``).
         self._tied = tied_embeddings
@@ -105,10 +110,12 @@ class LayerCapture:
     def __enter__(self) -> LayerCapture:
         for layer in self._layers:
             layer.call = self._call_of(layer)
+        for layer in self._pools:
+            layer.call = _pool_call_of(layer)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer in self._layers:
+        for layer in [*self._layers, *self._pools]:
             layer.__dict__.pop("call", None)
 
     def _call_of(self, layer: Any) -> Any:
@@ -263,6 +270,55 @@ class LayerCapture:
             "contribution, or use GGNOperator."
         )
         return type(layer).call(layer, inputs, reverse=True)
+
+
+def pooling_layers(model: Any) -> list[Any]:
+    """The ``MaxPooling2D`` layers of ``model`` (channels last, Keras' own ``call``) whose
+    backward :class:`LayerCapture` can take from the forward pass's argmax."""
+    return [
+        layer
+        for layer in _keras_compat.flatten_layers(model)
+        if isinstance(layer, keras.layers.MaxPooling2D)
+        and type(layer).call is keras.layers.MaxPooling2D.call
+        and getattr(layer, "data_format", None) == "channels_last"
+    ]
+
+
+def _pool_call_of(layer: Any) -> Any:
+    """A ``MaxPooling2D`` call with the same output whose gradient routes each window's
+    gradient to the argmax found in the forward pass (``max_pool_with_argmax``, then
+    ``MaxPoolGradWithArgmax``): K-FAC back-propagates C columns through the same
+    forward pass, and TensorFlow's ``MaxPoolGrad`` searches every window again for each
+    (measured on one CPU thread for the digits CNN's (1,797, 6, 6, 8) pool: 10 gradients
+    in 42 ms, against 7 ms with the argmax). Both take the first maximum of a window in
+    row-major order, so the gradients are the same (bit-identical in the test)."""
+    sizes = [1, *layer.pool_size, 1]
+    strides = [1, *layer.strides, 1]
+    padding = layer.padding.upper()
+
+    def call(inputs: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+        @tf.custom_gradient
+        def pool(x: tf.Tensor) -> Any:
+            y, argmax = tf.nn.max_pool_with_argmax(
+                x, sizes, strides, padding, include_batch_in_index=True
+            )
+
+            def gradient(dy: tf.Tensor) -> tf.Tensor:
+                return tf.raw_ops.MaxPoolGradWithArgmax(
+                    input=x,
+                    grad=dy,
+                    argmax=argmax,
+                    ksize=sizes,
+                    strides=strides,
+                    padding=padding,
+                    include_batch_in_index=True,
+                )
+
+            return y, gradient
+
+        return pool(tf.convert_to_tensor(inputs))
+
+    return call
 
 
 def image_patches(

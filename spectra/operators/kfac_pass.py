@@ -26,7 +26,7 @@ from spectra import _tf_compat
 from spectra.operators import keras_models
 from spectra.operators.engine import register_compiled_cache
 from spectra.operators.fisher import _last_axis
-from spectra.operators.kfac_layers import LayerCapture, factor_sizes, kernel_of
+from spectra.operators.kfac_layers import LayerCapture, factor_sizes, kernel_of, pooling_layers
 
 __all__ = [
     "ROUNDING_UNITS",
@@ -516,7 +516,10 @@ class CompiledPass:
         report: _Report = {}
         outer = tf.GradientTape(persistent=True, watch_accessed_variables=False)
         inner = tf.GradientTape(watch_accessed_variables=False)
-        capture = LayerCapture(self.dense_layers, [outer, inner], s.tied_embeddings)
+        # The pools' argmax backward, except under the other variables' per-example
+        # Jacobians (vectorized: their custom gradient is not).
+        pools = [] if want_diagonal else pooling_layers(self.run_model)
+        capture = LayerCapture(self.dense_layers, [outer, inner], s.tied_embeddings, pools)
         other_tf = self.others if want_diagonal else []
         sampled: list[tf.Tensor] = []
         with outer:

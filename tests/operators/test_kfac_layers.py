@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from spectra.operators import GGNOperator
 from spectra.operators.ekfac import EKFACOperator
@@ -375,3 +376,31 @@ def test_reversible_embedding():
     exact = GGNOperator.from_keras(untied, loss, one).matmat(np.eye(op.shape[0]))
     table = np.arange(vocab * dim)  # the first variable: one example, one position, exact
     _close(op.to_dense()[np.ix_(table, table)], exact[np.ix_(table, table)])
+
+
+@pytest.mark.parametrize(
+    ("pool", "stride", "padding"),
+    [(2, 2, "valid"), (3, 2, "same"), (3, 1, "same"), ((2, 3), (1, 2), "same")],
+)
+def test_max_pooling_backward_from_the_argmax_is_keras(pool, stride, padding):
+    """The capture's MaxPooling2D (argmax kept from the forward pass) has Keras' output and
+    TensorFlow's MaxPoolGrad gradient bit for bit, ties included (post-ReLU zeros and
+    values rounded to 0.1: the first maximum of each window in both)."""
+    from spectra.operators.kfac_layers import _pool_call_of, pooling_layers
+
+    rng = np.random.default_rng(0)
+    layer = keras.layers.MaxPooling2D(pool, stride, padding)
+    x = tf.constant(np.maximum(rng.standard_normal((5, 7, 9, 3)), 0).round(1).astype("float32"))
+    model = keras.Sequential([keras.Input(x.shape[1:]), layer])
+    assert pooling_layers(model) == [layer]
+    assert (
+        pooling_layers(keras.Sequential([keras.Input((4, 4, 1)), keras.layers.AveragePooling2D(2)]))
+        == []
+    )
+    call = _pool_call_of(layer)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        keras_out, ours = layer(x), call(x)
+    np.testing.assert_array_equal(ours, keras_out)
+    g = tf.constant(rng.standard_normal(keras_out.shape).astype("float32"))
+    np.testing.assert_array_equal(tape.gradient(ours, x, g), tape.gradient(keras_out, x, g))
