@@ -183,13 +183,18 @@ class KFACOperator(SymmetricProducts, LinearOperator):
 
     **Conv2D** (KFC; Grosse & Martens 2016). A Conv2D layer (channels last, ``groups=1``)
     is a Dense layer applied at each of its T output positions t to the image patch a_t
-    (``tf.image.extract_patches``, flattened (kh, kw, c_in) as the kernel's rows are), with
+    (the values of ``tf.image.extract_patches``, flattened (kh, kw, c_in) as the kernel's
+    rows are; built from kh·kw strided slices), with
     shared weights, so the per-example gradient is Σ_t ā_t g_tᵀ. ``conv="expand"``
     (default) treats positions as examples: A = (1/(NT)) Σ_{n,t} ā ā ᵀ,
     G = (1/N) Σ_{n,t,c} g gᵀ; ``conv="reduce"`` sums over positions first:
     A = (1/N) Σ_n ā̄_n ā̄_nᵀ with ā̄_n the mean patch, G = (1/N) Σ_{n,c} (Σ_t g)(Σ_t g)ᵀ
     (Eschenhagen et al. 2023). Both are exact for one example with one output position;
-    the capture computes z with the layer's own convolution and records the patches.
+    the capture records the patches and computes z with the layer's own convolution, or,
+    for the first factored layer of the forward pass (no gradient is taken through its
+    input), as the patches times the kernel (one GEMM; equal up to the order of the sums).
+    MaxPooling2D layers back-propagate the C columns from the argmax of the forward pass
+    (the same gradient as TensorFlow's MaxPoolGrad, without searching every window again).
     Conv1D layers (channels last, ``groups=1``; ``padding="causal"`` included: the
     dilation·(k − 1) zeros on the left that Keras adds) are factored the same way, with
     patches of k positions × c_in channels.
