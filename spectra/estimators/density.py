@@ -24,7 +24,7 @@ from spectra.estimators._products import (
     one_blas_thread,
     rademacher_vectors,
 )
-from spectra.estimators.krylov import _batched_lanczos
+from spectra.estimators.krylov import batched_lanczos
 from spectra.estimators.results import LogSpectralDensity, SpectralDensity, SpectralMass
 from spectra.estimators.tridiagonal import gauss_quadrature
 
@@ -327,5 +327,5 @@ def probe_recurrences(
         starts = rng.standard_normal((n, num_probes))
     steps = min(num_steps, n)
     with one_blas_thread(), run.products(num_probes * steps, description) as bar:
-        alpha, beta, steps_taken = _batched_lanczos(counter, starts, steps, bar)
+        alpha, beta, steps_taken = batched_lanczos(counter, starts, steps, bar)
     return _ProbeRecurrences(run, num_steps, num_probes, distribution, alpha, beta, steps_taken)

@@ -11,7 +11,7 @@ Golub & Van Loan, "Matrix Computations", §10.1.
 
 Holds :func:`lanczos` (one start vector: m steps cost m products in m ``matvec`` calls,
 i.e. m data passes of a Hessian, O(n m²) host flops and n m stored numbers) and
-``_batched_lanczos`` (P start vectors in lock-step, as :func:`spectra.spectral_density`
+``batched_lanczos`` (P start vectors in lock-step, as :func:`spectra.spectral_density`
 runs them: P products per step in ONE ``matmat`` call, so m data passes for P·m products,
 and P n m stored numbers). The tridiagonal T is turned into eigenvalues, Ritz vectors and
 quadrature nodes by :mod:`spectra.estimators.tridiagonal`.
@@ -167,7 +167,7 @@ def lanczos(
     )
 
 
-def _batched_lanczos(
+def batched_lanczos(
     counter: ProductCounter,
     starts: np.ndarray,
     num_steps: int,

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from spectra.operators.keras_data import (
-    _loss_function,  # noqa: F401  (read here by the TensorFlow engine's Fisher and K-FAC)
     check_data_fits_model,
     check_embedding_inputs,
     check_finite_inputs,

@@ -25,6 +25,7 @@ from spectra.operators import keras_models
 from spectra.operators.base import CurvatureOperator
 from spectra.operators.curvature import BatchProblem, Curvature, CurvatureParts
 from spectra.operators.ggn import OutputSplit
+from spectra.operators.losses import check_fisher_reduction
 from spectra.operators.predictive import PredictiveFamily, predictive_family
 
 __all__ = [
@@ -109,7 +110,7 @@ def _stacked_output(
     )
 
 
-def _last_axis(output: tf.Tensor) -> int | None:
+def last_axis_size(output: tf.Tensor) -> int | None:
     """The size of ``output``'s last axis (1 for a scalar; None where it is unknown)."""
     return output.shape[-1] if output.shape.rank else 1
 
@@ -119,18 +120,6 @@ def predictive_distribution(loss: Any) -> _Predictive:
     sampler (:func:`spectra.operators.predictive.predictive_family`: a ``ValueError`` for
     a loss without one)."""
     return _Predictive(**dataclasses.asdict(predictive_family(loss)))
-
-
-def _check_reduction(loss: Any) -> None:
-    """Refuse a loss with ``reduction="sum"``: the Fisher weights each example's outer
-    product by its weight in the batch mean. ``"none"`` is averaged like the mean."""
-    if isinstance(loss, keras.losses.Loss) and keras_models.reduction_of(loss) == "sum":
-        raise ValueError(
-            f"a Fisher matrix needs the batch loss as a mean over examples; the loss "
-            f"{getattr(loss, 'name', type(loss).__name__)!r} has reduction='sum'. Use the "
-            "default reduction 'sum_over_batch_size' (the Fisher of the sum is N times it), "
-            "or GGNOperator, which takes the sum."
-        )
 
 
 class FisherCurvature(Curvature):
@@ -172,7 +161,7 @@ class FisherCurvature(Curvature):
         for item in tf.nest.flatten(spec):
             if item is None:
                 continue
-            _check_reduction(item)
+            check_fisher_reduction(item)
             if kind == "mc":
                 predictive_distribution(item)
         if kind == "mc":
@@ -246,7 +235,7 @@ class MonteCarloFisher(FisherCurvature):
                     "evaluated on sampled labels; it cannot define a Monte Carlo Fisher."
                 )
             index = next(i for i, p in enumerate(split.points) if p is point)
-            kappa = distribution.scale(_last_axis(output))
+            kappa = distribution.scale(last_axis_size(output))
             factors.append(_SampledGradients(index, weighted, unit, kappa))
 
         def product(vector: tf.Tensor) -> tf.Tensor:

@@ -353,7 +353,7 @@ def check_embedding_inputs(model: keras.Model, x: Any, *, where: str | None = No
 # -------------------------------------------------------------------------- labels
 
 
-def _loss_function(loss: Any) -> tuple[Any, dict[str, Any], str] | None:
+def keras_loss_function(loss: Any) -> tuple[Any, dict[str, Any], str] | None:
     """``(Keras per-example function, its keyword arguments, display name)`` of a Keras
     loss, or None for losses these checks do not know (custom callables, classes)."""
     if isinstance(loss, str):
@@ -361,7 +361,7 @@ def _loss_function(loss: Any) -> tuple[Any, dict[str, Any], str] | None:
             resolved = keras.losses.get(loss)
         except (ValueError, TypeError):
             return None
-        found = _loss_function(resolved)
+        found = keras_loss_function(resolved)
         return None if found is None else (found[0], found[1], loss)
     fn = getattr(loss, "fn", None)
     if isinstance(loss, keras.losses.Loss) and callable(fn):
@@ -446,7 +446,7 @@ def check_labels(
     and the fix (e.g. ``sparse_categorical_crossentropy`` for integer labels given to
     ``mse`` against a multi-class output).
     """
-    resolved = _loss_function(loss)
+    resolved = keras_loss_function(loss)
     if resolved is None:
         return
     fn, kwargs, loss_name = resolved
@@ -602,7 +602,7 @@ def _per_output(
             output_loss = loss[position] if position < len(loss) else None
         else:
             output_loss = loss
-        if output_loss is None or _loss_function(output_loss) is None:
+        if output_loss is None or keras_loss_function(output_loss) is None:
             continue
         if isinstance(y, dict):
             chosen = output_name if output_name in y else key
@@ -835,7 +835,7 @@ def check_keras_data(model: keras.Model, loss: Any, batches: Any) -> None:
 
 def _takes_probabilities(loss: Any) -> bool:
     """Whether ``loss`` is a Keras cross-entropy without ``from_logits=True``."""
-    resolved = None if loss is None else _loss_function(loss)
+    resolved = None if loss is None else keras_loss_function(loss)
     if resolved is None:
         return False
     fn, kwargs, _ = resolved
@@ -859,7 +859,7 @@ def _not_probabilities(loss: Any, values: np.ndarray) -> str | None:
     negative values, values above 1, or (categorical) rows not summing to 1."""
     if not _takes_probabilities(loss):
         return None
-    fn, kwargs, _ = _loss_function(loss)  # type: ignore[misc]
+    fn, kwargs, _ = keras_loss_function(loss)  # type: ignore[misc]
     categorical = fn in _CATEGORICAL_PROBABILITY_LOSSES
     values = np.asarray(values, np.float64)
     if values.size == 0 or not np.all(np.isfinite(values)):
@@ -906,7 +906,7 @@ def warn_if_not_probabilities(model: keras.Model, loss: Any, x: Any) -> None:
         problem = _not_probabilities(output_loss, _values(value))
         if problem is None:
             continue
-        fn, _, shown = _loss_function(output_loss)  # type: ignore[misc]
+        fn, _, shown = keras_loss_function(output_loss)  # type: ignore[misc]
         loss_class = "".join(part.capitalize() for part in fn.__name__.split("_"))
         activation = "a softmax" if fn in _CATEGORICAL_PROBABILITY_LOSSES else "a sigmoid"
         output_name = "the model's output" + (f" {name!r}" if len(entries) > 1 else "")

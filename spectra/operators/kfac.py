@@ -63,12 +63,14 @@ import tensorflow as tf
 from scipy.sparse.linalg import LinearOperator
 
 from spectra import _keras_compat
+from spectra._symmetric import SymmetricProducts
 from spectra._validation import check_choice, check_float, check_int, check_seed
 from spectra.operators import keras_models
 from spectra.operators.batching import Batches
 from spectra.operators.curvature import variable_name
-from spectra.operators.data_checks import _loss_function, check_keras_data, graph_errors
-from spectra.operators.fisher import _check_reduction, predictive_distribution
+from spectra.operators.data_checks import check_keras_data, graph_errors
+from spectra.operators.fisher import predictive_distribution
+from spectra.operators.keras_data import keras_loss_function
 from spectra.operators.kfac_blocks import Eigen, KFACBlock, block_eigen
 from spectra.operators.kfac_layers import (
     FACTORED,
@@ -91,11 +93,8 @@ from spectra.operators.kfac_pass import (
     convex_losses,
 )
 from spectra.operators.kronecker_products import KroneckerBlock, KroneckerProducts
-from spectra.operators.layout import (
-    ParameterLayout,
-    SymmetricProducts,
-    validated_matrix,
-)
+from spectra.operators.layout import ParameterLayout, validated_matrix
+from spectra.operators.losses import check_fisher_reduction
 from spectra.operators.memory import KFACMemoryPlan
 
 __all__ = ["KFACOperator"]
@@ -1024,9 +1023,9 @@ class _LossReading:
         resolved = keras_models.resolve_loss(loss, target)
         reduction = keras_models.reduction_of(resolved.call)
         if kind != "type-2":
-            _check_reduction(resolved.call)
+            check_fisher_reduction(resolved.call)
         distribution = predictive_distribution(loss) if kind == "mc" else None
-        found = _loss_function(loss)
+        found = keras_loss_function(loss)
         reads_logits = (
             found is not None
             and found[0].__name__ in _LOGIT_LOSSES

@@ -25,7 +25,7 @@ import tensorflow as tf
 from spectra import _tf_compat
 from spectra.operators import keras_models
 from spectra.operators.engine import register_compiled_cache
-from spectra.operators.fisher import _last_axis
+from spectra.operators.fisher import last_axis_size
 from spectra.operators.kfac_layers import LayerCapture, factor_sizes, kernel_of, pooling_layers
 
 __all__ = [
@@ -606,7 +606,9 @@ class CompiledPass:
         # EKFAC's scalings of a layer shared over positions, for outputs with positions and
         # conv="expand": from each position's ā_t g_tᵀ (Eschenhagen et al.'s expand setting).
         per_position = point.shape.rank > 2 and conv == "expand"
-        kappa = s.distribution.scale(_last_axis(output)) / output_positions if kind == "mc" else 1.0
+        kappa = (
+            s.distribution.scale(last_axis_size(output)) / output_positions if kind == "mc" else 1.0
+        )
         closed = s.closed if kind == "type-2" else None
         if closed == "softmax" and point is output and reads_logits:
             closed = None  # probabilities without the logits behind them

@@ -10,7 +10,7 @@ parameters uses one definition:
   real and finite, representable in the operator's dtype).
 
 The ``LinearOperator`` plumbing of a symmetric matrix, which operators and estimators
-share, is :class:`spectra._symmetric.SymmetricProducts` (re-exported here).
+share, is :class:`spectra._symmetric.SymmetricProducts`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from spectra._symmetric import SymmetricProducts
-
-__all__ = ["ParameterLayout", "SymmetricProducts", "validated_block"]
+__all__ = ["ParameterLayout", "validated_block"]
 
 
 class ParameterLayout:

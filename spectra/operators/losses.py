@@ -168,6 +168,19 @@ def reduction_of(loss_callable: Any) -> str:
     )
 
 
+def check_fisher_reduction(loss: Any) -> None:
+    """Refuse a loss with ``reduction="sum"`` for a Fisher matrix (and K-FAC of one): the
+    Fisher weights each example's outer product by its weight in the batch mean.
+    ``"none"`` is averaged like the mean."""
+    if isinstance(loss, keras.losses.Loss) and reduction_of(loss) == "sum":
+        raise ValueError(
+            f"a Fisher matrix needs the batch loss as a mean over examples; the loss "
+            f"{loss_name(loss)!r} has reduction='sum'. Use the default reduction "
+            "'sum_over_batch_size' (the Fisher of the sum is N times it), or GGNOperator, "
+            "which takes the sum."
+        )
+
+
 def compiled_loss(model: Any) -> tuple[Any, Any]:
     """The loss and loss weights ``model`` was compiled with (``loss=None``)."""
     loss = getattr(model, "loss", None)

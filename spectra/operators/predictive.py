@@ -19,7 +19,7 @@ from typing import Any
 
 import keras
 
-from spectra.operators.keras_data import _loss_function
+from spectra.operators.keras_data import keras_loss_function
 
 __all__ = ["PredictiveFamily", "predictive_family"]
 
@@ -63,7 +63,7 @@ def _families() -> dict[Any, tuple[str, bool]]:
 def predictive_family(loss: Any) -> PredictiveFamily:
     """The predictive distribution behind a Keras loss spec item (a ``ValueError`` for a
     loss without one: sampling labels needs to know what the model predicts)."""
-    found = _loss_function(loss)
+    found = keras_loss_function(loss)
     families = _families()
     if found is None or found[0] not in families:
         name = found[2] if found is not None else getattr(loss, "__name__", type(loss).__name__)

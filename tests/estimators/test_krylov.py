@@ -14,7 +14,7 @@ from _matrices import (
 from scipy.sparse.linalg import LinearOperator
 
 from spectra.estimators._products import as_symmetric_operator
-from spectra.estimators.krylov import _batched_lanczos, lanczos, tridiagonal_eigh
+from spectra.estimators.krylov import batched_lanczos, lanczos, tridiagonal_eigh
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -102,7 +102,7 @@ def test_batched_lanczos_matches_single_recurrences_with_one_call_per_step():
     starts = np.random.default_rng(1).standard_normal((60, 4))
     operator = BlockOperator(a)
     counter = as_symmetric_operator(operator, "test", check_symmetry=False)
-    alpha, beta, steps = _batched_lanczos(counter, starts, 15)
+    alpha, beta, steps = batched_lanczos(counter, starts, 15)
     assert operator.matmat_calls == 15 and operator.matvec_calls == 0
     assert counter.num_products == 60
     assert np.all(steps == 15)
@@ -143,7 +143,7 @@ def test_reorthogonalization_keeps_the_basis_orthonormal_where_plain_lanczos_los
     assert np.sum(np.abs(full.ritz_values() - 40.0) < 1e-6) == 1
     # The density's batched recurrence reorthogonalizes as well.
     counter = as_symmetric_operator(a, "test", check_symmetry=False)
-    alpha, beta, _ = _batched_lanczos(
+    alpha, beta, _ = batched_lanczos(
         counter, np.random.default_rng(1).standard_normal((300, 2)), 60
     )
     for probe in range(2):
@@ -182,7 +182,7 @@ def test_lanczos_is_invariant_to_the_scale_of_the_matrix(scale):
     assert low.breakdown and low.num_steps_taken == 4
     counter = as_symmetric_operator(scale * _rank_three(), "test", check_symmetry=False)
     starts = np.random.default_rng(3).standard_normal((80, 3))
-    _, _, steps = _batched_lanczos(counter, starts, 30)
+    _, _, steps = batched_lanczos(counter, starts, 30)
     assert np.all((steps >= 4) & (steps <= 5)), steps
 
 
@@ -246,7 +246,7 @@ def test_argument_messages_name_the_argument():
 
 def test_batched_lanczos_reports_integer_step_counts():
     counter = as_symmetric_operator(random_symmetric(20, seed=12), "test", check_symmetry=False)
-    _, _, steps = _batched_lanczos(counter, np.random.default_rng(6).standard_normal((20, 3)), 7)
+    _, _, steps = batched_lanczos(counter, np.random.default_rng(6).standard_normal((20, 3)), 7)
     assert steps.dtype.kind == "i" and np.all(steps == 7)
 
 

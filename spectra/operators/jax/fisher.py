@@ -28,14 +28,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import keras
 
-from spectra._validation import check_int, loss_name
+from spectra._validation import check_int
 from spectra.operators.jax.base import CurvatureOperator
 from spectra.operators.jax.curvature import BatchProblem, Curvature, Static
 from spectra.operators.jax.ggn import OutputSplit, with_regularization
 from spectra.operators.keras_calls import unpack_batch
-from spectra.operators.losses import compiled_loss, reduction_of
+from spectra.operators.losses import check_fisher_reduction, compiled_loss
 from spectra.operators.predictive import PredictiveFamily, predictive_family
 
 __all__ = [
@@ -95,18 +94,6 @@ def _spec_items(spec: Any) -> list[Any]:
     return [spec]
 
 
-def _check_reduction(loss: Any) -> None:
-    """Refuse a loss with ``reduction="sum"``: the Fisher weights each example's outer
-    product by its weight in the batch mean."""
-    if isinstance(loss, keras.losses.Loss) and reduction_of(loss) == "sum":
-        raise ValueError(
-            f"a Fisher matrix needs the batch loss as a mean over examples; the loss "
-            f"{loss_name(loss)!r} has reduction='sum'. Use the default reduction "
-            "'sum_over_batch_size' (the Fisher of the sum is N times it), or GGNOperator, "
-            "which takes the sum."
-        )
-
-
 def _stacked(array: Any, copies: int) -> Any:
     """``copies`` copies of ``array`` stacked along its first (batch) axis."""
     return jnp.tile(array, (copies,) + (1,) * (array.ndim - 1))
@@ -137,7 +124,7 @@ class FisherCurvature(Curvature):
             )
         spec = loss if loss is not None else compiled_loss(model)[0]
         for item in _spec_items(spec):
-            _check_reduction(item)
+            check_fisher_reduction(item)
             if kind == "mc":
                 predictive_distribution(item)
         if kind == "mc":
