@@ -25,8 +25,9 @@ A curvature is a small class (this is :class:`~spectra.operators.hessian.Hessian
 
             return CurvatureParts(loss, problem.flatten(grads), product)
 
-``product`` is called once for a single vector and inside ``tf.map_fn`` for a block;
-whatever of it does not depend on v is computed once per batch and cached by the engine.
+``product`` is traced once, for a single vector (a block maps the compiled product over
+its rows; the recomputing fallback also traces it inside ``tf.map_fn``); whatever of it
+does not depend on v is computed once per batch and cached by the engine.
 Derivatives are symbolic (``tf.gradients`` in the traced graph, through
 :meth:`BatchProblem.gradients` and :meth:`BatchProblem.vjp`): tracing nested tapes
 through the loops of recurrent layers took about twice as long. A matrix split at the

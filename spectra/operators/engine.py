@@ -3,15 +3,19 @@
 For one batch, a :class:`~spectra.operators.curvature.Curvature` builds the loss, its
 gradient and the product ``v -> C_b v``. The engine traces this once into one graph
 whose inputs are the *state* (parameter values, or variable handles), a per-batch seed,
-the batch, one vector v and a block V = [v_1 … v_k] (a ``tf.map_fn`` loop over its rows),
-and splits it by a dependency analysis:
+the batch and one vector v, and splits it by a dependency analysis:
 
 * the **cache** part: every op that depends on neither v nor V — the forward pass, the
   gradient, and whatever of the second backward is vector independent. Its results at
   the boundary with the vector-dependent part (activations, masks, back-propagated
   signals, loop accumulators of recurrent layers) are the *frontier*: what a persistent
   ``GradientTape`` would keep alive.
-* the **apply** parts: the ops that depend on v (or V), fed by the frontier.
+* the **apply** part: the ops that depend on v, fed by the frontier. A block
+  V = [v_1 … v_k] is a compiled ``tf.map_fn`` of it over the rows of V (at most
+  ``PARALLEL_VECTORS`` at once), made at the first block: the product is traced once, and
+  a block's columns are bitwise its vectors' ``matvec`` results. Tracing the product a
+  second time inside the loop cost a quarter of an engine's build and first products
+  on small models.
 
 Each part is extracted from the traced graph as its own compiled function, with a fixed
 signature that never retraces: the GraphDef of its ops is imported
@@ -26,8 +30,9 @@ rather than stored.
 
 **Fallback.** If a graph cannot be split (extraction fails), or when the split is turned
 off (environment variable ``SPECTRA_GRAPH_SPLIT=0``, read when an engine is built), the
-product is one compiled function of (state, batch, vectors) that recomputes the forward
-pass and the gradient on every call — exact, and slower. **Its cost** is stated once, in
+product is one compiled function of (state, batch, vectors), traced with the block
+product inside ``tf.map_fn``, that recomputes the forward pass and the gradient on every
+call — exact, and slower. **Its cost** is stated once, in
 the user guide ("What a product costs", ``docs/guide/operator.md``), from
 ``benchmarks/zoo_speed.py`` (the ratio of its ``fallback`` column to ``matvec``; re-run it
 for your model and device). That is the ratio for one vector (``matvec``); in a block the
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import os
 import threading
 import warnings
@@ -213,13 +219,13 @@ class Engine:
             *tf.nest.flatten(self.batch_spec),
         ]
 
-    def _traced(self, *flat: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def _traced(self, *flat: tf.Tensor, with_block: bool) -> tuple[tf.Tensor, ...]:
         num_state = len(self.state_specs)
         state = list(flat[:num_state])
         seed, num_examples = flat[num_state], flat[num_state + 1]
         leaves = list(flat[num_state + 2 : num_state + 2 + self.num_batch_leaves])
         batch = tf.nest.pack_sequence_as(self.batch_spec, leaves) if leaves else ()
-        vector, block = flat[-2], flat[-1]
+        vector = flat[num_state + 2 + self.num_batch_leaves]
         problem = BatchProblem(
             self.program,
             state,
@@ -240,40 +246,54 @@ class Engine:
         # needs no slicing or stacking op around the compiled call.
         single = tf.ensure_shape(parts.product(tf.reshape(vector, [self.size])), [self.size])
         single = tf.reshape(single, [1, self.size])
-        # At most PARALLEL_VECTORS products run at once: their tangents are what a block
-        # holds beyond its (k, n) arrays (spectra.operators.memory). The product is traced
-        # as it is, like the single one: map_fn would otherwise run it through AutoGraph
-        # (the engine is traced with AutoGraph unspecified), which costs a third of a
-        # digits-MLP engine build (0.3 s of 0.77 s) and changes nothing in the graph.
+        if not with_block:
+            return loss, gradient, single
+        # The recomputing fallback's block: its vectors share one forward pass and
+        # gradient. At most PARALLEL_VECTORS products run at once: their tangents are
+        # what a block holds beyond its (k, n) arrays (spectra.operators.memory). The
+        # product is traced as it is, like the single one: map_fn would otherwise run it
+        # through AutoGraph, which changes nothing in the graph and costs time.
         products = tf.map_fn(
             tf.autograph.experimental.do_not_convert(parts.product),
-            block,
+            flat[-1],
             fn_output_signature=self.dtype,
             parallel_iterations=PARALLEL_VECTORS,
         )
         return loss, gradient, single, products
 
-    def _build(self, split: bool) -> None:
+    def _trace(self, with_block: bool) -> _Trace:
+        """The program traced into one graph: loss, gradient, the single-vector product
+        and, ``with_block``, the block product (for the fallback)."""
         signature = [
             *self.input_signature,
             tf.TensorSpec([1, self.size], self.dtype, name="vector"),
-            tf.TensorSpec([None, self.size], self.dtype, name="vectors"),
         ]
-        graph, inputs, outputs = _tf_compat.trace_graph(self._traced, signature)
+        if with_block:
+            signature.append(tf.TensorSpec([None, self.size], self.dtype, name="vectors"))
+        graph, inputs, outputs = _tf_compat.trace_graph(
+            functools.partial(self._traced, with_block=with_block), signature
+        )
         captures = _tf_compat.graph_captures(graph)
         self.captures = [external for external, _ in captures]
         self.captured_variables = list(getattr(graph, "variables", ()) or ())
-        engine_inputs = [internal for _, internal in captures] + list(inputs[: len(signature) - 2])
-        vector_input, block_input = inputs[len(signature) - 2], inputs[len(signature) - 1]
-        loss, gradient, single, products = outputs[:4]
+        num_engine_inputs = len(self.input_signature)
+        engine_inputs = [internal for _, internal in captures] + list(inputs[:num_engine_inputs])
+        vector_inputs = list(inputs[num_engine_inputs : len(signature)])
         parts = _GraphParts(graph)
         if not self.curvature.needs_model_outputs:
             _refuse_inexact_second_derivatives(parts.graph_def, self.curvature.title)
         first_batch_input = len(engine_inputs) - self.num_batch_leaves
         self._batch_input_positions = range(first_batch_input, len(engine_inputs))
+        outputs = list(outputs[: 2 + len(vector_inputs)])  # loss, gradient, products
+        return _Trace(parts, engine_inputs, vector_inputs, outputs)
+
+    def _build(self, split: bool) -> None:
         if split:
+            # Errors of the program itself (the model, the loss, the data) surface here,
+            # before any split is tried.
+            trace = self._trace(with_block=False)
             try:
-                self._build_split(parts, engine_inputs, vector_input, block_input, outputs[:4])
+                self._build_split(trace)
                 self.split = True
                 return
             except (_ExtractionError, ValueError, TypeError, KeyError) as err:
@@ -289,6 +309,10 @@ class Engine:
                 )
         else:
             self.fallback_reason = f"graph splitting disabled ({SPLIT_ENVIRONMENT_VARIABLE}=0)"
+        trace = self._trace(with_block=True)
+        parts, engine_inputs = trace.parts, trace.engine_inputs
+        vector_input, block_input = trace.vector_inputs
+        loss, gradient, single, products = trace.outputs
         independent = parts.checks_without([vector_input, block_input])
         self._cache_fn = parts.function(
             engine_inputs, [loss, gradient], "loss_and_gradient", independent
@@ -308,24 +332,21 @@ class Engine:
         )
         self._stored_batch_inputs = list(self._batch_input_positions)
 
-    def _build_split(
-        self,
-        parts: _GraphParts,
-        engine_inputs: list[tf.Tensor],
-        vector_input: tf.Tensor,
-        block_input: tf.Tensor,
-        outputs: Sequence[tf.Tensor],
-    ) -> None:
-        loss, gradient, single, products = outputs
-        # The model's checks: those independent of the vectors run with the cache (once
+    def _build_split(self, trace: _Trace) -> None:
+        """The cache part, the single-vector apply part extracted from the traced graph,
+        and the block apply part: a ``tf.map_fn`` of the single one over the block's rows
+        (the product is traced once; each vector of a block gets the arithmetic of a
+        ``matvec``)."""
+        parts, engine_inputs = trace.parts, trace.engine_inputs
+        (vector_input,) = trace.vector_inputs
+        loss, gradient, single = trace.outputs
+        # The model's checks: those independent of the vector run with the cache (once
         # per batch), the others in the product that computes them.
-        independent = parts.checks_without([vector_input, block_input])
+        independent = parts.checks_without([vector_input])
         single_checks = parts.checks_of(vector_input)
-        block_checks = parts.checks_of(block_input)
         single_frontier = _frontier(
             vector_input, [single.op, *single_checks], parts.control_outputs
         )
-        block_frontier = _frontier(block_input, [products.op, *block_checks], parts.control_outputs)
         input_index = {t.name: i for i, t in enumerate(engine_inputs)}
         stored: list[tf.Tensor] = []
         stored_index: dict[str, int] = {}
@@ -339,12 +360,7 @@ class Engine:
             return _Source(from_cache=True, position=stored_index[t.name])
 
         self._single_sources = [source(t) for t in single_frontier]
-        self._block_sources = [source(t) for t in block_frontier]
-        used_inputs = {
-            origin.position
-            for origin in self._single_sources + self._block_sources
-            if not origin.from_cache
-        }
+        used_inputs = {origin.position for origin in self._single_sources if not origin.from_cache}
         self._stored_batch_inputs = [i for i in self._batch_input_positions if i in used_inputs]
         self._cache_fn = parts.function(
             engine_inputs, [*stored, loss, gradient], "cache", independent
@@ -352,9 +368,11 @@ class Engine:
         self._single_fn = parts.function(
             [*single_frontier, vector_input], [single], "apply", single_checks
         )
-        self._block_fn = parts.function(
-            [*block_frontier, block_input], [products], "apply_block", block_checks
-        )
+        # Compiled at the first block that needs it (:meth:`_block_function`): an
+        # operator used only through ``matvec`` never pays for it.
+        self._single_frontier_specs = [tf.TensorSpec(t.shape, t.dtype) for t in single_frontier]
+        self._block_fn: Any = None
+        self._block_lock = threading.Lock()
         self._loss_and_gradient_fn = parts.function(
             engine_inputs, [loss, gradient], "loss_and_gradient", independent
         )
@@ -415,8 +433,17 @@ class Engine:
                 for i in range(k)
             ]
             return tf.concat(rows, axis=0)
-        args = [_pick(cache, s) for s in self._block_sources]
-        return _tf_compat.call_flat(self._block_fn, [*args, vectors])[0]
+        args = [_pick(cache, s) for s in self._single_sources]
+        return _tf_compat.call_flat(self._block_function(), [*args, vectors])[0]
+
+    def _block_function(self) -> Any:
+        """The compiled block product of the split engine (:func:`_mapped`), made once."""
+        with self._block_lock:
+            if self._block_fn is None:
+                self._block_fn = _mapped(
+                    self._single_fn, self._single_frontier_specs, self.size, self.dtype
+                )
+            return self._block_fn
 
     def measured_apply(self, cache: BatchCache, vectors: tf.Tensor) -> tuple[tf.Tensor, int | None]:
         """:meth:`apply`, and the memory one vector's tangents took in it: the growth of
@@ -442,6 +469,44 @@ class Engine:
         """The batch loss and its flat gradient, without keeping a cache."""
         loss, gradient = _tf_compat.call_flat(self._loss_and_gradient_fn, list(inputs))
         return loss, gradient
+
+
+class _Trace(NamedTuple):
+    """One trace of the program: its graph's parts, the engine inputs (captured values,
+    state, seed, N, batch leaves), the vector inputs (the single vector, and the block
+    when traced with one) and the outputs (loss, gradient, products)."""
+
+    parts: _GraphParts
+    engine_inputs: list[tf.Tensor]
+    vector_inputs: list[tf.Tensor]
+    outputs: list[tf.Tensor]
+
+
+def _mapped(
+    single_fn: Any, frontier_specs: Sequence[tf.TensorSpec], size: int, dtype: tf.DType
+) -> Any:
+    """The block product ``(frontier, V) -> [C v_1 … C v_k]`` as a compiled ``tf.map_fn``
+    of the compiled single-vector product over the rows of V, at most PARALLEL_VECTORS at
+    once (their tangents are what a block holds beyond its arrays; see
+    :mod:`spectra.operators.memory`)."""
+    specs = list(frontier_specs)
+    specs.append(tf.TensorSpec([None, size], dtype, name="vectors"))
+
+    def block(*args: tf.Tensor) -> list[tf.Tensor]:
+        values, vectors = args[:-1], args[-1]
+
+        def one(vector: tf.Tensor) -> tf.Tensor:
+            return tf.reshape(single_fn(*values, tf.reshape(vector, [1, size]))[0], [size])
+
+        products = tf.map_fn(
+            one, vectors, fn_output_signature=dtype, parallel_iterations=PARALLEL_VECTORS
+        )
+        return [products]  # a list, as the extracted parts return
+
+    try:
+        return tf.function(block, input_signature=specs, autograph=False).get_concrete_function()
+    except (ValueError, TypeError, tf.errors.OpError) as err:
+        raise _ExtractionError(f"the block product could not be compiled: {err}") from err
 
 
 class _Source(NamedTuple):

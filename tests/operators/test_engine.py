@@ -176,3 +176,33 @@ def test_an_assertion_inside_a_recurrent_loop(monkeypatch, split):
         tf.errors.InvalidArgumentError, match=r"^batch 2: assertion failed: \[step input must"
     ):
         op.loss()
+
+
+def test_an_error_of_the_program_is_raised_once_without_a_fallback_warning():
+    """A loss that is not a scalar fails while the program is traced: that error is the
+    user's to fix, raised as it is, not a reason to try the recomputing fallback (which
+    would warn, trace again and fail the same way)."""
+    import warnings
+
+    keras.utils.set_random_seed(0)
+    w = tf.Variable(np.ones(3), dtype=F64)
+
+    def per_example_loss() -> tf.Tensor:
+        return tf.square(w)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="scalar"):
+            HessianOperator(per_example_loss, [w])
+    assert not [w for w in caught if "could not split" in str(w.message)]
+
+
+def test_a_block_is_its_vectors_matvecs_bitwise(checked):
+    """The product is traced once: a block maps the compiled single-vector product over
+    its rows, so each column of ``matmat`` is bitwise that vector's ``matvec``."""
+    model, x, y, _, _ = checked
+    op = HessianOperator.from_keras(model, "mse", (x, y), batch_size=10)
+    V = np.random.default_rng(1).normal(size=(op.shape[0], 5))
+    block = op.matmat(V)
+    for j in range(V.shape[1]):
+        assert np.array_equal(block[:, j], op.matvec(V[:, j]))

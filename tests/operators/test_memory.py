@@ -346,9 +346,10 @@ def test_without_allocator_statistics_the_plan_keeps_its_estimate(problem, monke
 
 def test_cache_true_over_a_tiny_budget_warns_once_and_keeps_its_products_right():
     """The reviewer's case: cache=True with memory_budget=4000 B on a 31-parameter MLP in
-    batches of 4, 4, 3 keeps 2.9 KiB of caches: over the budget. Before, silently (and
-    the product room went negative, so sub-blocks of 1); now a warning, once, naming the
-    overrun and the sub-block size, and the products still match cache=False."""
+    batches of 4, 4, 3 keeps 1.9 KiB of caches: with the snapshot and a product, over the
+    budget. Before, silently (and the product room went negative, so sub-blocks of 1); now
+    a warning, once, naming the overrun and the sub-block size, and the products still
+    match cache=False."""
 
     import spectra
 
@@ -384,10 +385,11 @@ def test_cache_true_over_a_tiny_budget_warns_once_and_keeps_its_products_right()
     np.testing.assert_allclose(first, expected, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(second, expected, rtol=1e-12, atol=1e-14)
     # The products' room counts the caches only up to their share of the budget: what
-    # it leaves after the snapshot and a reserve for a streamed batch (its cache of 1,064
-    # B, tangents estimated at 1.15 times it, five rows of 248 B) or computing one.
-    reserve = max(plan.cache_transient, 1064 + int(TANGENT_FACTOR * 1064)) + 5 * 248
-    assert plan.cache_per_batch == 1064 and plan.per_row == 248
+    # it leaves after the snapshot and a reserve for a streamed batch (its cache of 712 B,
+    # the frontier of the single-vector product, tangents estimated at 1.15 times it, five
+    # rows of 248 B) or computing one.
+    reserve = max(plan.cache_transient, 712 + int(TANGENT_FACTOR * 712)) + 5 * 248
+    assert plan.cache_per_batch == 712 and plan.per_row == 248
     assert op.cache_bytes == max(0, 4000 - plan.snapshot - reserve)
     assert op._block_room() == 4000 - plan.snapshot - min(op.cache_nbytes, op.cache_bytes)
     # cache="auto" stays within what it can and does not warn.
