@@ -437,6 +437,117 @@ def test_resize_gradients_have_their_second_derivatives(method, rng):
     np.testing.assert_allclose(H, 2 * R.T @ np.diag(w) @ R, rtol=2e-5, atol=2e-6)
 
 
+def _pool_selection(shape, pool, stride, padding):
+    """The 0/1 matrix P with max_pool(X) = P X (flattened, row-major) for an X of ``shape``
+    (n, H, W, c) with distinct entries, by a plain window search ("SAME" windows clipped
+    to the image). Returns a function of X."""
+    n, height, width, channels = shape
+
+    def selection(x):
+        def starts(size):
+            if padding == "VALID":
+                out = (size - pool) // stride + 1
+                return [i * stride for i in range(out)]
+            out = -(-size // stride)
+            before = max((out - 1) * stride + pool - size, 0) // 2
+            return [i * stride - before for i in range(out)]
+
+        rows, cols = starts(height), starts(width)
+        P = np.zeros((n * len(rows) * len(cols) * channels, x.size))
+        flat = np.arange(x.size).reshape(shape)
+        k = 0
+        for b in range(n):
+            for r in rows:
+                for q in cols:
+                    for ch in range(channels):
+                        window = [
+                            (i, j)
+                            for i in range(max(r, 0), min(r + pool, height))
+                            for j in range(max(q, 0), min(q + pool, width))
+                        ]
+                        i, j = max(window, key=lambda ij: x[b, ij[0], ij[1], ch])
+                        P[k, flat[b, i, j, ch]] = 1.0
+                        k += 1
+        return P
+
+    return selection
+
+
+@pytest.mark.parametrize(
+    ("pool", "stride", "padding"), [(2, 2, "VALID"), (3, 2, "SAME"), (3, 1, "VALID")]
+)
+def test_max_pool_derivatives_go_through_the_forward_argmax(pool, stride, padding, rng):
+    # f(X) = Σ w ⊙ (P X)², P the pool's selection (fixed where the maxima are distinct):
+    # ∇²f = 2 Pᵀ diag(w) P, overlapping windows (stride < pool) adding up.
+    shape = (2, 5, 6, 2)
+    x = rng.standard_normal(shape)
+    P = _pool_selection(shape, pool, stride, padding)(x)
+    w = rng.uniform(0.5, 2.0, P.shape[0])
+
+    def f(t):
+        pooled = tf.nn.max_pool2d(tf.reshape(t, shape), pool, stride, padding)
+        return tf.reduce_sum(w * tf.reshape(pooled, [-1]) ** 2)
+
+    H = _hessian_in_context(f, x.reshape(-1))
+    np.testing.assert_allclose(H, 2 * P.T @ np.diag(w) @ P, rtol=1e-14, atol=1e-14)
+
+    # The graph spectra traces routes both backward passes through the argmax: no window
+    # search per product (MaxPoolGrad, MaxPoolGradGrad).
+    def hessian_vector(t, v):
+        g = tf.gradients(f(t), t)[0]
+        return tf.gradients(g, t, grad_ys=v)[0]
+
+    spec = [tf.TensorSpec([x.size], tf.float64)] * 2
+    graph, _, _ = _tf_compat.trace_graph(hessian_vector, spec)
+    types = {op.type for op in graph.get_operations()}
+    assert "MaxPoolGradWithArgmax" in types
+    assert not types & {"MaxPoolGrad", "MaxPoolGradGrad"}
+    # The gradient is TensorFlow's own, bit for bit, and outside the context TensorFlow's
+    # registry is back.
+    t = tf.constant(x.reshape(-1))
+    with _tf_compat.exact_second_derivatives():
+        ours = tf.function(lambda t: tf.gradients(f(t), t)[0], autograph=False)(t)
+    theirs = tf.function(lambda t: tf.gradients(f(t), t)[0], autograph=False)(t)
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    graph = tf.function(lambda t: tf.gradients(f(t), t)[0]).get_concrete_function(t).graph
+    assert "MaxPoolGrad" in {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("include_batch_in_index", [False, True])
+def test_max_pool_with_argmax_has_its_second_derivative(include_batch_in_index, rng):
+    # TensorFlow gives MaxPoolGradWithArgmax no gradient: a Hessian through
+    # tf.nn.max_pool_with_argmax failed with a LookupError.
+    shape = (2, 4, 4, 3)
+    x = rng.standard_normal(shape)
+    P = _pool_selection(shape, 2, 2, "VALID")(x)
+    w = rng.uniform(0.5, 2.0, P.shape[0])
+
+    def f(t):
+        pooled, _ = tf.nn.max_pool_with_argmax(
+            tf.reshape(t, shape), 2, 2, "VALID", include_batch_in_index=include_batch_in_index
+        )
+        return tf.reduce_sum(w * tf.reshape(pooled, [-1]) ** 2)
+
+    H = _hessian_in_context(f, x.reshape(-1))
+    np.testing.assert_allclose(H, 2 * P.T @ np.diag(w) @ P, rtol=1e-14, atol=1e-14)
+
+
+def test_relu_second_derivative_has_no_zeros_to_add(rng):
+    # f = Σ c·relu(x)²: ∇²f = diag(2c[x > 0]); ReluGrad's derivative in x is None inside
+    # the context instead of a materialized zero tensor.
+    x = rng.standard_normal(7)
+    c = rng.uniform(0.5, 2.0, 7)
+    f = lambda t: tf.reduce_sum(c * tf.nn.relu(t) ** 2)  # noqa: E731
+    np.testing.assert_allclose(_hessian_in_context(f, x), np.diag(2 * c * (x > 0)), atol=0)
+
+    def hessian_vector(t, v):
+        return tf.gradients(tf.gradients(f(t), t)[0], t, grad_ys=v)[0]
+
+    spec = [tf.TensorSpec([7], tf.float64)] * 2
+    graph, _, _ = _tf_compat.trace_graph(hessian_vector, spec)
+    assert "ZerosLike" not in {op.type for op in graph.get_operations()}
+
+
 def _layer_normalization_model() -> keras.Model:
     keras.utils.set_random_seed(0)
     return keras.Sequential(
