@@ -40,8 +40,12 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
     the argmax of the forward windows (``MaxPoolWithArgmax``, computed once per batch),
     a scatter whose derivative is a gather (``MaxPoolGradWithArgmax``, to which
     TensorFlow gives no gradient, gets that one: 28 % off a small CNN's Hessian product,
-    bit-identical); ``ReluGrad``'s derivative in its features, zero, is not materialized
-    as a tensor of zeros to be added.
+    bit-identical); ``Conv2DBackpropFilter``'s derivative in its incoming gradient, a
+    convolution of the layer's input with the product's filter, is for a shallow filter
+    (kh·kw·c_in ≤ 32: an image's first layer) one matrix product with the input's
+    patches, extracted once per batch (3-5x faster than the convolution on one CPU
+    thread); ``ReluGrad``'s derivative in its features, zero, is not materialized as a
+    tensor of zeros to be added.
 
   Fallback: :func:`inexact_second_derivative_ops` finds what is left in a traced graph
   (the signature of the original moments, a ``StopGradient`` of a ``Mean`` read by a
@@ -242,12 +246,84 @@ def _relu_gradient_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
     return gradient
 
 
+# Largest patch (kh·kw·input channels) for which a convolution's derivative is computed as
+# a matrix product with the input's patches: measured on one CPU thread, Conv2D with a
+# 3x3x1 or 3x3x3 filter ran 3-5x slower than the patches' matrix product; at 3x3x16 the
+# convolution was faster.
+_PATCH_PRODUCT_MAX_DEPTH = 32
+
+
+def _convolution_filter_gradient_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The derivative of Conv2DBackpropFilter(x, sizes, dy) = Pᵀ dy, with P the patches of
+    x (one row per output position, kh·kw·c_in columns), in dy: P u for an incoming
+    filter-shaped u. TensorFlow's runs a convolution of x with u for each product; for a
+    shallow filter (an image's first layer: kh·kw·c_in ≤ 32) P, which does not depend on
+    the vector, is extracted once and u is applied by one matrix product. The derivative
+    in x is TensorFlow's (a ``Conv2DBackpropInput``); other convolutions (channels-first,
+    explicit padding, grouped, deeper filters) keep TensorFlow's ``original``."""
+
+    def gradient(op: Any, upstream: tf.Tensor) -> Any:
+        x, _, dy = op.inputs
+        depth = _patch_depth(op, x, upstream)
+        if depth is None:
+            return original(op, upstream)
+        from tensorflow.python.ops import gen_nn_ops
+
+        strides, dilations = op.get_attr("strides"), op.get_attr("dilations")
+        padding = op.get_attr("padding")
+        by_input = gen_nn_ops.conv2d_backprop_input(
+            tf.shape(x),
+            upstream,
+            dy,
+            strides=strides,
+            padding=padding,
+            dilations=dilations,
+            data_format="NHWC",
+        )
+        patches = tf.image.extract_patches(
+            x,
+            sizes=[1, *upstream.shape[:2], 1],
+            strides=strides,
+            rates=dilations,
+            padding=padding.decode() if isinstance(padding, bytes) else padding,
+        )
+        by_dy = tf.matmul(tf.reshape(patches, [-1, depth]), tf.reshape(upstream, [depth, -1]))
+        return by_input, None, tf.reshape(by_dy, tf.shape(dy))
+
+    return gradient
+
+
+def _patch_depth(op: Any, x: tf.Tensor, upstream: tf.Tensor) -> int | None:
+    """kh·kw·c_in of a Conv2DBackpropFilter whose derivative in dy is best taken as a
+    product with x's patches (see :func:`_convolution_filter_gradient_gradient`); None
+    where TensorFlow's convolution is kept."""
+    data_format = op.get_attr("data_format")
+    padding = op.get_attr("padding")
+    if isinstance(data_format, bytes):
+        data_format = data_format.decode()
+    if isinstance(padding, bytes):
+        padding = padding.decode()
+    filter_shape = upstream.shape  # the filter's
+    if data_format != "NHWC" or padding not in ("SAME", "VALID"):
+        return None
+    if filter_shape.rank != 4 or not filter_shape.is_fully_defined():
+        return None
+    if x.shape.rank != 4 or x.shape[-1] is None or x.dtype not in (tf.float32, tf.float64):
+        return None
+    kh, kw, c_in, _ = (int(d) for d in filter_shape)
+    if c_in != int(x.shape[-1]):  # a grouped convolution
+        return None
+    depth = kh * kw * c_in
+    return depth if depth <= _PATCH_PRODUCT_MAX_DEPTH else None
+
+
 # First-derivative ops whose TensorFlow gradient does avoidable work per product, replaced
 # while spectra traces by the same values computed more cheaply (a factory of the
 # replacement from TensorFlow's own gradient, which the replacement may fall back to).
 _CHEAPER_GRADIENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "MaxPool": _max_pool_gradient,
     "ReluGrad": _relu_gradient_gradient,
+    "Conv2DBackpropFilter": _convolution_filter_gradient_gradient,
 }
 
 

@@ -548,6 +548,109 @@ def test_relu_second_derivative_has_no_zeros_to_add(rng):
     assert "ZerosLike" not in {op.type for op in graph.get_operations()}
 
 
+def _numpy_patches(x, kernel, stride, dilation, padding):
+    """im2col in NumPy: (n·H_out·W_out, kh·kw·c) rows of x's (n, H, W, c) patches, each
+    flattened (kh, kw, c) row-major, zeros where "SAME" pads (half the total before)."""
+    n, height, width, channels = x.shape
+    spans = [(k - 1) * dilation + 1 for k in kernel]
+    if padding == "VALID":
+        outs = [(size - span) // stride + 1 for size, span in zip((height, width), spans)]
+        befores = [0, 0]
+    else:
+        outs = [-(-size // stride) for size in (height, width)]
+        totals = [
+            max((o - 1) * stride + span - size, 0)
+            for o, span, size in zip(outs, spans, (height, width))
+        ]
+        befores = [t // 2 for t in totals]
+    padded = np.zeros((n, height + 2 * spans[0], width + 2 * spans[1], channels))
+    padded[:, spans[0] : spans[0] + height, spans[1] : spans[1] + width] = x
+    rows = []
+    for b in range(n):
+        for i in range(outs[0]):
+            for j in range(outs[1]):
+                top = spans[0] + i * stride - befores[0]
+                left = spans[1] + j * stride - befores[1]
+                rows.append(
+                    padded[
+                        b,
+                        top : top + spans[0] : dilation,
+                        left : left + spans[1] : dilation,
+                    ].reshape(-1)
+                )
+    return np.array(rows)
+
+
+@pytest.mark.parametrize(
+    ("channels", "stride", "dilation", "padding"),
+    [(3, 2, 1, "SAME"), (1, 1, 2, "VALID"), (4, 1, 1, "SAME")],
+    ids=["shallow-same-strided", "shallow-dilated", "deep"],
+)
+def test_convolution_second_derivative_in_the_filter_is_exact(
+    channels, stride, dilation, padding, rng
+):
+    # f(W) = Σ w ⊙ conv(x, W)², conv(x, W) = P W with P x's patches (im2col): the block
+    # of ∇²f of output channel o is 2 Pᵀ diag(w_o) P, the others zero. A filter of
+    # kh·kw·c_in ≤ 32 takes the patches' matrix product in place of a convolution per
+    # product; a deeper one keeps TensorFlow's.
+    x = rng.standard_normal((2, 5, 6, channels))
+    kernel, outputs = (3, 3), 2
+    P = _numpy_patches(x, kernel, stride, dilation, padding)
+    w = rng.uniform(0.5, 2.0, (P.shape[0], outputs))
+    filter_size = kernel[0] * kernel[1] * channels * outputs
+
+    def f(t):
+        # As Keras convolves: a dilated convolution through space-to-batch on CPU.
+        z = tf.nn.convolution(
+            x, tf.reshape(t, [*kernel, channels, outputs]), stride, padding, dilations=dilation
+        )
+        return tf.reduce_sum(w * tf.reshape(z, [-1, outputs]) ** 2)
+
+    H = _hessian_in_context(f, rng.standard_normal(filter_size))
+    # W flattened (kh, kw, c_in, c_out) row-major: entry (k, o) at k·c_out + o.
+    exact = np.zeros((filter_size, filter_size))
+    for o in range(outputs):
+        block = 2 * P.T @ np.diag(w[:, o]) @ P
+        exact[o::outputs, o::outputs] = block
+    np.testing.assert_allclose(H, exact, rtol=1e-12, atol=1e-12 * np.abs(exact).max())
+
+    def hessian_vector(t, v):
+        return tf.gradients(tf.gradients(f(t), t)[0], t, grad_ys=v)[0]
+
+    spec = [tf.TensorSpec([filter_size], tf.float64)] * 2
+    graph, _, _ = _tf_compat.trace_graph(hessian_vector, spec)
+    convolutions = [op for op in graph.get_operations() if op.type == "Conv2D"]
+    shallow = kernel[0] * kernel[1] * channels <= 32
+    assert len(convolutions) == (1 if shallow else 2)  # the forward one, and per product
+
+
+def test_convolution_second_derivative_in_image_and_filter_is_exact(rng):
+    # The derivative of Conv2DBackpropFilter in its image is TensorFlow's formula, rebuilt:
+    # the whole Hessian in (x, W) against central differences of TensorFlow's gradient.
+    shape, filter_shape = (2, 4, 5, 2), (3, 3, 2, 2)
+    sizes = [int(np.prod(shape)), int(np.prod(filter_shape))]
+    w = rng.uniform(0.5, 2.0, (2, 2, 3, 2))
+
+    def f(t):
+        x, kernel = tf.split(t, sizes)
+        z = tf.nn.conv2d(tf.reshape(x, shape), tf.reshape(kernel, filter_shape), 2, "SAME")
+        return tf.reduce_sum(w * tf.tanh(z))
+
+    point = rng.standard_normal(sum(sizes))
+    H = _hessian_in_context(f, point)
+    gradient = tf.function(lambda t: tf.gradients(f(t), t)[0], autograph=False)
+    step = 1e-5
+    columns = []
+    for i in range(point.size):
+        e = np.zeros(point.size)
+        e[i] = step
+        columns.append(
+            (gradient(tf.constant(point + e)).numpy() - gradient(tf.constant(point - e)).numpy())
+            / (2 * step)
+        )
+    np.testing.assert_allclose(H, np.array(columns).T, rtol=0, atol=1e-8)
+
+
 def _layer_normalization_model() -> keras.Model:
     keras.utils.set_random_seed(0)
     return keras.Sequential(
