@@ -49,7 +49,8 @@ Requires PyTorch, curvlinops (``curvlinops-for-pytorch``) and PyHessian; without
 prints one line and exits 0.
 
     python benchmarks/versus.py [--models cnn,mlp,resnet20,cnn_bn,digits_mlp] [--pairs 5]
-        [--products 100] [--quick] [--markdown out.md] [--json out.json]
+        [--products 100] [--quick] [--tensorflow-onednn on|default] [--markdown out.md]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -904,6 +905,14 @@ def main() -> None:
     parser.add_argument("--mlp-examples", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="small models, 3 pairs")
     parser.add_argument("--only", default="", help="comma-separated parts of row names to run")
+    parser.add_argument(
+        "--tensorflow-onednn",
+        choices=("on", "default"),
+        default="on",
+        help="'on' sets TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is imported: its oneDNN "
+        "kernels, which PyTorch uses by default on x86 CPUs (TensorFlow turns them on by "
+        "default only on CPUs with AVX-512 and newer); 'default' leaves TensorFlow's choice",
+    )
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--json", help="also write the timings to this file")
     args = parser.parse_args()
@@ -919,6 +928,10 @@ def main() -> None:
     if args.quick:
         args.pairs = min(args.pairs, 3)
         args.models = "cnn,cnn_bn"
+    if args.tensorflow_onednn == "on":
+        if "tensorflow" in sys.modules:
+            raise RuntimeError("TensorFlow was imported before its oneDNN setting was made")
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
     import keras
     import tensorflow as tf
     import torch
@@ -932,9 +945,15 @@ def main() -> None:
     torch.set_num_interop_threads(1)
     threadpool_limits(1)
     before = os.getloadavg()
+    onednn = (
+        "on (TF_ENABLE_ONEDNN_OPTS=1)" if args.tensorflow_onednn == "on" else "TensorFlow's choice"
+    )
+    torch_onednn = "on" if torch.backends.mkldnn.is_available() else "unavailable"
     header = (
         f"spectra {spectra.__version__}, TensorFlow {tf.__version__}, Keras {keras.__version__}, "
-        f"PyTorch {torch.__version__}; one thread each; {os.cpu_count()} CPU cores "
+        f"PyTorch {torch.__version__}; TensorFlow's oneDNN kernels {onednn}, PyTorch's "
+        f"{torch_onednn}; "
+        f"one thread each; {os.cpu_count()} CPU cores "
         f"({platform.machine()}); {args.pairs} pairs per row; load average "
         f"{before[0]:.2f} / {before[1]:.2f} / {before[2]:.2f} at the start"
     )
