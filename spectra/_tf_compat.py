@@ -177,15 +177,20 @@ def _scale_and_translate_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, .
     return tf.cast(forward, g.dtype), None, None, None
 
 
+def _image_padding(op: Any) -> str | None:
+    """The padding, "SAME" or "VALID", of a channels-last image op (pooling,
+    convolution); None for other layouts or explicit padding."""
+    padding, data_format = op.get_attr("padding"), op.get_attr("data_format")
+    padding = padding.decode() if isinstance(padding, bytes) else str(padding)
+    data_format = data_format.decode() if isinstance(data_format, bytes) else str(data_format)
+    return padding if data_format == "NHWC" and padding in ("SAME", "VALID") else None
+
+
 def _pool_attrs(op: Any) -> tuple[Any, Any, str] | None:
     """``(ksize, strides, padding)`` of a max-pooling op that ``MaxPoolWithArgmax`` can
     redo (channels-last, "SAME" or "VALID" padding, a floating dtype); None otherwise."""
-    padding = op.get_attr("padding")
-    padding = padding.decode() if isinstance(padding, bytes) else str(padding)
-    data_format = op.get_attr("data_format")
-    if isinstance(data_format, bytes):
-        data_format = data_format.decode()
-    if data_format != "NHWC" or padding not in ("SAME", "VALID"):
+    padding = _image_padding(op)
+    if padding is None:
         return None
     if op.inputs[0].dtype not in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
         return None
@@ -265,12 +270,12 @@ def _convolution_filter_gradient_gradient(original: Callable[..., Any]) -> Calla
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
         x, _, dy = op.inputs
         depth = _patch_depth(op, x, upstream)
-        if depth is None:
+        padding = _image_padding(op)
+        if depth is None or padding is None:
             return original(op, upstream)
         from tensorflow.python.ops import gen_nn_ops
 
         strides, dilations = op.get_attr("strides"), op.get_attr("dilations")
-        padding = op.get_attr("padding")
         by_input = gen_nn_ops.conv2d_backprop_input(
             tf.shape(x),
             upstream,
@@ -285,7 +290,7 @@ def _convolution_filter_gradient_gradient(original: Callable[..., Any]) -> Calla
             sizes=[1, *upstream.shape[:2], 1],
             strides=strides,
             rates=dilations,
-            padding=padding.decode() if isinstance(padding, bytes) else padding,
+            padding=padding,
         )
         by_dy = tf.matmul(tf.reshape(patches, [-1, depth]), tf.reshape(upstream, [depth, -1]))
         return by_input, None, tf.reshape(by_dy, tf.shape(dy))
@@ -297,14 +302,8 @@ def _patch_depth(op: Any, x: tf.Tensor, upstream: tf.Tensor) -> int | None:
     """kh·kw·c_in of a Conv2DBackpropFilter whose derivative in dy is best taken as a
     product with x's patches (see :func:`_convolution_filter_gradient_gradient`); None
     where TensorFlow's convolution is kept."""
-    data_format = op.get_attr("data_format")
-    padding = op.get_attr("padding")
-    if isinstance(data_format, bytes):
-        data_format = data_format.decode()
-    if isinstance(padding, bytes):
-        padding = padding.decode()
     filter_shape = upstream.shape  # the filter's
-    if data_format != "NHWC" or padding not in ("SAME", "VALID"):
+    if _image_padding(op) is None:
         return None
     if filter_shape.rank != 4 or not filter_shape.is_fully_defined():
         return None
