@@ -669,7 +669,8 @@ class CurvatureOperator(OperatorCore):
         if k == 0:
             return np.zeros((self.shape[0], 0), self.dtype)
         self._prepare()
-        rows = np.ascontiguousarray(np.asarray(X, dtype=self.dtype).T)
+        # The vectors as rows, converted and transposed in one pass over the block.
+        rows = np.array(np.asarray(X).T, dtype=self.dtype, order="C")
         blocks = [
             tf.constant(rows[i : i + self.max_block_size]) for i in range(0, k, self.max_block_size)
         ]
@@ -714,15 +715,11 @@ class CurvatureOperator(OperatorCore):
             )
         error = self._run_pass(tasks)
         n = self.shape[0]
-        out = np.concatenate(
-            [
-                self._replicas.sum(
-                    total, (int(block.shape[0]), n), poisoned=error is not None
-                ).numpy()
-                for block, total in zip(blocks, sums)
-            ],
-            axis=0,
-        )
+        parts = [
+            self._replicas.sum(total, (int(block.shape[0]), n), poisoned=error is not None).numpy()
+            for block, total in zip(blocks, sums)
+        ]
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         finite = bool(np.all(np.isfinite(out)))
         self._end_pass(error, finite, "a product pass")
         self.num_hvps += k
