@@ -625,8 +625,9 @@ def test_convolution_second_derivative_in_the_filter_is_exact(
 
 
 def test_convolution_second_derivative_in_image_and_filter_is_exact(rng):
-    # The derivative of Conv2DBackpropFilter in its image is TensorFlow's formula, rebuilt:
-    # the whole Hessian in (x, W) against central differences of TensorFlow's gradient.
+    # The derivatives in the image (TensorFlow's formula rebuilt, and the patches' gradient
+    # as a convolution's): the whole Hessian in (x, W) against central differences of
+    # TensorFlow's gradient.
     shape, filter_shape = (2, 4, 5, 2), (3, 3, 2, 2)
     sizes = [int(np.prod(shape)), int(np.prod(filter_shape))]
     w = rng.uniform(0.5, 2.0, (2, 2, 3, 2))
@@ -649,6 +650,11 @@ def test_convolution_second_derivative_in_image_and_filter_is_exact(rng):
             / (2 * step)
         )
     np.testing.assert_allclose(H, np.array(columns).T, rtol=0, atol=1e-8)
+    # Inside the context the gradient's filter part is a product with the patches: the
+    # same gradient up to rounding.
+    with _tf_compat.exact_second_derivatives():
+        ours = tf.function(lambda t: tf.gradients(f(t), t)[0], autograph=False)(point)
+    np.testing.assert_allclose(ours.numpy(), gradient(tf.constant(point)).numpy(), rtol=1e-13)
 
 
 def _layer_normalization_model() -> keras.Model:
