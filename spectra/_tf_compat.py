@@ -43,7 +43,7 @@ exercised by ``tests/test_tf_compat.py`` (by hiding the private attribute):
     bit-identical); for a shallow filter (kh·kw·c_in ≤ 32: an image's first layer)
     ``Conv2D``'s filter gradient and ``Conv2DBackpropFilter``'s derivative in its incoming
     gradient (a convolution of the layer's input with the product's filter) are matrix
-    products with the input's patches, extracted once per batch (2-7x faster than the
+    products with the input's patches, extracted once per batch (1.3-5x faster than the
     convolutions on one CPU thread), and the patches' own gradient is a convolution's
     input gradient; ``ReluGrad``'s derivative in its features, zero, is not materialized as a
     tensor of zeros to be added.
@@ -254,8 +254,8 @@ def _relu_gradient_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # Largest patch (kh·kw·input channels) for which a convolution's derivative is computed as
 # a matrix product with the input's patches: measured on one CPU thread, Conv2D with a
-# 3x3x1 or 3x3x3 filter ran 3-5x slower than the patches' matrix product; at 3x3x16 the
-# convolution was faster.
+# 3x3x1 or 3x3x3 filter ran 3.5-5x slower than the patches' matrix product and
+# Conv2DBackpropFilter 1.3-1.8x; at 3x3x16 the convolutions were faster.
 _PATCH_PRODUCT_MAX_DEPTH = 32
 
 
@@ -307,12 +307,13 @@ def _patch_rows(
 
 def _convolution_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
     """Conv2D's gradient with the filter's part Pᵀ dy (P: x's patches, one row per output
-    position) a matrix product for a shallow filter (kh·kw·c_in ≤ 32), where TensorFlow's
-    ``Conv2DBackpropFilter`` is 2-7x slower on one CPU thread without oneDNN. A Hessian
-    product computes it again for every vector (the second backward through the forward
-    convolution), P once per batch; its own derivatives are then matrix products too (and
-    the patches' gradient, :func:`_patches_gradient`, where x depends on the
-    parameters). The input's part is TensorFlow's ``Conv2DBackpropInput``."""
+    position) a matrix product for a shallow filter (kh·kw·c_in ≤ 32): TensorFlow's
+    ``Conv2DBackpropFilter`` took 4.1 of the digits CNN's 10 ms product (one CPU thread,
+    without oneDNN). A Hessian product computes it again for every vector (the second
+    backward through the forward convolution), P once per batch; its own derivatives are
+    then matrix products too (and the patches' gradient, :func:`_patches_gradient`, where
+    x depends on the parameters). The input's part is TensorFlow's
+    ``Conv2DBackpropInput``."""
 
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
         x, kernel = op.inputs
