@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -178,11 +178,30 @@ def _scale_and_translate_grad_grad(op: Any, upstream: tf.Tensor) -> tuple[Any, .
     return tf.cast(forward, g.dtype), None, None, None
 
 
+# Tensors the gradients below compute from the forward pass alone (a pool's argmax, a
+# convolution input's patches), made once per graph being traced although a Hessian
+# product asks for them twice (first and second backward pass); emptied when the
+# outermost exact_second_derivatives context exits.
+_per_graph: dict[Hashable, tf.Tensor] = {}
+
+
+def _once_per_graph(key: Hashable, build: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """``build()``, or the tensor it gave for ``key`` in the graph being traced."""
+    key = (tf.compat.v1.get_default_graph(), key)
+    if key not in _per_graph:
+        _per_graph[key] = build()
+    return _per_graph[key]
+
+
 def _image_padding(op: Any) -> str | None:
-    """The padding, "SAME" or "VALID", of a channels-last image op (pooling,
-    convolution); None for other layouts or explicit padding."""
-    padding, data_format = op.get_attr("padding"), op.get_attr("data_format")
+    """The padding, "SAME" or "VALID", of a channels-last image op (pooling, convolution,
+    patches); None for other layouts or explicit padding."""
+    padding = op.get_attr("padding")
     padding = padding.decode() if isinstance(padding, bytes) else str(padding)
+    try:
+        data_format = op.get_attr("data_format")
+    except ValueError:  # ExtractImagePatches: channels-last only
+        data_format = "NHWC"
     data_format = data_format.decode() if isinstance(data_format, bytes) else str(data_format)
     return padding if data_format == "NHWC" and padding in ("SAME", "VALID") else None
 
@@ -217,8 +236,11 @@ def _max_pool_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
         from tensorflow.python.ops import gen_nn_ops
 
         x = op.inputs[0]
-        _, argmax = gen_nn_ops.max_pool_with_argmax(
-            x, ksize, strides, padding, include_batch_in_index=True
+        argmax = _once_per_graph(
+            ("argmax", x.ref(), tuple(ksize), tuple(strides), padding),
+            lambda: gen_nn_ops.max_pool_with_argmax(
+                x, ksize, strides, padding, include_batch_in_index=True
+            )[1],
         )
         return gen_nn_ops.max_pool_grad_with_argmax(
             x, upstream, argmax, ksize, strides, padding, include_batch_in_index=True
@@ -245,9 +267,12 @@ def _relu_gradient_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
     materializes for x (an x-sized tensor per product, then added to x's other
     gradients): its derivative in x is zero where it exists, returned as None."""
 
+    del original  # the same ReluGrad of the incoming gradient, without the zeros
+
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
-        by_g, _ = original(op, upstream)
-        return by_g, None
+        from tensorflow.python.ops import gen_nn_ops
+
+        return gen_nn_ops.relu_grad(upstream, op.inputs[1]), None
 
     return gradient
 
@@ -270,21 +295,14 @@ def _convolution_filter_gradient_gradient(original: Callable[..., Any]) -> Calla
 
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
         x, _, dy = op.inputs
-        depth = _patch_depth(op, x, upstream.shape)
-        padding = _image_padding(op)
-        if depth is None or padding is None:
+        geometry = _patch_geometry(op, x, upstream.shape)
+        if geometry is None:
             return original(op, upstream)
         from tensorflow.python.ops import gen_nn_ops
 
-        strides, dilations = op.get_attr("strides"), op.get_attr("dilations")
+        (depth, padding), strides = geometry, op.get_attr("strides")
         by_input = gen_nn_ops.conv2d_backprop_input(
-            tf.shape(x),
-            upstream,
-            dy,
-            strides=strides,
-            padding=padding,
-            dilations=dilations,
-            data_format="NHWC",
+            tf.shape(x), upstream, dy, strides=strides, padding=padding, data_format="NHWC"
         )
         patches = _patch_rows(x, upstream.shape[:2], strides, padding, depth)
         by_dy = tf.matmul(patches, tf.reshape(upstream, [depth, -1]))
@@ -298,11 +316,16 @@ def _patch_rows(
 ) -> tf.Tensor:
     """x's patches as rows (n·H_out·W_out, kh·kw·c_in), ordered as a filter reshaped to
     (kh·kw·c_in, c_out): ``tf.image.extract_patches``, which pads "SAME" as the
-    convolution does."""
-    patches = tf.image.extract_patches(
-        x, sizes=[1, *kernel, 1], strides=list(strides), rates=[1, 1, 1, 1], padding=padding
-    )
-    return tf.reshape(patches, [-1, depth])
+    convolution does; once per graph for the same x and geometry."""
+
+    def build() -> tf.Tensor:
+        patches = tf.image.extract_patches(
+            x, sizes=[1, *kernel, 1], strides=list(strides), rates=[1, 1, 1, 1], padding=padding
+        )
+        return tf.reshape(patches, [-1, depth])
+
+    key = ("patches", x.ref(), tuple(int(k) for k in kernel), tuple(strides), padding)
+    return _once_per_graph(key, build)
 
 
 def _convolution_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -317,13 +340,12 @@ def _convolution_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
         x, kernel = op.inputs
-        depth = _patch_depth(op, x, kernel.shape)
-        padding = _image_padding(op)
-        if depth is None or padding is None:
+        geometry = _patch_geometry(op, x, kernel.shape)
+        if geometry is None:
             return original(op, upstream)
         from tensorflow.python.ops import gen_nn_ops
 
-        strides = op.get_attr("strides")
+        (depth, padding), strides = geometry, op.get_attr("strides")
         by_input = gen_nn_ops.conv2d_backprop_input(
             tf.shape(x), kernel, upstream, strides=strides, padding=padding, data_format="NHWC"
         )
@@ -345,12 +367,11 @@ def _patches_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def gradient(op: Any, upstream: tf.Tensor) -> Any:
         x = op.inputs[0]
-        padding = op.get_attr("padding")
-        padding = padding.decode() if isinstance(padding, bytes) else str(padding)
+        padding = _image_padding(op)
         kh, kw = (int(d) for d in op.get_attr("ksizes")[1:3])
         channels = x.shape[-1] if x.shape.rank == 4 else None
         if (
-            padding not in ("SAME", "VALID")
+            padding is None
             or any(int(d) != 1 for d in op.get_attr("rates"))
             or channels is None
             or kh * kw * int(channels) > _PATCH_PRODUCT_MAX_DEPTH
@@ -373,11 +394,13 @@ def _patches_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
     return gradient
 
 
-def _patch_depth(op: Any, x: tf.Tensor, filter_shape: tf.TensorShape) -> int | None:
-    """kh·kw·c_in of a convolution op (Conv2D, Conv2DBackpropFilter) of image x and a
-    filter of ``filter_shape`` whose filter derivatives are best taken as products with x's
-    patches (see :func:`_convolution_gradient`); None where TensorFlow's are kept."""
-    if _image_padding(op) is None or any(int(d) != 1 for d in op.get_attr("dilations")):
+def _patch_geometry(op: Any, x: tf.Tensor, filter_shape: tf.TensorShape) -> tuple[int, str] | None:
+    """``(kh·kw·c_in, padding)`` of a convolution op (Conv2D, Conv2DBackpropFilter) of
+    image x and a filter of ``filter_shape`` whose filter derivatives are best taken as
+    products with x's patches (see :func:`_convolution_gradient`); None where
+    TensorFlow's are kept."""
+    padding = _image_padding(op)
+    if padding is None or any(int(d) != 1 for d in op.get_attr("dilations")):
         return None
     if filter_shape.rank != 4 or not filter_shape.is_fully_defined():
         return None
@@ -387,7 +410,7 @@ def _patch_depth(op: Any, x: tf.Tensor, filter_shape: tf.TensorShape) -> int | N
     if c_in != int(x.shape[-1]):  # a grouped convolution
         return None
     depth = kh * kw * c_in
-    return depth if depth <= _PATCH_PRODUCT_MAX_DEPTH else None
+    return (depth, padding) if depth <= _PATCH_PRODUCT_MAX_DEPTH else None
 
 
 # First-derivative ops whose TensorFlow gradient does avoidable work per product, replaced
@@ -454,6 +477,7 @@ def exact_second_derivatives() -> Iterator[None]:
                 tf.nn.moments = _saved_moments
                 _restore_gradients(_saved_gradients)
                 _saved_gradients.clear()
+                _per_graph.clear()
 
 
 def _gradient_entries() -> dict[str, Any] | None:
